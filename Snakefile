@@ -1,0 +1,24 @@
+# longctx: `snakemake --cores 1 report/longctx.pdf`. Logic lives in the longctx package; rules/ only wire it.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+# The default config, unless others are given with --configfile (Snakemake would otherwise merge
+# them into it, configurations included).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/longctx.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/kernels.smk"
+include: "rules/bench.smk"
+include: "rules/analyze.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    input:
+        "report/longctx.pdf",
+    default_target: True

@@ -1,0 +1,62 @@
+"""data/raw/<configuration>/<length>.json -> data/results.csv (a row per trial) and data/provenance.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+COLUMNS = [
+    "configuration", "engine", "length", "trial", "status", "reason",
+    "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "itl_median_s", "itl_max_s",
+    "prompt_tokens", "completion_tokens", "cached_tokens", "kv_bytes_per_token", "kv_pool_tokens", "run_id",
+]
+
+
+def _rows(path: Path) -> tuple[list[dict], dict | None]:
+    configuration, length = path.parent.name, int(path.stem)
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return [{"configuration": configuration, "length": length, "status": "failed",
+                 "reason": f"unreadable raw file {path}: {exc}"}], None
+    prov = raw.get("provenance", {})
+    base = {
+        "configuration": raw.get("configuration", configuration),
+        "engine": raw.get("engine"),
+        "length": raw.get("length", length),
+        "kv_bytes_per_token": prov.get("model", {}).get("kv_bytes_per_token"),
+        "kv_pool_tokens": (prov.get("kv_pool") or {}).get("tokens"),
+        "run_id": raw.get("run_id"),
+    }
+    trials = raw.get("trials") or []
+    if not trials:
+        return [{**base, "status": raw.get("status", "failed"), "reason": raw.get("reason")}], raw
+    rows = []
+    for t in trials:
+        row = {**base, **{k: t.get(k) for k in COLUMNS if k in t}}
+        rows.append(row)
+    return rows, raw
+
+
+def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: str | Path) -> pd.DataFrame:
+    rows: list[dict] = []
+    prov: dict = {"configurations": {}}
+    for path in sorted(map(Path, raw_files), key=lambda p: (p.parent.name, int(p.stem))):
+        r, raw = _rows(path)
+        rows += r
+        if raw is None:
+            continue
+        entry = prov["configurations"].setdefault(raw["configuration"], {
+            "engine": raw.get("engine"),
+            "spec_hash": raw.get("spec_hash"),
+            **{k: v for k, v in raw.get("provenance", {}).items()},
+            "first_started_at": raw.get("started_at"),
+        })
+        entry["last_finished_at"] = raw.get("finished_at")
+    df = pd.DataFrame(rows, columns=COLUMNS).sort_values(["configuration", "length", "trial"], kind="stable")
+    Path(out_csv).parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out_csv, index=False)
+    Path(out_provenance).write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
+    return df

@@ -1,0 +1,181 @@
+"""The sweep of one configuration: server up once, every length measured, server down.
+
+Each length gives data/raw/<configuration>/<length>.json, written as soon as it is measured.
+A failed length is a file with status "failed" and the reason (with the server log's path),
+never a gap; the sweep goes on while the server lives.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import httpx
+
+from . import provenance
+from .client import sglang_body, stream_generate
+from .config import digest
+from .engines import EngineAdapter, get_adapter
+from .modelspec import mla_kv_bytes_per_token
+from .process import ManagedServer, ServerError, free_port
+from .workload import prompt_ids
+
+log = logging.getLogger("longctx.bench")
+RAW_FORMAT = "longctx.raw/1"
+
+
+def write_json(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def fetch_server_info(client: httpx.Client, base: str, adapter: EngineAdapter) -> dict:
+    for path in adapter.server_info_paths:
+        try:
+            r = client.get(base + path, timeout=10)
+        except httpx.HTTPError:
+            continue
+        if r.status_code == 200:
+            return {"endpoint": path, **r.json()}
+    return {}
+
+
+def kernel_manifest(spec: dict) -> dict | None:
+    if not spec.get("kernel_build"):
+        return None
+    path = Path(spec["kernel_build"]) / "manifest.json"
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ServerError(f"kernel build {path} is missing or unreadable ({exc}); run the build_kernel rule") from None
+    return {"name": m["name"], "build_hash": m["build_hash"], "sources": m["sources"]}
+
+
+def _flush(client: httpx.Client, base: str, adapter: EngineAdapter) -> str | None:
+    if not adapter.flush_path:
+        return None
+    try:
+        r = client.post(base + adapter.flush_path, timeout=30)
+        return None if r.status_code == 200 else f"flush_cache answered HTTP {r.status_code}"
+    except httpx.HTTPError as exc:
+        return f"flush_cache failed: {exc}"
+
+
+def measure_length(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, length: int, run_id: str) -> dict:
+    proto = spec["protocol"]
+    name = spec["name"]
+    warmup, trials = [], []
+    total = proto["warmup"] + proto["trials"]
+    for i in range(total):
+        is_warmup = i < proto["warmup"]
+        ids = prompt_ids(length, proto["seed"], f"{run_id}/{name}/{length}/{i}", tuple(proto["token_id_range"]))
+        body = sglang_body(ids, proto["output_tokens"])
+        flush_error = _flush(client, base, adapter) if proto["flush_cache"] else None
+        summary = stream_generate(client, base + "/generate", body, proto["request_timeout_s"]).summary()
+        summary["flush_error"] = flush_error
+        if summary["status"] == "ok" and summary["prompt_tokens"] != length:
+            summary["status"] = "failed"
+            summary["reason"] = f"the server counted {summary['prompt_tokens']} prompt tokens, expected {length}"
+        if is_warmup:
+            summary.pop("itl_s", None)
+            warmup.append(summary)
+            continue
+        summary["trial"] = len(trials)
+        trials.append(summary)
+        if summary["status"] == "ok":
+            log.info("%s L=%d trial %d/%d: TTFT %.3f s, decode %.1f tok/s", name, length, len(trials), proto["trials"],
+                     summary["ttft_s"], summary["decode_tok_s"] or float("nan"))
+        else:
+            log.warning("%s L=%d trial %d/%d failed: %s", name, length, len(trials), proto["trials"], summary["reason"])
+    ok = [t for t in trials if t["status"] == "ok"]
+    status = "ok" if len(ok) == len(trials) else ("partial" if ok else "failed")
+    reasons = sorted({t["reason"] for t in trials if t["status"] != "ok"})
+    return {
+        "status": status,
+        "reason": "; ".join(reasons) or None,
+        "warmup": warmup,
+        "trials": trials,
+    }
+
+
+def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path) -> int:
+    """Measure every length of one configuration; returns the number of failed lengths."""
+    outdir, server_log = Path(outdir), Path(server_log)
+    adapter = get_adapter(spec["engine"])
+    name = spec["name"]
+    host = spec["server"]["host"]
+    port = free_port(host)
+    base = f"http://{host}:{port}"
+    server_log.parent.mkdir(parents=True, exist_ok=True)
+    server_log.unlink(missing_ok=True)
+    run_id = uuid.uuid4().hex
+    cmd = adapter.launch_command(spec, host, port)
+    common = {
+        "format": RAW_FORMAT,
+        "configuration": name,
+        "engine": adapter.name,
+        "run_id": run_id,
+        "spec_hash": digest(spec),
+        "provenance": {
+            "launch_command": cmd,
+            "server_log": str(server_log),
+            "protocol": spec["protocol"],
+            "model": {**spec["model"], "kv_bytes_per_token": mla_kv_bytes_per_token(spec["model"]["architecture"])},
+            "args": spec["args"],
+            "git": provenance.git_info(),
+            "packages": provenance.package_versions(),
+            "hardware": provenance.hardware(),
+            "run_started_at": provenance.now_iso(),
+        },
+    }
+    statuses: dict[int, str] = {}
+    failure: str | None = None
+
+    def on_sigterm(signum, frame):  # Snakemake cancels jobs with SIGTERM: stop the server on the way out
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        common["provenance"]["kernel"] = kernel_manifest(spec)
+        with ManagedServer(cmd, server_log, env=spec.get("env"), stop_timeout_s=spec["server"]["stop_timeout_s"]) as server:
+            startup_s = server.wait_healthy(base + adapter.health_path, spec["server"]["startup_timeout_s"])
+            log.info("%s: server up in %.1f s (pid %d, log %s)", name, startup_s, server.pid, server_log)
+            with httpx.Client() as client:
+                info = fetch_server_info(client, base, adapter)
+                log_text = server_log.read_text(errors="replace")
+                common["provenance"].update(
+                    server_pid=server.pid,
+                    startup_s=startup_s,
+                    server_info=info,
+                    engine_version=info.get("version"),
+                    kv_pool={"tokens": adapter.pool_tokens(info), "log": adapter.kv_pool_from_log(log_text)},
+                )
+                for length in spec["lengths"]:
+                    started = provenance.now_iso()
+                    result = measure_length(client, base, adapter, spec, length, run_id)
+                    if not server.alive():
+                        failure = server.died_message(f"the server died while measuring length {length}")
+                        result.update(status="failed", reason=failure)
+                    write_json(outdir / f"{length}.json", {**common, "length": length, **result,
+                                                           "started_at": started, "finished_at": provenance.now_iso()})
+                    statuses[length] = result["status"]
+                    if failure:
+                        break
+    except ServerError as exc:
+        failure = str(exc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    for length in spec["lengths"]:
+        if length not in statuses:
+            reason = f"not measured: {failure}"
+            log.error("%s L=%d %s", name, length, reason)
+            write_json(outdir / f"{length}.json", {**common, "length": length, "status": "failed", "reason": reason,
+                                                   "warmup": [], "trials": [], "finished_at": provenance.now_iso()})
+            statuses[length] = "failed"
+    return sum(status == "failed" for status in statuses.values())

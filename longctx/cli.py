@@ -1,0 +1,150 @@
+"""`longctx <stage>`: the command each workflow rule calls; every stage reads files and writes files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from .config import ConfigError
+
+
+def _bench(a) -> int:
+    from . import config as cfg
+    from .bench import run_configuration
+
+    if a.spec:
+        spec = json.loads(a.spec)
+    elif a.configfile and a.configuration:
+        spec = cfg.configuration_spec(cfg.load(a.configfile), a.configuration)
+    else:
+        raise ConfigError("bench needs --spec, or --configfile with --configuration")
+    failed = run_configuration(spec, a.outdir or f"data/raw/{spec['name']}", a.server_log or f"data/logs/server/{spec['name']}.log")
+    print(f"{spec['name']}: {len(spec['lengths']) - failed} of {len(spec['lengths'])} lengths measured")
+    return 0
+
+
+def _build_kernel(a) -> int:
+    from .kernels import build
+
+    m = build(a.name, a.kind, a.sources, a.outdir)
+    print(json.dumps(m, indent=1))
+    return 0
+
+
+def _aggregate(a) -> int:
+    from .aggregate import aggregate
+
+    df = aggregate(a.raw, a.out_csv, a.out_provenance)
+    print(f"{len(df)} rows, {int((df['status'] != 'ok').sum())} not ok -> {a.out_csv}")
+    return 0
+
+
+def _fit(a) -> int:
+    from .analysis import fit_file
+
+    print(json.dumps(fit_file(a.results, a.out), indent=1, default=str))
+    return 0
+
+
+def _plot(a) -> int:
+    from .plots import plot_all
+
+    for p in plot_all(a.results, a.fits, a.style, a.outdir):
+        print(p)
+    return 0
+
+
+def _render(a) -> int:
+    from .report import context, render
+
+    render(a.template, a.out, context(a.results, a.fits, a.provenance))
+    print(a.out)
+    return 0
+
+
+def _pdf(a) -> int:
+    from .report import build_pdf
+
+    build_pdf(a.tex, a.out, a.provenance)
+    return 0
+
+
+def _check_config(a) -> int:
+    from . import config as cfg
+
+    c = cfg.load(a.configfile)
+    print(json.dumps(c, indent=1))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="longctx", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("bench", help="bring one configuration's server up, measure every length, stop it")
+    s.add_argument("--spec", help="the configuration spec as JSON (what the workflow passes)")
+    s.add_argument("--configfile", help="or: a config file ...")
+    s.add_argument("--configuration", help="... and the configuration's name")
+    s.add_argument("--outdir", help="where <length>.json go (default data/raw/<configuration>)")
+    s.add_argument("--server-log", help="the server's log file (default data/logs/server/<configuration>.log)")
+    s.set_defaults(func=_bench)
+
+    s = sub.add_parser("build-kernel", help="build and check one attention kernel")
+    s.add_argument("--name", required=True)
+    s.add_argument("--kind", required=True)
+    s.add_argument("--outdir", required=True)
+    s.add_argument("sources", nargs="+")
+    s.set_defaults(func=_build_kernel)
+
+    s = sub.add_parser("aggregate", help="raw JSON files -> results.csv and provenance.json")
+    s.add_argument("--out-csv", required=True)
+    s.add_argument("--out-provenance", required=True)
+    s.add_argument("raw", nargs="+")
+    s.set_defaults(func=_aggregate)
+
+    s = sub.add_parser("fit", help="results.csv -> fits.json")
+    s.add_argument("--results", required=True)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_fit)
+
+    s = sub.add_parser("plot", help="results.csv + fits.json -> figures (PDF and PNG)")
+    s.add_argument("--results", required=True)
+    s.add_argument("--fits", required=True)
+    s.add_argument("--style", required=True)
+    s.add_argument("--outdir", required=True)
+    s.set_defaults(func=_plot)
+
+    s = sub.add_parser("render", help="Jinja LaTeX template -> report .tex")
+    s.add_argument("--template", required=True)
+    s.add_argument("--results", required=True)
+    s.add_argument("--fits", required=True)
+    s.add_argument("--provenance", required=True)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_render)
+
+    s = sub.add_parser("pdf", help="report .tex -> PDF with latexmk")
+    s.add_argument("--tex", required=True)
+    s.add_argument("--provenance", required=True)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_pdf)
+
+    s = sub.add_parser("check-config", help="validate a config file and print it with defaults filled in")
+    s.add_argument("configfile")
+    s.set_defaults(func=_check_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s", stream=sys.stderr)
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"longctx: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Streaming HTTP client: one timed request, every stream event time-stamped on arrival.
+
+The request body is serialised before the clock starts; bytes are read as the network hands
+them over (no small fixed read buffer), and events are split on the SSE blank line.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+def sglang_body(input_ids: list[int], max_new_tokens: int, rid: str | None = None) -> bytes:
+    body = {
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0},
+        "stream": True,
+    }
+    if rid:
+        body["rid"] = rid
+    return json.dumps(body).encode()
+
+
+@dataclass
+class StreamRecord:
+    t_sent: float = 0.0
+    event_times: list[float] = field(default_factory=list)  # arrival of each token-carrying event
+    event_tokens: list[int] = field(default_factory=list)  # tokens each of those events carried
+    t_done: float | None = None
+    meta: dict = field(default_factory=dict)  # the last meta_info seen
+    http_status: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.t_done is not None and bool(self.event_times)
+
+    def summary(self) -> dict:
+        """TTFT, inter-token gaps (a chunk's gap divided among the tokens it carries), rates."""
+        out: dict = {"status": "ok" if self.ok else "failed", "reason": self.error, "http_status": self.http_status}
+        meta = self.meta
+        out.update(
+            prompt_tokens=meta.get("prompt_tokens"),
+            completion_tokens=meta.get("completion_tokens"),
+            cached_tokens=meta.get("cached_tokens"),
+            finish_reason=meta.get("finish_reason"),
+            server_e2e_latency_s=meta.get("e2e_latency"),
+        )
+        if not self.event_times:
+            return out
+        t = self.event_times
+        itl: list[float] = []
+        for i in range(1, len(t)):
+            n = self.event_tokens[i]
+            itl += [(t[i] - t[i - 1]) / n] * n
+        decode_tokens = sum(self.event_tokens[1:])
+        decode_s = t[-1] - t[0]
+        out.update(
+            ttft_s=t[0] - self.t_sent,
+            e2e_s=(self.t_done or t[-1]) - self.t_sent,
+            decode_s=decode_s,
+            tpot_s=decode_s / decode_tokens if decode_tokens else None,
+            decode_tok_s=decode_tokens / decode_s if decode_tokens and decode_s > 0 else None,
+            itl_median_s=statistics.median(itl) if itl else None,
+            itl_max_s=max(itl) if itl else None,
+            itl_s=itl,
+        )
+        return out
+
+
+def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: float) -> StreamRecord:
+    """POST body to an SGLang-native /generate with stream=true and time every event."""
+    rec = StreamRecord()
+    seen_tokens = 0
+    buf = b""
+    timeout = httpx.Timeout(timeout_s, connect=10.0)
+    deadline = None
+    try:
+        rec.t_sent = time.perf_counter()
+        deadline = rec.t_sent + timeout_s
+        with client.stream("POST", url, content=body, headers={"Content-Type": "application/json"}, timeout=timeout) as resp:
+            rec.http_status = resp.status_code
+            if resp.status_code != 200:
+                rec.error = f"HTTP {resp.status_code}: {resp.read().decode(errors='replace')[:500]}"
+                return rec
+            for raw in resp.iter_raw():
+                now = time.perf_counter()
+                buf += raw
+                while (cut := buf.find(b"\n\n")) >= 0:
+                    event, buf = buf[:cut], buf[cut + 2 :]
+                    for line in event.split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            rec.t_done = now
+                            continue
+                        obj = json.loads(data)
+                        if "error" in obj:
+                            err = obj["error"]
+                            rec.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+                            continue
+                        rec.meta = obj.get("meta_info", {})
+                        total = int(rec.meta.get("completion_tokens", seen_tokens))
+                        if total > seen_tokens:
+                            rec.event_times.append(now)
+                            rec.event_tokens.append(total - seen_tokens)
+                            seen_tokens = total
+                if now > deadline:
+                    rec.error = f"request exceeded its {timeout_s:.0f} s timeout"
+                    return rec
+        if rec.t_done is None and rec.error is None:
+            rec.error = "the stream ended without [DONE]"
+    except httpx.TimeoutException as exc:
+        rec.error = f"timed out after {timeout_s:.0f} s ({type(exc).__name__})"
+    except httpx.HTTPError as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"
+    except json.JSONDecodeError as exc:
+        rec.error = f"unparsable stream event: {exc}"
+    return rec

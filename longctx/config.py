@@ -1,0 +1,136 @@
+"""Configuration: load, validate against config/schema.yaml, fill defaults, and cut per-configuration specs.
+
+Errors name the key and the allowed values, so that a typo is fixed in one read.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator, validators
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA_PATH = ROOT / "config" / "schema.yaml"
+KERNEL_BUILD_DIR = "build/kernels"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says which key and what is allowed."""
+
+
+def _with_defaults(cls):
+    validate_properties = cls.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for key, sub in properties.items():
+                if "default" in sub and key not in instance:
+                    instance[key] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return validators.extend(cls, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(Draft202012Validator)
+
+
+def _schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _key(path) -> str:
+    return ".".join(str(p) for p in path) or "(top level)"
+
+
+def _describe(error) -> str:
+    key = _key(error.absolute_path)
+    schema = error.schema
+    if error.validator == "additionalProperties" and schema.get("properties"):
+        extra = sorted(set(error.instance) - set(schema["properties"]))
+        where = _key(error.absolute_path)
+        return "; ".join(
+            f"config key '{where + '.' if error.absolute_path else ''}{k}' is unknown; allowed keys: "
+            + ", ".join(sorted(schema["properties"]))
+            for k in extra
+        )
+    if error.validator == "enum":
+        return f"config key '{key}': {error.instance!r} is not allowed; allowed values: " + ", ".join(map(str, schema["enum"]))
+    if error.validator == "required":
+        return f"config key '{key}': {error.message}"
+    if error.validator == "propertyNames":
+        return f"config key '{key}': name {error.instance!r} must match {schema.get('pattern')}"
+    return f"config key '{key}': {error.message}"
+
+
+def validate(config: dict[str, Any]) -> dict[str, Any]:
+    """Return a validated copy of config with every default filled in; raise ConfigError."""
+    config = copy.deepcopy(dict(config))
+    errors = sorted(_Validator(_schema()).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(_describe(e) for e in errors))
+    lengths = config["lengths"]
+    if sorted(set(lengths)) != lengths:
+        raise ConfigError(f"config key 'lengths': must be strictly increasing, got {lengths}")
+    low, high = config["protocol"]["token_id_range"]
+    if high <= low:
+        raise ConfigError(f"config key 'protocol.token_id_range': high must exceed low, got {[low, high]}")
+    for name, conf in config["configurations"].items():
+        kernel = conf["kernel"]
+        if kernel is not None and kernel not in config["kernels"]:
+            raise ConfigError(
+                f"config key 'configurations.{name}.kernel': {kernel!r} is not a key of 'kernels'; "
+                f"allowed values: {', '.join(sorted(config['kernels'])) or '(none defined)'}"
+            )
+        from .engines import get_adapter  # late: engines import this module
+
+        get_adapter(conf["engine"]).check_args(name, conf["args"])
+    return config
+
+
+def load(path: str | Path, overrides: dict | None = None) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if overrides:
+        raw.update(overrides)
+    return validate(raw)
+
+
+def kernel_build_dir(kernel: str) -> str:
+    return f"{KERNEL_BUILD_DIR}/{kernel}"
+
+
+def configuration_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """Everything the bench of one configuration needs, and nothing of the other configurations."""
+    if name not in config["configurations"]:
+        raise ConfigError(
+            f"configuration {name!r} is not in the config; allowed values: {', '.join(config['configurations'])}"
+        )
+    conf = config["configurations"][name]
+    kernel = conf["kernel"]
+    return {
+        "name": name,
+        **copy.deepcopy(conf),
+        "kernel_build": kernel_build_dir(kernel) if kernel else None,
+        "lengths": list(config["lengths"]),
+        "protocol": copy.deepcopy(config["protocol"]),
+        "server": copy.deepcopy(config["server"]),
+        "model": copy.deepcopy(config["model"]),
+    }
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def digest(obj: Any, n: int = 16) -> str:
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:n]

@@ -1,0 +1,18 @@
+"""Engine adapters: one per engine, all behind the interface in engines.base."""
+
+from __future__ import annotations
+
+from .base import EngineAdapter
+from .reference import ReferenceAdapter
+
+_ADAPTERS: dict[str, EngineAdapter] = {a.name: a for a in (ReferenceAdapter(),)}
+
+
+def get_adapter(engine: str) -> EngineAdapter:
+    try:
+        return _ADAPTERS[engine]
+    except KeyError:
+        raise ValueError(f"unknown engine {engine!r}; allowed values: {', '.join(_ADAPTERS)}") from None
+
+
+__all__ = ["EngineAdapter", "get_adapter"]

@@ -1,0 +1,99 @@
+"""The adapter interface every engine goes through: command, health, server info, KV pool, API."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from abc import ABC, abstractmethod
+from typing import Any
+
+# SGLang's KV pool line (0.5.9 to 0.5.23), which the reference engine writes too.
+SGLANG_KV_POOL_RE = re.compile(
+    r"KV Cache is allocated\.(?: dtype: \S+,)? #tokens: (\d+), "
+    r"(?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)"
+)
+SGLANG_READY_LINE = "The server is fired up and ready to roll!"
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would exit the process
+        raise ValueError(message)
+
+
+def args_to_argv(args: dict[str, Any]) -> list[str]:
+    """{'page-size': 1, 'disable-radix-cache': True} -> ['--page-size', '1', '--disable-radix-cache']."""
+    argv: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+class EngineAdapter(ABC):
+    name: str
+    api: str = "sglang"  # request and stream format: "sglang" (native /generate)
+    health_path = "/health"
+    server_info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
+    flush_path: str | None = "/flush_cache"
+    managed_args: frozenset[str] = frozenset()  # flags longctx sets itself
+
+    @abstractmethod
+    def launch_command(self, spec: dict, host: str, port: int) -> list[str]:
+        """The command line that starts this configuration's server on host:port."""
+
+    def parser(self) -> argparse.ArgumentParser | None:
+        """The engine's own argument parser where it can be imported here, else None."""
+        return None
+
+    def check_args(self, configuration: str, args: dict[str, Any]) -> None:
+        """Raise ConfigError naming the key and the allowed values for a bad engine flag."""
+        from ..config import ConfigError
+
+        where = f"configurations.{configuration}.args"
+        for key in args:
+            if key.replace("_", "-") in self.managed_args:
+                raise ConfigError(f"config key '{where}.{key}' is set by longctx itself; remove it")
+        parser = self.parser()
+        if parser is None:
+            return
+        options = {}
+        for action in parser._actions:
+            for opt in action.option_strings:
+                if opt.startswith("--"):
+                    options[opt[2:]] = action
+        allowed = sorted(set(options) - self.managed_args - {"help"})
+        for key, value in args.items():
+            flag = key.replace("_", "-")
+            action = options.get(flag)
+            if action is None or flag == "help":
+                raise ConfigError(f"config key '{where}.{key}' is not a {self.name} flag; allowed keys: {', '.join(allowed)}")
+            if action.choices is not None and value not in action.choices:
+                raise ConfigError(
+                    f"config key '{where}.{key}': {value!r} is not allowed; allowed values: "
+                    + ", ".join(map(str, action.choices))
+                )
+            try:
+                parser.parse_args(args_to_argv({key: value}))
+            except ValueError as exc:
+                raise ConfigError(f"config key '{where}.{key}': {exc}") from None
+
+    def kv_pool_from_log(self, text: str) -> dict | None:
+        """The KV pool the server reported in its log: tokens and GB, or None if not seen."""
+        matches = list(SGLANG_KV_POOL_RE.finditer(text))
+        if not matches:
+            return None
+        m = matches[-1]
+        gb = float(m.group(4)) if m.group(4) else float(m.group(2)) + float(m.group(3))
+        return {"tokens": int(m.group(1)), "size_gb": gb, "line": m.group(0)}
+
+    @staticmethod
+    def pool_tokens(server_info: dict) -> int | None:
+        value = server_info.get("max_total_num_tokens")
+        if value is None and isinstance(server_info.get("internal_states"), list) and server_info["internal_states"]:
+            value = server_info["internal_states"][0].get("max_total_num_tokens")
+        return int(value) if value is not None else None

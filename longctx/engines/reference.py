@@ -1,0 +1,33 @@
+"""The embedded reference engine, launched as `python -m longctx.refengine`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ..refengine.args import build_parser
+from .base import EngineAdapter, _RaisingParser, args_to_argv
+
+
+class ReferenceAdapter(EngineAdapter):
+    name = "reference"
+    managed_args = frozenset({"host", "port", "model-path", "json-model-override-args", "kernel-dir", "random-seed"})
+
+    def parser(self):
+        parser = build_parser()
+        parser.__class__ = _RaisingParser
+        return parser
+
+    def launch_command(self, spec: dict, host: str, port: int) -> list[str]:
+        model = spec["model"]
+        cmd = [
+            sys.executable, "-m", "longctx.refengine",
+            "--host", host,
+            "--port", str(port),
+            "--model-path", model["name"],
+            "--json-model-override-args", json.dumps(model["architecture"], sort_keys=True),
+            "--random-seed", str(model["seed"]),
+        ]
+        if spec.get("kernel_build"):
+            cmd += ["--kernel-dir", spec["kernel_build"]]
+        return cmd + args_to_argv(spec["args"])

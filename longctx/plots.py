@@ -1,0 +1,81 @@
+"""Figures from results.csv and fits.json, as PDF (for LaTeX) and PNG (for Markdown)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .analysis import decode_curve, medians, ok_rows, prefill_curve  # noqa: E402
+from .figures import FIGURES  # noqa: E402
+
+def _save(fig, outdir: Path, stem: str) -> None:
+    fig.savefig(outdir / f"{stem}.pdf", metadata={"CreationDate": None, "ModDate": None})
+    fig.savefig(outdir / f"{stem}.png", metadata={"Software": None})
+    plt.close(fig)
+
+
+def _styles(names):
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()
+    n = len(cycle["color"])
+    return {name: {k: v[i % n] for k, v in cycle.items()} for i, name in enumerate(names)}
+
+
+def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, outdir: str | Path) -> list[Path]:
+    plt.style.use(str(style))
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    df = pd.read_csv(results_csv)
+    fits = json.loads(Path(fits_json).read_text())["configurations"]
+    med = medians(df)
+    ok = ok_rows(df)
+    names = sorted(df["configuration"].unique())
+    sty = _styles(names)
+    lengths = np.geomspace(max(1, df["length"].min()), df["length"].max(), 200)
+
+    # TTFT against L, with the fitted a + bL + cL^2
+    fig, ax = plt.subplots()
+    for name in names:
+        s = sty[name]
+        pts = ok[ok["configuration"] == name]
+        ax.plot(pts["length"], pts["ttft_s"], linestyle="none", marker=s["marker"], color=s["color"], alpha=0.35, markersize=3)
+        m = med[(med["configuration"] == name) & med["ttft_s"].notna()]
+        ax.plot(m["length"], m["ttft_s"], linestyle="none", marker=s["marker"], color=s["color"], label=f"{name} (median)")
+        if "prefill" in fits.get(name, {}):
+            ax.plot(lengths, prefill_curve(fits[name]["prefill"], lengths), color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
+    ax.set(xscale="log", yscale="log", xlabel="prompt length L (tokens)", ylabel="TTFT (s)", title="Prefill: time to first token")
+    ax.legend()
+    _save(fig, outdir, "ttft")
+
+    # decode rate against L
+    fig, ax = plt.subplots()
+    for name in names:
+        s = sty[name]
+        m = med[(med["configuration"] == name) & med["decode_tok_s"].notna()]
+        ax.plot(m["length"], m["decode_tok_s"], color=s["color"], linestyle=s["linestyle"], marker=s["marker"], label=name)
+    ax.set(xscale="log", xlabel="context length L (tokens)", ylabel="decode (tokens/s)", title="Decode rate (one request)")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    _save(fig, outdir, "decode_rate")
+
+    # step time against L, with the fitted t0 + beta L
+    fig, ax = plt.subplots()
+    for name in names:
+        s = sty[name]
+        pts = ok[(ok["configuration"] == name) & ok["tpot_s"].notna()]
+        ax.plot(pts["length"], pts["tpot_s"] * 1e3, linestyle="none", marker=s["marker"], color=s["color"], alpha=0.5, label=f"{name}")
+        if "decode" in fits.get(name, {}):
+            lin = np.linspace(0, df["length"].max(), 50)
+            ax.plot(lin, decode_curve(fits[name]["decode"], lin) * 1e3, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
+    ax.set(xlabel="context length L (tokens)", ylabel="time per output token (ms)", title="Decode step time")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    _save(fig, outdir, "step_time")
+    return [outdir / f"{stem}.{ext}" for stem in FIGURES for ext in ("pdf", "png")]

@@ -1,0 +1,112 @@
+"""A server process in its own process group: start, wait for health, stop; never by name."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+
+class ServerError(RuntimeError):
+    """The server did not come up or died; the message carries the log path and its tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tail(path: str | Path, lines: int = 20) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class ManagedServer:
+    """Start ``command`` with stdout and stderr in ``log_path``; stop its whole process group."""
+
+    def __init__(self, command: list[str], log_path: str | Path, env: dict[str, str] | None = None, stop_timeout_s: float = 20):
+        self.command = command
+        self.log_path = Path(log_path)
+        self.env = {**os.environ, **(env or {})}
+        self.stop_timeout_s = stop_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "ManagedServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.command)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.env, start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def died_message(self, what: str) -> str:
+        code = self.proc.returncode if self.proc else None
+        return f"{what} (exit code {code}); server log: {self.log_path}\n--- last lines ---\n{tail(self.log_path)}"
+
+    def wait_healthy(self, url: str, timeout_s: float) -> float:
+        """Poll url until it answers 200; return the seconds it took."""
+        t0 = time.monotonic()
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                if not self.alive():
+                    raise ServerError(self.died_message("the server exited during start-up"))
+                try:
+                    if client.get(url).status_code == 200:
+                        return time.monotonic() - t0
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() - t0 > timeout_s:
+                    self.stop()
+                    raise ServerError(f"the server did not answer {url} within {timeout_s:.0f} s; server log: {self.log_path}")
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        """SIGTERM the process group, then SIGKILL what is left after stop_timeout_s."""
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, self.stop_timeout_s), (signal.SIGKILL, 5.0)):
+            if not self.group_alive():
+                return
+            try:
+                os.killpg(self.proc.pid, sig)  # the leader of its own session: pgid == pid
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and self.group_alive():
+                time.sleep(0.05)
+
+    def group_alive(self) -> bool:
+        """Whether any process of the server's group is left (the leader reaped first)."""
+        if self.proc is None:
+            return False
+        self.proc.poll()
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True

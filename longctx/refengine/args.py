@@ -1,0 +1,40 @@
+"""Command-line flags of the reference engine, named as SGLang names them.
+
+Kept free of heavy imports: the workflow checks configurations against this parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+ALLOC_ORDERS = ("sequential", "random")
+ATTENTION_BACKENDS = ("torch",)
+DEFAULT_KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "reference"
+KERNEL_MODULE = "paged_mla_decode.py"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m longctx.refengine", description="The longctx reference engine: a small MLA decoder behind SGLang's HTTP API.")
+    p.add_argument("--model-path", default="refmla", help="model name reported by the server (weights are random)")
+    p.add_argument("--json-model-override-args", default="{}", help="JSON of architecture fields (DeepSeek-V3 names)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--context-length", type=int, default=65536)
+    p.add_argument("--mem-fraction-static", type=float, default=0.5)
+    p.add_argument("--memory-total-gb", type=float, default=None, help="memory total for pool sizing (default: detected)")
+    p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument("--max-running-requests", type=int, default=8)
+    p.add_argument("--chunked-prefill-size", type=int, default=8192)
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="torch")
+    p.add_argument("--kernel-dir", default=str(DEFAULT_KERNEL_DIR), help=f"directory holding {KERNEL_MODULE}")
+    p.add_argument("--kv-alloc-order", choices=ALLOC_ORDERS, default="sequential")
+    p.add_argument("--disable-radix-cache", action="store_true", help="accepted for SGLang parity: there is no prefix cache")
+    p.add_argument("--random-seed", type=int, default=0)
+    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--log-level", default="info")
+    return p
+
+

@@ -1,0 +1,126 @@
+"""Latent KV pool, page allocator and req-to-token table, with SGLang's sizing rule.
+
+The pool is allocated once at start from a memory budget. Page 0 is reserved as padding, as in
+SGLang, so slot 0 never holds a token. The allocator hands out pages from a free list; with
+``alloc_order="random"`` the free list starts shuffled, which is what a long-running server's
+list looks like after churn: a page_size 1 request then gets scattered slots.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from .args import ALLOC_ORDERS
+
+
+class PoolError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class PoolSizing:
+    memory_total_bytes: int
+    mem_fraction_static: float
+    weights_bytes: int
+    req_to_token_bytes: int
+    cell_bytes: int  # bytes per token over all layers
+    page_size: int
+    max_total_tokens: int | None
+
+    def tokens(self) -> int:
+        """Usable KV slots: the static budget left after weights, in whole pages, capped."""
+        budget = self.memory_total_bytes * self.mem_fraction_static - self.weights_bytes - self.req_to_token_bytes
+        if budget <= 0:
+            raise PoolError(
+                f"no memory left for the KV cache: mem_fraction_static={self.mem_fraction_static} of "
+                f"{self.memory_total_bytes / 2**30:.2f} GiB does not cover weights "
+                f"({self.weights_bytes / 2**30:.3f} GiB) and the req-to-token table"
+            )
+        tokens = int(budget // self.cell_bytes)
+        if self.max_total_tokens is not None:
+            tokens = min(tokens, self.max_total_tokens)
+        tokens = tokens // self.page_size * self.page_size
+        if tokens < self.page_size:
+            raise PoolError(f"the KV budget holds fewer than one page ({tokens} tokens)")
+        return tokens
+
+
+class KVPool:
+    def __init__(
+        self,
+        num_layers: int,
+        cell_dim: int,
+        dtype: torch.dtype,
+        num_tokens: int,
+        page_size: int,
+        max_running_requests: int,
+        context_length: int,
+        alloc_order: str = "sequential",
+        seed: int = 0,
+        device: str = "cpu",
+    ):
+        if alloc_order not in ALLOC_ORDERS:
+            raise ValueError(f"alloc_order {alloc_order!r}; allowed: {list(ALLOC_ORDERS)}")
+        self.page_size = page_size
+        self.num_tokens = num_tokens
+        self.num_pages = num_tokens // page_size + 1  # + the padding page 0
+        # zeros, not empty: the memory is really committed, as on a GPU
+        self.kv = torch.zeros(num_layers, self.num_pages * page_size, cell_dim, dtype=dtype, device=device)
+        pages = list(range(1, self.num_pages))
+        if alloc_order == "random":
+            random.Random(seed).shuffle(pages)
+        self.free_pages: deque[int] = deque(pages)
+        self.req_to_token = torch.zeros(max_running_requests, context_length, dtype=torch.int64, device=device)
+        self.free_rows: deque[int] = deque(range(max_running_requests))
+
+    @staticmethod
+    def req_to_token_bytes(max_running_requests: int, context_length: int) -> int:
+        return max_running_requests * context_length * 8
+
+    def bytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    def free_tokens(self) -> int:
+        return len(self.free_pages) * self.page_size
+
+    def alloc_row(self) -> int:
+        if not self.free_rows:
+            raise PoolError("no free req-to-token row (max_running_requests reached)")
+        return self.free_rows.popleft()
+
+    def reserve(self, row: int, pages: list[int], n_tokens: int) -> bool:
+        """Give the request in ``row`` enough pages for ``n_tokens``; False when the pool is full."""
+        need = -(-n_tokens // self.page_size) - len(pages)
+        if need <= 0:
+            return True
+        if need > len(self.free_pages):
+            return False
+        new = [self.free_pages.popleft() for _ in range(need)]
+        start = len(pages) * self.page_size
+        pages.extend(new)
+        slots = (torch.tensor(new, dtype=torch.int64)[:, None] * self.page_size + torch.arange(self.page_size)).flatten()
+        end = min(start + slots.numel(), self.req_to_token.shape[1])
+        self.req_to_token[row, start:end] = slots[: end - start]
+        return True
+
+    def release(self, row: int, pages: list[int]) -> None:
+        self.free_pages.extend(pages)
+        pages.clear()
+        self.free_rows.append(row)
+
+    def slots(self, row: int, start: int, end: int) -> torch.Tensor:
+        return self.req_to_token[row, start:end]
+
+    def page_table(self, rows: list[int], seq_lens: list[int]) -> torch.Tensor:
+        """[batch, max_pages] page ids of each request, derived from its req-to-token row."""
+        ps = self.page_size
+        max_pages = -(-max(seq_lens) // ps)
+        table = torch.zeros(len(rows), max_pages, dtype=torch.int64, device=self.kv.device)
+        for i, (row, n) in enumerate(zip(rows, seq_lens)):
+            n_pages = -(-n // ps)
+            table[i, :n_pages] = self.req_to_token[row, 0 : n_pages * ps : ps] // ps
+        return table

@@ -1,0 +1,164 @@
+"""The report: Jinja-templated LaTeX (LaTeX-safe delimiters, every value escaped), built by latexmk."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+
+from . import __version__
+from .analysis import is_number, medians
+from .provenance import git_info, package_versions
+
+# How numbers appear in the report's tables (tests read them back with pdftotext).
+FORMATS = {
+    "ttft_ms": lambda x: f"{x * 1e3:.1f}",
+    "tpot_ms": lambda x: f"{x * 1e3:.2f}",
+    "decode_tok_s": lambda x: f"{x:.1f}",
+    "e2e_s": lambda x: f"{x:.2f}",
+}
+
+_TEX_SPECIALS = {
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+    "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
+}
+
+
+class TeX(str):
+    """A string that is already LaTeX: the template prints it as it is."""
+
+
+def tex_escape(value) -> str:
+    return "".join(_TEX_SPECIALS.get(ch, ch) for ch in str(value))
+
+
+def _finalize(value):
+    if value is None:
+        return "--"
+    if isinstance(value, TeX):
+        return value
+    return tex_escape(value)
+
+
+def _fmt(value, kind: str) -> str:
+    return FORMATS[kind](value) if is_number(value) else "--"
+
+
+def _sig(value, digits: int = 3) -> str:
+    """Engineering-style number with `digits` significant digits (1.23e-05 style for tiny ones)."""
+    if not is_number(value):
+        return "--"
+    return f"{value:.{digits}g}"
+
+
+def environment(template_dir: str | Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir)),
+        block_start_string=r"\BLOCK{", block_end_string="}",
+        variable_start_string=r"\VAR{", variable_end_string="}",
+        comment_start_string=r"\#{", comment_end_string="}",
+        line_statement_prefix="%%", line_comment_prefix="%#",
+        trim_blocks=True, lstrip_blocks=True, autoescape=False,
+        undefined=jinja2.StrictUndefined, finalize=_finalize, keep_trailing_newline=True,
+    )
+    env.filters.update(fmt=_fmt, sig=_sig, tex=lambda s: TeX(s))
+    return env
+
+
+def diagnosis(med: pd.DataFrame, fits: dict) -> list[str]:
+    """Sentences carrying their figures, from the numbers alone."""
+    out = []
+    for name, fit in fits.items():
+        rows = med[(med["configuration"] == name) & med["ttft_s"].notna()]
+        if rows.empty:
+            out.append(f"{name}: no length was measured successfully.")
+            continue
+        top = rows.iloc[-1]
+        L = int(top["length"])
+        p = fit.get("prefill")
+        if p:
+            quad = p["c_s_per_token2"] * L**2
+            share = quad / (p["a_s"] + p["b_s_per_token"] * L + quad) if quad > 0 else 0.0
+            cross = f", attention overtakes the linear work beyond {p['crossover_tokens']:,.0f} tokens" if p.get("crossover_tokens") else ""
+            out.append(f"{name}: prefill of {L:,} tokens takes {top['ttft_s']:.2f} s; the quadratic (attention) term is {share:.0%} of it{cross}.")
+        d = fit.get("decode")
+        if d and d.get("bw_eff_GBps"):
+            out.append(
+                f"{name}: decode at {L:,} tokens runs at {top['decode_tok_s']:.1f} tok/s ({top['tpot_s'] * 1e3:.2f} ms per token); "
+                f"each extra KV token costs {d['beta_s_per_token'] * 1e9:.1f} ns, an effective KV read bandwidth of {d['bw_eff_GBps']:.2f} GB/s."
+            )
+    return out
+
+
+def source_date_epoch(provenance: dict) -> int:
+    """The time of the last measurement: the report's date, so a rebuild gives the same bytes."""
+    stamps = [c.get("last_finished_at") for c in provenance.get("configurations", {}).values()]
+    stamps = [datetime.fromisoformat(s) for s in stamps if s]
+    return int(max(stamps).timestamp()) if stamps else 0
+
+
+def context(results_csv, fits_json, provenance_json) -> dict:
+    df = pd.read_csv(results_csv)
+    fits = json.loads(Path(fits_json).read_text())["configurations"]
+    prov = json.loads(Path(provenance_json).read_text())
+    med = medians(df)
+    configs = []
+    for name in sorted(df["configuration"].unique()):
+        p = prov["configurations"].get(name, {})
+        configs.append({
+            "name": name,
+            "engine": p.get("engine"),
+            "engine_version": p.get("engine_version"),
+            "args": p.get("args", {}),
+            "kv_pool": p.get("kv_pool") or {},
+            "kernel": p.get("kernel"),
+            "spec_hash": p.get("spec_hash"),
+            "fit": fits.get(name, {}),
+            "rows": med[med["configuration"] == name].to_dict("records"),
+        })
+    first = next(iter(prov["configurations"].values()), {})
+    failures = df[df["status"] != "ok"][["configuration", "length", "trial", "reason"]].to_dict("records")
+    return {
+        "version": __version__,
+        "git": git_info(),
+        "packages": package_versions(),
+        "hardware": first.get("hardware", {}),
+        "model": first.get("model", {}),
+        "protocol": first.get("protocol", {}),
+        "configurations": configs,
+        "diagnosis": diagnosis(med, fits),
+        "failures": failures,
+        "measured_at": datetime.fromtimestamp(source_date_epoch(prov)).isoformat() if prov.get("configurations") else None,
+    }
+
+
+def render(template: str | Path, out_tex: str | Path, ctx: dict) -> None:
+    template = Path(template)
+    text = environment(template.parent).get_template(template.name).render(**ctx)
+    Path(out_tex).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_tex).write_text(text)
+
+
+def build_pdf(tex: str | Path, out_pdf: str | Path, provenance_json: str | Path) -> None:
+    """latexmk in a build directory beside the .tex, with dates taken from the data."""
+    tex, out_pdf = Path(tex).resolve(), Path(out_pdf).resolve()
+    if shutil.which("latexmk") is None:
+        raise SystemExit("latexmk is not installed: run `make tex` (as root) or install "
+                         "texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended texlive-science lmodern latexmk")
+    build = tex.parent / "build"
+    build.mkdir(exist_ok=True)
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(source_date_epoch(json.loads(Path(provenance_json).read_text()))),
+           "FORCE_SOURCE_DATE": "1"}
+    cmd = ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", "-file-line-error", f"-outdir={build}", tex.name]
+    proc = subprocess.run(cmd, cwd=tex.parent, env=env, capture_output=True, text=True)
+    print(proc.stdout[-5000:])
+    if proc.returncode != 0:
+        raise SystemExit(f"latexmk failed (exit {proc.returncode}); its log: {build / (tex.stem + '.log')}\n{proc.stdout[-3000:]}")
+    shutil.copyfile(build / f"{tex.stem}.pdf", out_pdf)

@@ -1,0 +1,16 @@
+# One job per configuration: its server comes up once, every length is measured, it goes down.
+rule bench_configuration:
+    input:
+        kernel=kernel_build,
+    output:
+        expand("data/raw/{{configuration}}/{length}.json", length=LENGTHS),
+    log:
+        bench="data/logs/bench/{configuration}.log",
+        server="data/logs/server/{configuration}.log",
+    params:
+        spec=bench_spec,
+        outdir=lambda w, output: os.path.dirname(output[0]),
+    conda:
+        ENV
+    shell:
+        "longctx bench --spec {params.spec:q} --outdir {params.outdir} --server-log {log.server} > {log.bench} 2>&1"

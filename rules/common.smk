@@ -1,0 +1,30 @@
+# Config validation (longctx.config: the schema in config/schema.yaml, defaults filled in) and
+# the helpers the rules share.
+import re
+
+from longctx import config as lcfg
+from longctx.figures import FIGURES, FORMATS
+
+CFG = lcfg.validate(config)
+CONFIGURATIONS = sorted(CFG["configurations"])
+LENGTHS = CFG["lengths"]
+ENV = "../envs/longctx.yaml"
+
+
+wildcard_constraints:
+    configuration="|".join(re.escape(c) for c in CONFIGURATIONS),
+    kernel="|".join(re.escape(k) for k in CFG["kernels"]) or "(?!)",
+
+
+def raw_files(configurations=CONFIGURATIONS):
+    return expand("data/raw/{configuration}/{length}.json", configuration=configurations, length=LENGTHS)
+
+
+def kernel_build(wildcards):
+    """The build of the kernel a configuration uses: editing its sources reruns that configuration."""
+    kernel = CFG["configurations"][wildcards.configuration]["kernel"]
+    return [f"{lcfg.kernel_build_dir(kernel)}/manifest.json"] if kernel else []
+
+
+def bench_spec(wildcards):
+    return lcfg.canonical_json(lcfg.configuration_spec(CFG, wildcards.configuration))

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from longctx import config as lcfg
+from longctx.process import ManagedServer, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "tests" / "configs" / "tiny.yaml"
+TINY_ARCH = lcfg.load(TINY)["model"]["architecture"]
+
+
+def tiny_spec(configuration: str = "page1", **overrides) -> dict:
+    spec = lcfg.configuration_spec(lcfg.load(TINY), configuration)
+    spec["kernel_build"] = None  # the engine's default: kernels/reference in this checkout
+    spec.update(overrides)
+    return spec
+
+
+def refengine_command(port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "longctx.refengine", "--port", str(port),
+            "--json-model-override-args", json.dumps(TINY_ARCH), "--context-length", "2048",
+            "--max-total-tokens", "4096", *extra]
+
+
+@pytest.fixture(scope="module")
+def ref_server(tmp_path_factory):
+    """A real reference engine on loopback (tiny model), stopped by its process group."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    server = ManagedServer(refengine_command(port, "--page-size", "4", "--kv-alloc-order", "random"), log)
+    server.start()
+    try:
+        server.wait_healthy(f"http://127.0.0.1:{port}/health", 60)
+        yield {"base": f"http://127.0.0.1:{port}", "server": server, "log": log}
+    finally:
+        server.stop()

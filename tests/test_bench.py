@@ -1,0 +1,71 @@
+"""The bench stage against a real reference engine: files, provenance, failures, no orphans."""
+
+import json
+import os
+
+import pytest
+
+from longctx.bench import run_configuration
+
+from .conftest import tiny_spec
+
+
+def _group_gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_bench_measures_every_length_and_records_provenance(tmp_path):
+    spec = tiny_spec("page1", lengths=[32, 100])
+    spec["protocol"].update(warmup=1, trials=2, output_tokens=5)
+    assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
+    for length in (32, 100):
+        raw = json.loads((tmp_path / "raw" / f"{length}.json").read_text())
+        assert raw["status"] == "ok" and raw["length"] == length
+        assert len(raw["trials"]) == 2 and len(raw["warmup"]) == 1
+        for t in raw["trials"]:
+            assert t["prompt_tokens"] == length and t["completion_tokens"] == 5
+            assert t["ttft_s"] > 0 and len(t["itl_s"]) == 4
+        prov = raw["provenance"]
+        assert prov["server_info"]["max_total_num_tokens"] == prov["kv_pool"]["tokens"] == 4096
+        assert prov["kv_pool"]["log"]["tokens"] == 4096
+        assert prov["server_info"]["page_size"] == 1 and prov["engine_version"]
+        assert prov["model"]["kv_bytes_per_token"] == (32 + 8) * 1 * 4
+        assert prov["packages"]["torch"] and prov["hardware"]["logical_cpus"] >= 1
+        assert prov["protocol"]["trials"] == 2 and raw["started_at"] <= raw["finished_at"]
+    assert _group_gone(prov["server_pid"])
+
+
+def test_a_server_that_cannot_start_gives_failed_rows_naming_its_log(tmp_path):
+    spec = tiny_spec("page1", lengths=[32, 64])
+    spec["args"]["mem-fraction-static"] = 1e-9  # no room for the weights: the engine exits
+    log = tmp_path / "server.log"
+    assert run_configuration(spec, tmp_path / "raw", log) == 2
+    for length in (32, 64):
+        raw = json.loads((tmp_path / "raw" / f"{length}.json").read_text())
+        assert raw["status"] == "failed"
+        assert "exited during start-up" in raw["reason"] and str(log) in raw["reason"]
+        assert "no memory left for the KV cache" in raw["reason"]  # the log's tail travels with it
+
+
+def test_a_wrong_prompt_length_is_a_failed_trial(tmp_path, monkeypatch):
+    import longctx.bench as bench
+
+    real = bench.prompt_ids
+    monkeypatch.setattr(bench, "prompt_ids", lambda length, *a, **k: real(length + 1, *a, **k))
+    spec = tiny_spec("page1", lengths=[40])
+    spec["protocol"].update(warmup=0, trials=1, output_tokens=3)
+    assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 1
+    raw = json.loads((tmp_path / "raw" / "40.json").read_text())
+    assert raw["status"] == "failed"
+    assert "counted 41 prompt tokens, expected 40" in raw["trials"][0]["reason"]
+
+
+@pytest.mark.parametrize("configuration", ["page16"])
+def test_spec_of_a_configuration_is_self_contained(configuration):
+    spec = tiny_spec(configuration)
+    assert spec["name"] == configuration and spec["args"]["page-size"] == 16
+    assert spec["lengths"] == [64, 128, 256, 512]

@@ -1,0 +1,59 @@
+"""The config schema: defaults, and errors that name the key and the allowed values."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from longctx import config as lcfg
+
+from .conftest import ROOT
+
+
+def base():
+    return {"lengths": [64], "configurations": {"a": {"engine": "reference", "args": {"page-size": 1}}}}
+
+
+def test_default_config_validates_with_defaults_filled_in():
+    c = lcfg.load(ROOT / "config" / "longctx.yaml")
+    assert set(c["configurations"]) == {"page1-scattered", "page64"}
+    args = {name: conf["args"] for name, conf in c["configurations"].items()}
+    assert args["page1-scattered"]["page-size"] == 1 and args["page64"]["page-size"] == 64
+    assert {k: v for k, v in args["page64"].items() if k != "page-size"} == {
+        k: v for k, v in args["page1-scattered"].items() if k != "page-size"}  # they differ only in layout
+    d = lcfg.validate(base())
+    assert d["protocol"]["trials"] == 3 and d["server"]["host"] == "127.0.0.1"
+    assert d["model"]["architecture"]["kv_lora_rank"] == 64
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda c: c.update(protocl={}), "'protocl' is unknown; allowed keys: configurations, kernels, lengths, model, protocol, server"),
+    (lambda c: c.update(protocol={"trails": 2}), "'protocol.trails' is unknown; allowed keys: flush_cache, output_tokens,"),
+    (lambda c: c["configurations"]["a"].update(engine="sglangx"), "'configurations.a.engine': 'sglangx' is not allowed; allowed values: reference"),
+    (lambda c: c["configurations"]["a"]["args"].update({"page-sise": 4}), "'configurations.a.args.page-sise' is not a reference flag; allowed keys: attention-backend,"),
+    (lambda c: c["configurations"]["a"]["args"].update({"kv-alloc-order": "x"}), "allowed values: sequential, random"),
+    (lambda c: c["configurations"]["a"]["args"].update({"port": 1}), "'configurations.a.args.port' is set by longctx itself"),
+    (lambda c: c["configurations"]["a"].update(kernel="nope"), "'configurations.a.kernel': 'nope' is not a key of 'kernels'"),
+    (lambda c: c.update(lengths=[128, 64]), "'lengths': must be strictly increasing"),
+    (lambda c: c.update(protocol={"trials": 0}), "'protocol.trials': 0 is less than the minimum of 1"),
+    (lambda c: c["model"].update(architecture={"torch_dtype": "int8"}) if "model" in c else c.update(model={"architecture": {"torch_dtype": "int8"}}),
+     "'model.architecture.torch_dtype': 'int8' is not allowed; allowed values: float32, bfloat16, float16"),
+])
+def test_bad_config_names_key_and_allowed_values(mutate, expected):
+    c = base()
+    mutate(c)
+    with pytest.raises(lcfg.ConfigError) as err:
+        lcfg.validate(c)
+    assert expected in str(err.value)
+
+
+def test_workflow_stops_on_a_bad_config_with_the_message(tmp_path):
+    bad = base()
+    bad["protocol"] = {"warmpu": 1}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "'protocol.warmpu' is unknown; allowed keys:" in proc.stdout + proc.stderr

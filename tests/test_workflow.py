@@ -1,0 +1,97 @@
+"""The whole workflow, on a tiny config in a temp directory: real Snakemake, real engine, real TeX."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from longctx.report import FORMATS
+
+from .conftest import ROOT, TINY
+
+pytestmark = pytest.mark.slow
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def snakemake(cwd, *args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{out[-6000:]}")
+    return out
+
+
+def planned_jobs(cwd) -> dict[str, int]:
+    out = snakemake(cwd, "-n", "report/longctx.pdf", "--configfile", "tiny.yaml")
+    stats = out.split("Job stats:")[-1] if "Job stats:" in out else ""
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m[1] != "total"}
+
+
+@pytest.fixture(scope="module")
+def workflow(tmp_path_factory):
+    work = tmp_path_factory.mktemp("wf")
+    for d in ("rules", "config", "kernels", "templates", "envs"):
+        shutil.copytree(ROOT / d, work / d)
+    shutil.copy(ROOT / "Snakefile", work)
+    shutil.copy(TINY, work / "tiny.yaml")
+    snakemake(work, "--cores", "1", "report/longctx.pdf", "--configfile", "tiny.yaml")
+    return work
+
+
+def test_pdf_holds_the_medians_of_results_csv(workflow):
+    text = subprocess.run(["pdftotext", "-layout", str(workflow / "report" / "longctx.pdf"), "-"],
+                          capture_output=True, text=True, check=True).stdout
+    rows = {tuple(line.split()) for line in text.splitlines()}
+    df = pd.read_csv(workflow / "data" / "results.csv")
+    assert len(df) == 2 * 4 * 2 and (df["status"] == "ok").all()
+    for (configuration, length), g in df.groupby(["configuration", "length"]):
+        expected = (configuration, str(length), FORMATS["ttft_ms"](g["ttft_s"].median()),
+                    FORMATS["tpot_ms"](g["tpot_s"].median()), FORMATS["decode_tok_s"](g["decode_tok_s"].median()),
+                    f"{len(g)}/{len(g)}")
+        assert expected in rows, f"row {expected} not in the PDF"
+    assert "Provenance" in text and "page1" in text
+
+
+def test_every_stage_left_its_outputs_and_logs(workflow):
+    for path in ("build/kernels/paged_mla_decode_torch/manifest.json", "data/raw/page16/512.json",
+                 "data/fits.json", "data/provenance.json", "report/figures/ttft.png", "report/longctx.tex",
+                 "data/logs/bench/page1.log", "data/logs/server/page16.log", "data/logs/build_pdf.log"):
+        assert (workflow / path).is_file(), path
+
+
+def test_up_to_date_tree_has_nothing_to_do(workflow):
+    assert planned_jobs(workflow) == {}
+
+
+def test_template_edit_rerenders_without_measuring(workflow):
+    template = workflow / "templates" / "longctx.tex.j2"
+    original = template.read_text()
+    template.write_text(original + "%# edited\n")
+    try:
+        assert planned_jobs(workflow) == {"render_report": 1, "build_pdf": 1}
+    finally:
+        template.write_text(original)
+
+
+def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream(workflow):
+    source = workflow / "kernels" / "reference" / "paged_mla_decode.py"
+    original = source.read_text()
+    source.write_text(original + "\n# edited\n")
+    try:
+        assert planned_jobs(workflow) == {
+            "build_kernel": 1, "bench_configuration": 2, "aggregate_results": 1, "fit_models": 1,
+            "plot_figures": 1, "render_report": 1, "build_pdf": 1,
+        }
+    finally:
+        source.write_text(original)
+
+
+def test_lint_is_clean():
+    out = snakemake(ROOT, "--lint")
+    assert "Lints for" not in out, out
