@@ -2,6 +2,11 @@
 
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -64,8 +69,33 @@ def test_a_wrong_prompt_length_is_a_failed_trial(tmp_path, monkeypatch):
     assert "counted 41 prompt tokens, expected 40" in raw["trials"][0]["reason"]
 
 
-@pytest.mark.parametrize("configuration", ["page16"])
-def test_spec_of_a_configuration_is_self_contained(configuration):
-    spec = tiny_spec(configuration)
-    assert spec["name"] == configuration and spec["args"]["page-size"] == 16
-    assert spec["lengths"] == [64, 128, 256, 512]
+def test_spec_of_a_configuration_is_self_contained():
+    spec = tiny_spec("page16")
+    assert spec["name"] == "page16" and spec["args"]["page-size"] == 16
+    assert spec["lengths"] == [64, 128, 256, 512] and spec["protocol"]["trials"] == 2
+    assert "configurations" not in spec  # nothing of the other configurations
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_sweep_leaves_no_server_behind(tmp_path, sig):
+    """Ctrl-C (SIGINT) or Snakemake's cancel (SIGTERM) mid-sweep: the server's process group goes too."""
+    spec = tiny_spec("page1", lengths=[1000, 2000])
+    spec["protocol"].update(warmup=0, trials=100, output_tokens=500)
+    err = tmp_path / "bench.err"
+    with open(err, "w") as stderr:
+        bench = subprocess.Popen([sys.executable, "-m", "longctx", "bench", "--spec", json.dumps(spec),
+                                  "--outdir", str(tmp_path / "raw"), "--server-log", str(tmp_path / "server.log")],
+                                 stderr=stderr, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (m := re.search(r"server up in .* \(pid (\d+),", err.read_text())):
+            assert bench.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.1)
+        server_pid = int(m[1])
+        time.sleep(1.0)  # mid-request
+        bench.send_signal(sig)
+        assert bench.wait(30) != 0
+        assert _group_gone(server_pid), f"server group {server_pid} survived {sig!r}"
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)

@@ -15,8 +15,10 @@ SGLANG_KV_POOL_RE = re.compile(
 SGLANG_READY_LINE = "The server is fired up and ready to roll!"
 
 
-class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse would exit the process
+class RaisingParser(argparse.ArgumentParser):
+    """An engine's parser that raises ValueError where argparse would exit the process."""
+
+    def error(self, message: str):
         raise ValueError(message)
 
 

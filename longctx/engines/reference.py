@@ -6,7 +6,7 @@ import json
 import sys
 
 from ..refengine.args import build_parser
-from .base import EngineAdapter, _RaisingParser, args_to_argv
+from .base import EngineAdapter, RaisingParser, args_to_argv
 
 
 class ReferenceAdapter(EngineAdapter):
@@ -14,9 +14,7 @@ class ReferenceAdapter(EngineAdapter):
     managed_args = frozenset({"host", "port", "model-path", "json-model-override-args", "kernel-dir", "random-seed"})
 
     def parser(self):
-        parser = build_parser()
-        parser.__class__ = _RaisingParser
-        return parser
+        return build_parser(RaisingParser)
 
     def launch_command(self, spec: dict, host: str, port: int) -> list[str]:
         model = spec["model"]

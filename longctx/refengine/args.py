@@ -14,8 +14,8 @@ DEFAULT_KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "referenc
 KERNEL_MODULE = "paged_mla_decode.py"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m longctx.refengine", description="The longctx reference engine: a small MLA decoder behind SGLang's HTTP API.")
+def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p = parser_class(prog="python -m longctx.refengine", description="The longctx reference engine: a small MLA decoder behind SGLang's HTTP API.")
     p.add_argument("--model-path", default="refmla", help="model name reported by the server (weights are random)")
     p.add_argument("--json-model-override-args", default="{}", help="JSON of architecture fields (DeepSeek-V3 names)")
     p.add_argument("--host", default="127.0.0.1")
