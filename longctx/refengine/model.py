@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .attention import mla_attention
+from .attention import Workspace, mla_attention
 from .kvpool import KVPool
 from .modelconfig import ModelConfig
 
@@ -57,6 +57,7 @@ class MLAModel:
             )
         self.final_norm = torch.ones(h, dtype=dt, device=device)
         self.lm_head = rand(h, cfg.vocab_size, fan_in=h)
+        self.workspace = Workspace()  # prefill score scratch, reused across chunks and layers
         self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rope, 2, dtype=torch.float32, device=device) / rope))
 
     def weights_bytes(self) -> int:
@@ -111,7 +112,7 @@ class MLAModel:
             q, cells = self._qkv(layer, x, positions)
             pool.kv[i].index_copy_(0, slots_new, cells)
             kv = pool.kv[i].index_select(0, slots_all)
-            o = mla_attention(q, kv, start, cfg.kv_lora_rank, cfg.sm_scale)
+            o = mla_attention(q, kv, start, cfg.kv_lora_rank, cfg.sm_scale, workspace=self.workspace)
             x = self._finish_layer(layer, x, o)
         return self._logits(x[-1:])[0]
 
