@@ -54,7 +54,8 @@ def main() -> None:
     print(f"snakemake -n on the up-to-date tree: median {statistics.median(dry):.2f} s of {[round(x, 2) for x in dry]}; "
           f"nothing to do: {nothing}  [goal < 3 s, nothing to do]")
     for log in sorted((work / "data" / "logs" / "bench").glob("*.log")):
-        print(f"  {log.stem}: {log.read_text().strip().splitlines()[-1]}")
+        print(f"  {log.read_text().strip().splitlines()[-1]}")
+    print((work / "report" / "longctx.tex").read_text().split(r"\begin{itemize}")[1].split(r"\end{itemize}")[0].strip())
     if a.keep:
         print(f"kept {work}")
     else:

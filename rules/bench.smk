@@ -1,4 +1,5 @@
 # One job per configuration: its server comes up once, every length is measured, it goes down.
+# It takes every core it is given, so that two measurements never share the machine.
 rule bench_configuration:
     input:
         kernel=kernel_build,
@@ -10,6 +11,7 @@ rule bench_configuration:
     params:
         spec=bench_spec,
         outdir=lambda w, output: os.path.dirname(output[0]),
+    threads: workflow.cores
     conda:
         ENV
     shell:
