@@ -158,7 +158,11 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path) ->
                 )
                 for length in spec["lengths"]:
                     started = provenance.now_iso()
-                    result = measure_length(client, base, adapter, spec, length, run_id)
+                    try:
+                        result = measure_length(client, base, adapter, spec, length, run_id)
+                    except Exception as exc:  # a bug or a surprise must not cost the lengths already measured
+                        log.exception("%s L=%d: measurement failed", name, length)
+                        result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "warmup": [], "trials": []}
                     if not server.alive():
                         failure = server.died_message(f"the server died while measuring length {length}")
                         result.update(status="failed", reason=failure)

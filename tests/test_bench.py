@@ -99,3 +99,22 @@ def test_interrupted_sweep_leaves_no_server_behind(tmp_path, sig):
     finally:
         if bench.poll() is None:
             os.killpg(bench.pid, signal.SIGKILL)
+
+
+def test_an_unexpected_error_at_one_length_keeps_the_others(tmp_path, monkeypatch):
+    import longctx.bench as bench
+
+    real = bench.measure_length
+
+    def flaky(client, base, adapter, spec, length, run_id):
+        if length == 48:
+            raise RuntimeError("surprise")
+        return real(client, base, adapter, spec, length, run_id)
+
+    monkeypatch.setattr(bench, "measure_length", flaky)
+    spec = tiny_spec("page1", lengths=[32, 48, 64])
+    spec["protocol"].update(warmup=0, trials=1, output_tokens=3)
+    assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 1
+    statuses = {n: json.loads((tmp_path / "raw" / f"{n}.json").read_text())["status"] for n in (32, 48, 64)}
+    assert statuses == {32: "ok", 48: "failed", 64: "ok"}
+    assert "RuntimeError: surprise" in json.loads((tmp_path / "raw" / "48.json").read_text())["reason"]
