@@ -10,7 +10,9 @@ import pandas as pd
 COLUMNS = [
     "configuration", "engine", "length", "trial", "status", "reason",
     "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "itl_median_s", "itl_max_s",
-    "prompt_tokens", "completion_tokens", "cached_tokens", "kv_bytes_per_token", "kv_pool_tokens", "run_id",
+    "prompt_tokens", "completion_tokens", "cached_tokens", "server_ttft_s",
+    "spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts",
+    "kv_bytes_per_token", "kv_pool_tokens", "run_id",
 ]
 
 

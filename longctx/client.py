@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 import httpx
 
 
+# SGLang 0.5.23's speculative fields in the final meta_info
+SPEC_FIELDS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts")
+
+
 def sglang_body(input_ids: list[int], max_new_tokens: int, rid: str | None = None) -> bytes:
     body = {
         "input_ids": input_ids,
@@ -49,7 +53,12 @@ class StreamRecord:
             cached_tokens=meta.get("cached_tokens"),
             finish_reason=meta.get("finish_reason"),
             server_e2e_latency_s=meta.get("e2e_latency"),
+            **{k: meta.get(k) for k in SPEC_FIELDS},
+            server_timestamps=meta.get("timestamps"),
         )
+        ts = meta.get("timestamps") or {}
+        if "first_token_sent" in ts and "received" in ts:
+            out["server_ttft_s"] = ts["first_token_sent"] - ts["received"]
         if not self.event_times:
             return out
         t = self.event_times

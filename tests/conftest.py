@@ -32,7 +32,7 @@ def ref_server(tmp_path_factory):
     """A real reference engine on loopback (tiny model), stopped by its process group."""
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    server = ManagedServer(refengine_command(port, "--page-size", "4", "--kv-alloc-order", "random"), log)
+    server = ManagedServer(refengine_command(port, "--page-size", "4", "--kv-alloc-order", "random", "--enable-metrics"), log)
     server.start()
     try:
         server.wait_healthy(f"http://127.0.0.1:{port}/health", 60)

@@ -2,6 +2,7 @@
 
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -21,14 +22,17 @@ CFG = ModelConfig.from_overrides(TINY_ARCH)
 MODEL = MLAModel(CFG, seed=0)
 
 
-def run_requests(prompts, max_new, page_size=1, order="random", chunk=8192):
+def run_requests(prompts, max_new, page_size=1, order="random", chunk=8192, **sched_kwargs):
+    """Run requests through a fresh pool and scheduler; returns outputs, final events and the scheduler."""
     pool = KVPool(CFG.num_hidden_layers, CFG.cell_dim, CFG.dtype, 4096, page_size, 4, 2048, order, seed=1)
-    sched = Scheduler(MODEL, pool, KERNEL, chunk, 4)
+    sched = Scheduler(MODEL, pool, KERNEL, chunk, 4, **sched_kwargs)
     done = [threading.Event() for _ in prompts]
     finals: list[dict | None] = [None] * len(prompts)
+    events: list[tuple[int, float, dict]] = []
     reqs = []
     for i, p in enumerate(prompts):
         def emit(ev, i=i):
+            events.append((i, time.perf_counter(), ev))
             if ev["meta_info"]["finish_reason"] is not None:
                 finals[i] = ev
                 done[i].set()
@@ -39,7 +43,8 @@ def run_requests(prompts, max_new, page_size=1, order="random", chunk=8192):
     for d in done:
         assert d.wait(60)
     assert pool.free_tokens() == 4096 and len(pool.free_rows) == 4  # every page and row released
-    return [r.output_ids for r in reqs], finals
+    sched.events = events
+    return [r.output_ids for r in reqs], finals, sched
 
 
 def prompt(n, seed=0):
@@ -48,21 +53,21 @@ def prompt(n, seed=0):
 
 def test_greedy_is_deterministic_and_identical_across_page_sizes_and_layouts():
     p = prompt(300)
-    (ref,), finals = run_requests([p], 12, page_size=1, order="sequential")
+    (ref,), finals, _ = run_requests([p], 12, page_size=1, order="sequential")
     assert len(ref) == 12 and finals[0]["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
     assert finals[0]["meta_info"]["prompt_tokens"] == 300
     for page_size in (1, 16, 64):
-        (out,), _ = run_requests([p], 12, page_size=page_size, order="random")
+        (out,), _, _ = run_requests([p], 12, page_size=page_size, order="random")
         assert out == ref, f"page_size {page_size} changed the tokens"
 
 
 def test_chunked_prefill_and_batching_give_the_same_tokens():
     p1, p2 = prompt(300, 1), prompt(170, 2)
-    (alone1,), _ = run_requests([p1], 10)
-    (alone2,), _ = run_requests([p2], 10)
-    (c1,), _ = run_requests([p1], 10, chunk=64)
+    (alone1,), _, _ = run_requests([p1], 10)
+    (alone2,), _, _ = run_requests([p2], 10)
+    (c1,), _, _ = run_requests([p1], 10, chunk=64)
     assert c1 == alone1
-    both, _ = run_requests([p1, p2], 10, page_size=4)
+    both, _, _ = run_requests([p1, p2], 10, page_size=4)
     assert both == [alone1, alone2]
 
 
@@ -133,3 +138,120 @@ def test_requests_that_cannot_fit_are_refused_and_the_server_keeps_serving(ref_s
     assert r.status_code == 400 and "token ids" in r.json()["error"]["message"]
     ok = httpx.post(ref_server["base"] + "/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}, timeout=30)
     assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 2
+
+
+# --- scheduling, defragmentation, speculation ------------------------------------------------
+
+def test_a_long_chunked_prefill_does_not_stall_running_decodes():
+    short, long = prompt(20, 3), prompt(1500, 4)
+    # the short request is admitted first and decodes while the long one prefills 64 tokens at a time
+    (out_short, out_long), finals, sched = run_requests([short, long], 15, chunk=64)
+    long_first_token = min(t for i, t, ev in sched.events if i == 1)
+    short_tokens_before = [ev for i, t, ev in sched.events if i == 0 and t < long_first_token]
+    assert len(short_tokens_before) == 15, "the short request should finish during the long prefill"
+    (alone,), _, _ = run_requests([long], 15)
+    assert out_long == alone
+
+
+def test_defrag_compacts_scattered_slots_without_changing_tokens():
+    p = prompt(400, 5)
+    (scattered,), _, s1 = run_requests([p], 20, page_size=1, order="random")
+    (compact,), _, s2 = run_requests([p], 20, page_size=1, order="random", defrag=True)
+    assert compact == scattered
+    assert s2.pool.defrag_moves == 1 and s1.pool.defrag_moves == 0
+
+
+def test_defrag_moves_cells_into_one_run():
+    pool = KVPool(1, 4, torch.float32, 256, 1, 1, 256, "random", seed=3)
+    row, pages = pool.alloc_row(), []
+    assert pool.reserve(row, pages, 50)
+    old_slots = pool.slots(row, 0, 50).clone()
+    pool.kv[0, old_slots] = torch.arange(50, dtype=torch.float32)[:, None].expand(50, 4)
+    assert pool.defragment(row, pages, 50, 80)
+    new_slots = pool.slots(row, 0, 80)
+    assert (new_slots.diff() == 1).all() and len(pages) == 80
+    assert torch.equal(pool.kv[0, new_slots[:50], 0], torch.arange(50, dtype=torch.float32))
+    assert pool.free_tokens() == 256 - 80  # the old pages went back
+
+
+def test_concurrent_decoding_interleaves_page_size_1_slots():
+    """Churn: two requests decoding together take turns at the free list, so each one's slots scatter."""
+    _, _, sched = run_requests([prompt(30, 6), prompt(30, 7)], 40, page_size=1, order="sequential")
+    # after both finished the free list holds their interleaved slots; a new request reuses them later
+    free = list(sched.pool.free_pages)
+    tail = free[-80:]
+    assert any(b - a != 1 for a, b in zip(tail, tail[1:]))
+
+
+def test_ngram_drafts_follow_the_latest_earlier_occurrence():
+    import numpy as np
+
+    from longctx.refengine.speculative import ngram_drafts
+
+    seq = np.array([7, 1, 2, 3, 9, 1, 2, 4, 5, 1, 2])
+    assert ngram_drafts(seq, 3, 1, 4) == [4, 5, 1]  # suffix [1, 2] last seen at 5, followed by 4 5 1
+    assert ngram_drafts(np.array([1, 2, 3]), 3, 1, 4) == []
+    assert ngram_drafts(np.array([5, 6, 5]), 2, 1, 4) == [6, 5]
+
+
+def test_speculation_gives_the_same_tokens_and_reports_acceptance():
+    from longctx.refengine.speculative import SpecConfig
+
+    pattern = prompt(37, 8)
+    p = (pattern * 8)[:280]  # repetitive: prompt lookup finds drafts
+    (plain,), _, _ = run_requests([p], 40)
+    spec = SpecConfig("NGRAM", 4, 1, 12)
+    (fast,), finals, _ = run_requests([p], 40, spec=spec)
+    assert fast == plain
+    meta = finals[0]["meta_info"]
+    assert meta["spec_num_proposed_drafts"] > 0
+    assert 0 <= meta["spec_num_correct_drafts"] <= meta["spec_num_proposed_drafts"]
+    assert meta["spec_accept_rate"] == pytest.approx(meta["spec_num_correct_drafts"] / meta["spec_num_proposed_drafts"])
+    assert meta["spec_accept_length"] == pytest.approx(40 / meta["spec_verify_ct"])
+    # every token came from a prefill or a verify step: accepted drafts save steps
+    assert meta["spec_verify_ct"] == 40 - 1 - meta["spec_num_correct_drafts"]
+    # a batch with speculation gives each request its own tokens
+    (b1, b2), _, _ = run_requests([p, prompt(90, 9)], 40, spec=spec)
+    (alone2,), _, _ = run_requests([prompt(90, 9)], 40)
+    assert (b1, b2) == (plain, alone2)
+
+
+# --- interfaces -----------------------------------------------------------------------------
+
+def test_openai_completions_stream_with_usage(ref_server):
+    body = {"model": "refmla", "prompt": prompt(40), "max_tokens": 4, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", ref_server["base"] + "/v1/completions", json=body, timeout=30) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:4]] == [None, None, None, "length"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44}
+    whole = httpx.post(ref_server["base"] + "/v1/completions", json={**body, "stream": False, "prompt": "abc"}, timeout=30).json()
+    assert whole["object"] == "text_completion" and whole["usage"]["prompt_tokens"] == 3
+
+
+def test_final_event_carries_ordered_server_timestamps(ref_server):
+    body = {"input_ids": prompt(60), "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
+    ts = httpx.post(ref_server["base"] + "/generate", json=body, timeout=30).json()["meta_info"]["timestamps"]
+    order = ["received", "scheduled", "prefill_done", "first_token", "first_token_sent", "finished"]
+    assert ts["clock"] == "CLOCK_MONOTONIC"
+    assert [ts[k] for k in order] == sorted(ts[k] for k in order)
+    assert ts["received"] < time.perf_counter()  # the same clock as this process's perf_counter
+
+
+def test_metrics_use_sglang_names(ref_server):
+    before = httpx.get(ref_server["base"] + "/metrics").text
+    httpx.post(ref_server["base"] + "/generate", json={"input_ids": prompt(30), "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}, timeout=30)
+    text = httpx.get(ref_server["base"] + "/metrics").text
+
+    def value(t, name):
+        line = next(line for line in t.splitlines() if line.startswith(name + "{"))
+        return float(line.rsplit(" ", 1)[1])
+
+    assert value(text, "sglang:max_total_num_tokens") == 4096
+    assert value(text, "sglang:generation_tokens_total") - value(before, "sglang:generation_tokens_total") == 3
+    assert value(text, "sglang:prompt_tokens_total") - value(before, "sglang:prompt_tokens_total") == 30
+    for name in ("sglang:num_used_tokens", "sglang:gen_throughput", "sglang:time_to_first_token_seconds_count",
+                 "sglang:e2e_request_latency_seconds_count", "sglang:num_running_reqs", "sglang:token_usage"):
+        assert name + "{" in text, name

@@ -11,6 +11,9 @@ Shapes (one layer):
                page_table[b, t // page_size] * page_size + t % page_size
     seq_lens   [batch] int64              tokens in the KV cache per request
     out        [batch, heads, kv_lora_rank]
+
+A request whose pages form one run (a fresh pool, or after KV defragmentation) is read in
+place; scattered pages are gathered first. Both give the same values in the same order.
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ def paged_mla_decode(
     pages = kv_pool.view(-1, page_size, dim)
     for b, n in enumerate(seq_lens.tolist()):
         n_pages = -(-n // page_size)
-        kv = pages.index_select(0, page_table[b, :n_pages]).view(-1, dim)[:n]
+        ids = page_table[b, :n_pages]
+        first = int(ids[0])
+        if n_pages == 1 or bool((ids[1:] - ids[:-1] == 1).all()):
+            kv = pages[first : first + n_pages].view(-1, dim)[:n]  # one run of pages: read in place
+        else:
+            kv = pages.index_select(0, ids).view(-1, dim)[:n]  # scattered: gather
         scores = torch.matmul(q[b], kv.t())  # [heads, n]
         probs = torch.softmax(scores.float() * sm_scale, dim=-1).to(kv.dtype)
         out[b] = torch.matmul(probs, kv[:, :kv_lora_rank])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 ALLOC_ORDERS = ("sequential", "random")
 ATTENTION_BACKENDS = ("torch",)
+SPECULATIVE_ALGORITHMS = ("NGRAM",)
 DEFAULT_KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "reference"
 KERNEL_MODULE = "paged_mla_decode.py"
 
@@ -30,6 +31,13 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="torch")
     p.add_argument("--kernel-dir", default=str(DEFAULT_KERNEL_DIR), help=f"directory holding {KERNEL_MODULE}")
     p.add_argument("--kv-alloc-order", choices=ALLOC_ORDERS, default="sequential")
+    p.add_argument("--enable-kv-defrag", action="store_true",
+                   help="after prefill, move each request's cells into one run of pages sized for its whole output")
+    p.add_argument("--speculative-algorithm", choices=SPECULATIVE_ALGORITHMS, default=None)
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=4, help="drafts verified per step")
+    p.add_argument("--speculative-ngram-min-match-window-size", type=int, default=1)
+    p.add_argument("--speculative-ngram-max-match-window-size", type=int, default=12)
+    p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     p.add_argument("--disable-radix-cache", action="store_true", help="accepted for SGLang parity: there is no prefix cache")
     p.add_argument("--random-seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

@@ -8,13 +8,17 @@ list looks like after churn: a page_size 1 request then gets scattered slots.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .args import ALLOC_ORDERS
+
+log = logging.getLogger("longctx.refengine")
 
 
 class PoolError(RuntimeError):
@@ -76,6 +80,8 @@ class KVPool:
         self.free_pages: deque[int] = deque(pages)
         self.req_to_token = torch.zeros(max_running_requests, context_length, dtype=torch.int64, device=device)
         self.free_rows: deque[int] = deque(range(max_running_requests))
+        self.defrag_moves = 0  # requests compacted
+        self.defrag_misses = 0  # requests for which no contiguous run was free
 
     @staticmethod
     def req_to_token_bytes(max_running_requests: int, context_length: int) -> int:
@@ -124,3 +130,33 @@ class KVPool:
             n_pages = -(-n // ps)
             table[i, :n_pages] = self.req_to_token[row, 0 : n_pages * ps : ps] // ps
         return table
+
+    def defragment(self, row: int, pages: list[int], n_valid: int, n_total: int) -> bool:
+        """Move a request's cells into one run of consecutive pages, sized for n_total tokens.
+
+        The run may reuse the request's own pages. The first n_valid cells are copied (every
+        layer), the req-to-token row is rewritten and the pages left over go back to the free
+        list. False, with nothing moved, when no run is long enough.
+        """
+        ps = self.page_size
+        need = -(-n_total // ps)
+        if len(pages) >= need and pages == list(range(pages[0], pages[0] + len(pages))):
+            return True  # already one run
+        candidates = np.sort(np.fromiter([*self.free_pages, *pages], dtype=np.int64))
+        starts = np.flatnonzero(candidates[need - 1 :] - candidates[: max(0, len(candidates) - need + 1)] == need - 1) \
+            if len(candidates) >= need else np.empty(0, dtype=np.int64)
+        if starts.size == 0:
+            self.defrag_misses += 1
+            log.warning("KV defrag: no run of %d free pages; request row %d stays scattered", need, row)
+            return False
+        first = int(candidates[starts[0]])
+        chosen = set(range(first, first + need))
+        cells = self.kv[:, self.req_to_token[row, :n_valid]]  # a copy: the run may overlap the old slots
+        new = torch.arange(first * ps, (first + need) * ps, dtype=torch.int64, device=self.kv.device)
+        self.kv[:, new[:n_valid]] = cells
+        end = min(new.numel(), self.req_to_token.shape[1])
+        self.req_to_token[row, :end] = new[:end]
+        self.free_pages = deque(p for p in [*self.free_pages, *pages] if p not in chosen)
+        pages[:] = list(range(first, first + need))
+        self.defrag_moves += 1
+        return True

@@ -96,11 +96,12 @@ class MLAModel:
         return _rms_norm(x, self.final_norm, self.cfg.rms_norm_eps) @ self.lm_head
 
     @torch.inference_mode()
-    def prefill_chunk(self, pool: KVPool, row: int, ids: torch.Tensor, start: int) -> torch.Tensor:
-        """Run tokens ids (positions start..start+T-1) of one request; returns the last logits.
+    def prefill_chunk(self, pool: KVPool, row: int, ids: torch.Tensor, start: int, all_logits: bool = False) -> torch.Tensor:
+        """Run tokens ids (positions start..start+T-1) of one request; returns logits [1 or T, vocab].
 
         The chunk's latent cells are written into the request's slots, then the chunk attends
-        to every cell of the request read back through the req-to-token table.
+        to every cell of the request read back through the req-to-token table (causally). This
+        is prefill, and with all_logits the verify pass of speculative decoding.
         """
         cfg = self.cfg
         t = ids.shape[0]
@@ -114,7 +115,7 @@ class MLAModel:
             kv = pool.kv[i].index_select(0, slots_all)
             o = mla_attention(q, kv, start, cfg.kv_lora_rank, cfg.sm_scale, workspace=self.workspace)
             x = self._finish_layer(layer, x, o)
-        return self._logits(x[-1:])[0]
+        return self._logits(x if all_logits else x[-1:])
 
     @torch.inference_mode()
     def decode(self, pool: KVPool, rows: list[int], ids: torch.Tensor, positions: list[int], kernel: DecodeKernel) -> torch.Tensor:

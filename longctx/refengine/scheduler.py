@@ -1,7 +1,10 @@
-"""Scheduler: admits requests, prefills them in chunks, decodes all running requests together.
+"""Scheduler: admits requests, prefills them chunk by chunk, decodes all running requests together.
 
-It runs in one thread; the HTTP side hands it requests and receives output events through
-each request's ``emit`` callback (which must be thread-safe).
+One iteration runs at most one prefill chunk (--chunked-prefill-size tokens of one request),
+then one decode step for every running request, so a long prefill delays the others' decode by
+one chunk at a time, not by the whole prompt. With NGRAM speculation a decode step verifies the
+drafts of each request in one forward pass. It runs in one thread; the HTTP side hands it
+requests and receives events through each request's thread-safe ``emit``.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from . import tokenizer
 from .kvpool import KVPool
 from .model import DecodeKernel, MLAModel
+from .speculative import SpecConfig, ngram_drafts
 
 log = logging.getLogger("longctx.refengine")
 
@@ -30,25 +35,41 @@ class Req:
     max_new_tokens: int
     ignore_eos: bool
     emit: Callable[[dict], None]
-    created: float = field(default_factory=time.perf_counter)
+    received: float = field(default_factory=time.perf_counter)  # CLOCK_MONOTONIC, comparable across processes
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
     row: int = -1
+    prefilled: int = 0
     aborted: bool = False
+    timestamps: dict = field(default_factory=dict)
+    verify_ct: int = 0
+    correct_drafts: int = 0
+    proposed_drafts: int = 0
+    seq: np.ndarray | None = None  # prompt + output, for draft lookup
+    ids: torch.Tensor | None = None  # the prompt, for prefill
 
     def position(self) -> int:
         """Position of the token to be fed next (the last generated one)."""
         return len(self.input_ids) + len(self.output_ids) - 1
 
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.output_ids)
+
 
 class Scheduler:
-    def __init__(self, model: MLAModel, pool: KVPool, kernel: DecodeKernel, chunked_prefill_size: int, max_running_requests: int):
+    def __init__(self, model: MLAModel, pool: KVPool, kernel: DecodeKernel, chunked_prefill_size: int,
+                 max_running_requests: int, spec: SpecConfig | None = None, defrag: bool = False,
+                 metrics=None):
         self.model = model
         self.pool = pool
         self.kernel = kernel
         self.chunk = chunked_prefill_size
         self.max_running = max_running_requests
+        self.spec = spec
+        self.defrag = defrag
+        self.metrics = metrics
         self.waiting: deque[Req] = deque()
+        self.prefilling: Req | None = None
         self.running: list[Req] = []
         self.cond = threading.Condition()
         self.thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
@@ -65,84 +86,136 @@ class Scheduler:
     def abort(self, req: Req) -> None:
         req.aborted = True
 
-    def num_running(self) -> int:
-        return len(self.running)
+    def load(self) -> dict:
+        return {"running": len(self.running) + (self.prefilling is not None), "waiting": len(self.waiting),
+                "used_tokens": self.pool.num_tokens - self.pool.free_tokens()}
 
     # --- scheduler thread ----------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self.cond:
-                while not self.waiting and not self.running:
+                while not self.waiting and not self.running and self.prefilling is None:
                     self.cond.wait()
-                new = self._admit()
+                self._admit()
             try:
-                for req in new:
-                    self._prefill(req)
+                if self.prefilling is not None:
+                    self._prefill_chunk(self.prefilling)
                 self.running = [r for r in self.running if not self._reap(r)]
                 if self.running:
                     self._decode_step()
                     self.running = [r for r in self.running if not self._reap(r)]
             except Exception as exc:  # keep serving: fail the requests in flight, not the server
                 log.error("scheduler step failed: %s\n%s", exc, traceback.format_exc())
-                for req in new + self.running:
-                    if req.row >= 0:
+                for req in [self.prefilling, *self.running]:
+                    if req is not None and req.row >= 0:
                         self._finish(req, {"type": "abort", "message": f"engine error: {exc}"})
-                self.running = []
+                self.prefilling, self.running = None, []
+            if self.metrics:
+                self.metrics.update_load(**self.load())
 
-    def _admit(self) -> list[Req]:
-        new: list[Req] = []
-        while self.waiting and len(self.running) + len(new) < self.max_running:
+    def _admit(self) -> None:
+        while self.prefilling is None and self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
             if req.aborted:
                 self.waiting.popleft()
                 continue
-            need = -(-(len(req.input_ids) + 1) // self.pool.page_size) * self.pool.page_size
-            if need > self.pool.free_tokens():
-                break  # wait for running requests to free their pages
+            n = len(req.input_ids)
+            if -(-(n + 1) // self.pool.page_size) * self.pool.page_size > self.pool.free_tokens():
+                return  # wait for running requests to free their pages
             self.waiting.popleft()
             req.row = self.pool.alloc_row()
-            new.append(req)
-        return new
+            if not self.pool.reserve(req.row, req.pages, n):
+                raise RuntimeError("KV pool exhausted during admission")
+            req.timestamps["scheduled"] = time.perf_counter()
+            req.seq = np.empty(n + req.max_new_tokens, dtype=np.int64)
+            req.seq[:n] = req.input_ids
+            req.ids = torch.tensor(req.input_ids, dtype=torch.int64, device=self.model.device)
+            self.prefilling = req
 
-    def _prefill(self, req: Req) -> None:
+    def _prefill_chunk(self, req: Req) -> None:
+        if req.aborted:
+            self._finish(req, {"type": "abort", "message": "client disconnected"})
+            self.prefilling = None
+            return
         n = len(req.input_ids)
-        if not self.pool.reserve(req.row, req.pages, n):
-            raise RuntimeError("KV pool exhausted during admission")
-        ids = torch.tensor(req.input_ids, dtype=torch.int64, device=self.model.device)
-        logits = None
-        for start in range(0, n, self.chunk):
-            logits = self.model.prefill_chunk(self.pool, req.row, ids[start : start + self.chunk], start)
-        self._append(req, int(torch.argmax(logits)))
+        start, end = req.prefilled, min(req.prefilled + self.chunk, n)
+        logits = self.model.prefill_chunk(self.pool, req.row, req.ids[start:end], start)
+        req.prefilled = end
+        if end < n:
+            return
+        self.prefilling = None
+        req.timestamps["prefill_done"] = time.perf_counter()
+        if self.defrag:
+            self.pool.defragment(req.row, req.pages, n, n + req.max_new_tokens)
         self.running.append(req)
+        self._append(req, [int(torch.argmax(logits[-1]))])
 
     def _decode_step(self) -> None:
-        batch = []
+        plain, drafted = [], []
         for req in self.running:
-            if self.pool.reserve(req.row, req.pages, req.position() + 1):
-                batch.append(req)
-            else:
+            drafts = self._drafts(req) if self.spec else []
+            if not self.pool.reserve(req.row, req.pages, req.position() + 1 + len(drafts)):
                 self._finish(req, {"type": "abort", "message": "KV cache pool is full"})
-        if not batch:
-            return
-        ids = torch.tensor([r.output_ids[-1] for r in batch], dtype=torch.int64, device=self.model.device)
-        logits = self.model.decode(self.pool, [r.row for r in batch], ids, [r.position() for r in batch], self.kernel)
-        for req, tok in zip(batch, torch.argmax(logits, dim=-1).tolist()):
-            self._append(req, tok)
+            elif drafts:
+                drafted.append((req, drafts))
+            else:
+                plain.append(req)
+        if plain:
+            ids = torch.tensor([r.output_ids[-1] for r in plain], dtype=torch.int64, device=self.model.device)
+            logits = self.model.decode(self.pool, [r.row for r in plain], ids, [r.position() for r in plain], self.kernel)
+            for req, tok in zip(plain, torch.argmax(logits, dim=-1).tolist()):
+                req.verify_ct += 1
+                self._append(req, [tok])
+        for req, drafts in drafted:
+            self._verify(req, drafts)
 
-    def _append(self, req: Req, token: int) -> None:
-        req.output_ids.append(token)
+    def _drafts(self, req: Req) -> list[int]:
+        k = min(self.spec.num_draft_tokens, req.remaining() - 1)
+        if k <= 0:
+            return []
+        length = len(req.input_ids) + len(req.output_ids)
+        return ngram_drafts(req.seq[:length], k, self.spec.min_window, self.spec.max_window)
+
+    def _verify(self, req: Req, drafts: list[int]) -> None:
+        """One forward pass over [last token] + drafts; keep the drafts the model agrees with, plus its next token."""
+        p = req.position()
+        ids = torch.tensor([req.output_ids[-1], *drafts], dtype=torch.int64, device=self.model.device)
+        preds = torch.argmax(self.model.prefill_chunk(self.pool, req.row, ids, p, all_logits=True), dim=-1).tolist()
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == preds[accepted]:
+            accepted += 1
+        req.verify_ct += 1
+        req.proposed_drafts += len(drafts)
+        req.correct_drafts += accepted
+        # cells written past the accepted tokens are overwritten by the next step, never read
+        self._append(req, preds[: accepted + 1])
+
+    def _append(self, req: Req, tokens: list[int]) -> None:
         reason = None
-        if not req.ignore_eos and token == tokenizer.EOS_ID:
-            reason = {"type": "stop", "matched": token}
-        elif len(req.output_ids) >= req.max_new_tokens:
-            reason = {"type": "length", "length": req.max_new_tokens}
+        if not req.output_ids:
+            req.timestamps["first_token"] = time.perf_counter()
+        if self.metrics:
+            self.metrics.count_generated(len(tokens))
+        for token in tokens:
+            req.seq[len(req.input_ids) + len(req.output_ids)] = token
+            req.output_ids.append(token)
+            if not req.ignore_eos and token == tokenizer.EOS_ID:
+                reason = {"type": "stop", "matched": token}
+            elif len(req.output_ids) >= req.max_new_tokens:
+                reason = {"type": "length", "length": req.max_new_tokens}
+            if reason:
+                break
         if reason is not None:
-            self._finish(req, reason)
+            self._finish(req, reason, new=len(tokens))
         else:
-            req.emit(self._chunk(req, None))
+            req.emit(self._chunk(req, None, len(tokens)))
 
-    def _finish(self, req: Req, reason: dict) -> None:
-        req.emit(self._chunk(req, reason))
+    def _finish(self, req: Req, reason: dict, new: int = 0) -> None:
+        req.timestamps["finished"] = time.perf_counter()
+        event = self._chunk(req, reason, new)
+        if self.metrics:
+            self.metrics.observe_finished(req)
+        req.emit(event)
         self.pool.release(req.row, req.pages)
         req.row = -1
 
@@ -155,17 +228,26 @@ class Scheduler:
             return True
         return False
 
-    def _chunk(self, req: Req, finish_reason: dict | None) -> dict:
+    def _chunk(self, req: Req, finish_reason: dict | None, new: int) -> dict:
+        meta = {
+            "id": req.rid,
+            "finish_reason": finish_reason,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": 0,
+            "e2e_latency": time.perf_counter() - req.received,
+        }
+        if self.spec and finish_reason is not None:
+            meta.update(
+                spec_verify_ct=req.verify_ct,
+                spec_accept_length=len(req.output_ids) / req.verify_ct if req.verify_ct else 0.0,
+                spec_accept_rate=req.correct_drafts / req.proposed_drafts if req.proposed_drafts else 0.0,
+                spec_num_correct_drafts=req.correct_drafts,
+                spec_num_proposed_drafts=req.proposed_drafts,
+            )
         return {
             "text": tokenizer.decode(req.output_ids),
-            "output_ids": req.output_ids[-1:],
-            "meta_info": {
-                "id": req.rid,
-                "finish_reason": finish_reason,
-                "prompt_tokens": len(req.input_ids),
-                "completion_tokens": len(req.output_ids),
-                "cached_tokens": 0,
-                "e2e_latency": time.perf_counter() - req.created,
-            },
+            "output_ids": req.output_ids[len(req.output_ids) - new :] if new else [],
+            "meta_info": meta,
             "index": 0,
         }

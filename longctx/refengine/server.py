@@ -26,7 +26,9 @@ from .args import KERNEL_MODULE, build_parser
 from .kvpool import KVPool, PoolError, PoolSizing
 from .model import MLAModel
 from .modelconfig import ModelConfig
+from .metrics import EngineMetrics
 from .scheduler import Req, Scheduler
+from .speculative import SpecConfig
 
 log = logging.getLogger("longctx.refengine")
 
@@ -80,7 +82,15 @@ class Engine:
             self.cfg.torch_dtype, self.pool.num_tokens, self.pool.bytes() / 1e9,
         )
         self.kernel = load_kernel(args.kernel_dir)
-        self.scheduler = Scheduler(self.model, self.pool, self.kernel, args.chunked_prefill_size, args.max_running_requests)
+        self.spec = None
+        if args.speculative_algorithm:
+            if args.speculative_num_draft_tokens < 1:
+                raise ValueError("--speculative-num-draft-tokens must be at least 1")
+            self.spec = SpecConfig(args.speculative_algorithm, args.speculative_num_draft_tokens,
+                                   args.speculative_ngram_min_match_window_size, args.speculative_ngram_max_match_window_size)
+        self.metrics = EngineMetrics(args.model_path, self.pool.num_tokens) if args.enable_metrics else None
+        self.scheduler = Scheduler(self.model, self.pool, self.kernel, args.chunked_prefill_size, args.max_running_requests,
+                                   spec=self.spec, defrag=args.enable_kv_defrag, metrics=self.metrics)
 
     def server_info(self) -> dict:
         return {
@@ -97,6 +107,7 @@ class Engine:
             "memory_total_bytes": self.sizing.memory_total_bytes,
             "model_config": self.cfg.to_dict(),
             "sampling": "greedy",
+            "kv_defrag": {"moves": self.pool.defrag_moves, "misses": self.pool.defrag_misses},
         }
 
     def validate(self, input_ids: list[int], max_new_tokens: int) -> str | None:
@@ -118,58 +129,129 @@ def _error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
+class BadRequest(ValueError):
+    pass
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+
+
 def make_app(engine: Engine) -> Starlette:
+    def submit(input_ids, max_new: int, ignore_eos: bool, rid: str | None, received: float) -> tuple[Req, asyncio.Queue]:
+        """Validate and queue a request; its events arrive on the returned queue."""
+        if not isinstance(input_ids, list) or not all(isinstance(i, int) for i in input_ids):
+            raise BadRequest("input_ids must be one list of integers (batched requests are not supported)")
+        error = engine.validate(input_ids, max_new)
+        if error:
+            raise BadRequest(error)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        req = Req(
+            rid=rid or uuid.uuid4().hex,
+            input_ids=input_ids,
+            max_new_tokens=min(max_new, engine.args.context_length - len(input_ids)),
+            ignore_eos=ignore_eos,
+            emit=lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
+            received=received,
+        )
+        engine.scheduler.submit(req)
+        return req, queue
+
+    async def events(req: Req, queue: asyncio.Queue):
+        """The request's events until the final one; the final one carries the server's timestamps."""
+        try:
+            while True:
+                event = await queue.get()
+                final = event["meta_info"]["finish_reason"] is not None
+                if "first_token_sent" not in req.timestamps:
+                    req.timestamps["first_token_sent"] = time.perf_counter()
+                if final:
+                    event["meta_info"]["timestamps"] = {"clock": "CLOCK_MONOTONIC", "received": req.received, **req.timestamps}
+                yield event
+                if final:
+                    return
+        finally:
+            engine.scheduler.abort(req)  # a no-op once finished; frees the pages of an abandoned request
+
     async def health(_: Request) -> Response:
         return Response(status_code=200)
 
     async def generate(request: Request) -> Response:
+        received = time.perf_counter()  # before the body is read and parsed
         try:
             body = await request.json()
+            if "input_ids" in body:
+                input_ids = body["input_ids"]
+            elif "text" in body:
+                input_ids = tokenizer.encode(body["text"])
+            else:
+                raise BadRequest("the request needs input_ids or text")
+            sp = body.get("sampling_params") or {}
+            req, queue = submit(input_ids, int(sp.get("max_new_tokens", 128)), bool(sp.get("ignore_eos", False)),
+                                body.get("rid"), received)
         except json.JSONDecodeError as exc:
             return _error(f"request body is not JSON: {exc}")
-        if "input_ids" in body:
-            input_ids = body["input_ids"]
-        elif "text" in body:
-            input_ids = tokenizer.encode(body["text"])
-        else:
-            return _error("the request needs input_ids or text")
-        if not isinstance(input_ids, list) or not all(isinstance(i, int) for i in input_ids):
-            return _error("input_ids must be one list of integers (batched requests are not supported)")
-        sp = body.get("sampling_params") or {}
-        max_new = int(sp.get("max_new_tokens", 128))
-        error = engine.validate(input_ids, max_new)
-        if error:
-            return _error(error)
-        max_new = min(max_new, engine.args.context_length - len(input_ids))
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        req = Req(
-            rid=body.get("rid") or uuid.uuid4().hex,
-            input_ids=input_ids,
-            max_new_tokens=max_new,
-            ignore_eos=bool(sp.get("ignore_eos", False)),
-            emit=lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
-        )
-        engine.scheduler.submit(req)
+        except BadRequest as exc:
+            return _error(str(exc))
 
         if body.get("stream"):
-            async def events():
-                try:
-                    while True:
-                        event = await queue.get()
-                        yield b"data: " + json.dumps(event).encode() + b"\n\n"
-                        if event["meta_info"]["finish_reason"] is not None:
-                            break
-                    yield b"data: [DONE]\n\n"
-                finally:
-                    engine.scheduler.abort(req)  # no-op once finished; frees the pages otherwise
+            async def stream():
+                async for event in events(req, queue):
+                    yield _sse(event)
+                yield _sse(b"[DONE]")
 
-            return StreamingResponse(events(), media_type="text/event-stream")
-        while True:
-            event = await queue.get()
-            if event["meta_info"]["finish_reason"] is not None:
-                event["output_ids"] = req.output_ids
-                return JSONResponse(event)
+            return StreamingResponse(stream(), media_type="text/event-stream")
+        async for event in events(req, queue):
+            last = event
+        last["output_ids"] = req.output_ids
+        return JSONResponse(last)
+
+    async def completions(request: Request) -> Response:
+        """OpenAI /v1/completions: prompt as text or token ids; usage on request (stream_options)."""
+        received = time.perf_counter()
+        try:
+            body = await request.json()
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]
+            input_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+            if input_ids is None:
+                raise BadRequest("the request needs a prompt")
+            req, queue = submit(input_ids, int(body.get("max_tokens") or 16), bool(body.get("ignore_eos", False)), None, received)
+        except json.JSONDecodeError as exc:
+            return _error(f"request body is not JSON: {exc}")
+        except BadRequest as exc:
+            return _error(str(exc))
+        cid, created, model = f"cmpl-{req.rid}", int(time.time()), engine.args.model_path
+
+        def chunk(text: str, finish: str | None) -> dict:
+            return {"id": cid, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+
+        def usage(meta: dict) -> dict:
+            return {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
+                    "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}
+
+        def finish_name(meta: dict) -> str | None:
+            reason = meta["finish_reason"]
+            return None if reason is None else {"length": "length", "stop": "stop"}.get(reason["type"], "abort")
+
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+            async def stream():
+                async for event in events(req, queue):
+                    meta = event["meta_info"]
+                    yield _sse(chunk(tokenizer.decode(event["output_ids"]), finish_name(meta)))
+                    if include_usage and meta["finish_reason"] is not None:
+                        yield _sse({**chunk("", None), "choices": [], "usage": usage(meta)})
+                yield _sse(b"[DONE]")
+
+            return StreamingResponse(stream(), media_type="text/event-stream")
+        async for event in events(req, queue):
+            last = event
+        return JSONResponse({**chunk(last["text"], finish_name(last["meta_info"])), "usage": usage(last["meta_info"])})
 
     async def health_generate(_: Request) -> Response:
         loop = asyncio.get_running_loop()
@@ -193,16 +275,24 @@ def make_app(engine: Engine) -> Starlette:
         # There is no prefix cache: every request prefills in full, as with --disable-radix-cache.
         return PlainTextResponse("Cache flushed.\n")
 
+    async def metrics(_: Request) -> Response:
+        if engine.metrics is None:
+            return PlainTextResponse("metrics are off: start the server with --enable-metrics\n", status_code=404)
+        engine.metrics.update_load(**engine.scheduler.load())
+        return Response(engine.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
     return Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/health_generate", health_generate, methods=["GET"]),
             Route("/generate", generate, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
             Route("/server_info", server_info, methods=["GET"]),
             Route("/get_server_info", server_info, methods=["GET"]),
             Route("/model_info", model_info, methods=["GET"]),
             Route("/get_model_info", model_info, methods=["GET"]),
             Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ]
     )
 

@@ -1,0 +1,72 @@
+"""Prometheus metrics under SGLang's names (served at /metrics with --enable-metrics)."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str, max_total_tokens: int):
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+
+        def gauge(name, doc):
+            return Gauge(name, doc, labels, registry=r).labels(model_name)
+
+        self.num_running = gauge("sglang:num_running_reqs", "Requests running (prefill or decode)")
+        self.num_queue = gauge("sglang:num_queue_reqs", "Requests waiting")
+        self.num_used_tokens = gauge("sglang:num_used_tokens", "KV cache slots in use")
+        self.max_total = gauge("sglang:max_total_num_tokens", "KV cache pool size in tokens")
+        self.token_usage = gauge("sglang:token_usage", "Fraction of the KV pool in use")
+        self.gen_throughput = gauge("sglang:gen_throughput", "Generated tokens per second (last interval)")
+        self.spec_accept_length = gauge("sglang:spec_accept_length", "Tokens per verify step of the last finished request")
+        self.prompt_tokens = Counter("sglang:prompt_tokens", "Prompt tokens processed", labels, registry=r).labels(model_name)
+        self.generation_tokens = Counter("sglang:generation_tokens", "Tokens generated", labels, registry=r).labels(model_name)
+        self.num_requests = Counter("sglang:num_requests", "Requests finished", labels, registry=r).labels(model_name)
+        self.ttft = Histogram("sglang:time_to_first_token_seconds", "Server-side time to first token", labels,
+                              buckets=LATENCY_BUCKETS, registry=r).labels(model_name)
+        self.e2e = Histogram("sglang:e2e_request_latency_seconds", "Server-side request latency", labels,
+                             buckets=LATENCY_BUCKETS, registry=r).labels(model_name)
+        self.itl = Histogram("sglang:inter_token_latency_seconds", "Mean time per output token of a request",
+                             labels, buckets=ITL_BUCKETS, registry=r).labels(model_name)
+        self.max_total.set(max_total_tokens)
+        self._max_total = max_total_tokens
+        self._tokens = 0
+        self._last = (time.perf_counter(), 0)
+
+    def update_load(self, running: int, waiting: int, used_tokens: int) -> None:
+        self.num_running.set(running)
+        self.num_queue.set(waiting)
+        self.num_used_tokens.set(used_tokens)
+        self.token_usage.set(used_tokens / self._max_total)
+        now = time.perf_counter()
+        t0, n0 = self._last
+        if now - t0 >= 1.0:
+            self.gen_throughput.set((self._tokens - n0) / (now - t0))
+            self._last = (now, self._tokens)
+
+    def count_generated(self, n: int) -> None:
+        self._tokens += n
+
+    def observe_finished(self, req) -> None:
+        ts = req.timestamps
+        n = len(req.output_ids)
+        self.num_requests.inc()
+        self.prompt_tokens.inc(len(req.input_ids))
+        self.generation_tokens.inc(n)
+        if "first_token" in ts:
+            self.ttft.observe(ts["first_token"] - req.received)
+            if n > 1:
+                self.itl.observe((ts["finished"] - ts["first_token"]) / (n - 1))
+        self.e2e.observe(ts["finished"] - req.received)
+        if req.verify_ct:
+            self.spec_accept_length.set(n / req.verify_ct)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
