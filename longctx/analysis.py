@@ -94,7 +94,8 @@ def medians(df: pd.DataFrame) -> pd.DataFrame:
     counts = df.groupby(["configuration", "length"], sort=True).agg(
         trials=("status", "size"), ok=("status", lambda s: int((s == "ok").sum()))
     )
-    med = ok_rows(df).groupby(["configuration", "length"], sort=True)[["ttft_s", "tpot_s", "decode_tok_s", "e2e_s"]].median()
+    cols = ["ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "spec_accept_length", "spec_accept_rate"]
+    med = ok_rows(df).reindex(columns=["configuration", "length", *cols]).groupby(["configuration", "length"], sort=True)[cols].median()
     out = counts.join(med).reset_index()
     reasons = df[df["status"] != "ok"].groupby(["configuration", "length"])["reason"].first()
     out["reason"] = [reasons.get((c, l)) for c, l in zip(out["configuration"], out["length"])]

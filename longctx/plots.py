@@ -78,4 +78,21 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
     ax.set_ylim(bottom=0)
     ax.legend()
     _save(fig, outdir, "step_time")
+
+    # speculative acceptance length against L
+    fig, ax = plt.subplots()
+    spec = med[med["spec_accept_length"].notna()]
+    for name in names:
+        s = sty[name]
+        m = spec[spec["configuration"] == name]
+        if len(m):
+            ax.plot(m["length"], m["spec_accept_length"], color=s["color"], linestyle=s["linestyle"], marker=s["marker"], label=name)
+    if spec.empty:
+        ax.text(0.5, 0.5, "no speculative configuration", transform=ax.transAxes, ha="center", va="center")
+    else:
+        ax.legend()
+    ax.set(xscale="log", xlabel="context length L (tokens)", ylabel="tokens per verify step",
+           title="Speculative decoding: acceptance length")
+    ax.set_ylim(bottom=0)
+    _save(fig, outdir, "acceptance")
     return [outdir / f"{stem}.{ext}" for stem in FIGURES for ext in ("pdf", "png")]

@@ -22,6 +22,8 @@ FORMATS = {
     "tpot_ms": lambda x: f"{x * 1e3:.2f}",
     "decode_tok_s": lambda x: f"{x:.1f}",
     "e2e_s": lambda x: f"{x:.2f}",
+    "accept_length": lambda x: f"{x:.2f}",
+    "accept_rate": lambda x: f"{x:.1%}",
 }
 
 _TEX_SPECIALS = {
@@ -122,6 +124,7 @@ def context(results_csv, fits_json, provenance_json) -> dict:
             "spec_hash": p.get("spec_hash"),
             "fit": fits.get(name, {}),
             "rows": med[med["configuration"] == name].to_dict("records"),
+            "speculative": bool(med[med["configuration"] == name]["spec_accept_length"].notna().any()),
         })
     first = next(iter(prov["configurations"].values()), {})
     failures = df[df["status"] != "ok"][["configuration", "length", "trial", "reason"]].to_dict("records")

@@ -17,7 +17,7 @@ def base():
 
 def test_default_config_validates_with_defaults_filled_in():
     c = lcfg.load(ROOT / "config" / "longctx.yaml")
-    assert set(c["configurations"]) == {"page1-scattered", "page64"}
+    assert set(c["configurations"]) == {"page1-scattered", "page64", "page64-ngram"}
     args = {name: conf["args"] for name, conf in c["configurations"].items()}
     assert args["page1-scattered"]["page-size"] == 1 and args["page64"]["page-size"] == 64
     assert {k: v for k, v in args["page64"].items() if k != "page-size"} == {

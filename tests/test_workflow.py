@@ -49,13 +49,19 @@ def test_pdf_holds_the_medians_of_results_csv(workflow):
                           capture_output=True, text=True, check=True).stdout
     rows = {tuple(line.split()) for line in text.splitlines()}
     df = pd.read_csv(workflow / "data" / "results.csv")
-    assert len(df) == 2 * 4 * 2 and (df["status"] == "ok").all()
+    assert len(df) == 3 * 4 * 2 and (df["status"] == "ok").all()
     for (configuration, length), g in df.groupby(["configuration", "length"]):
         expected = (configuration, str(length), FORMATS["ttft_ms"](g["ttft_s"].median()),
                     FORMATS["tpot_ms"](g["tpot_s"].median()), FORMATS["decode_tok_s"](g["decode_tok_s"].median()),
                     f"{len(g)}/{len(g)}")
         assert expected in rows, f"row {expected} not in the PDF"
     assert "Provenance" in text and "page1" in text
+    spec = df[df["configuration"] == "page16-ngram"]
+    for length, g in spec.groupby("length"):
+        expected = ("page16-ngram", str(length), FORMATS["accept_length"](g["spec_accept_length"].median()),
+                    FORMATS["accept_rate"](g["spec_accept_rate"].median()).replace("%", ""))
+        assert any(r[:3] == expected[:3] for r in rows), f"acceptance row {expected} not in the PDF"
+    assert df[df["configuration"] == "page1"]["spec_accept_length"].isna().all()
 
 
 def test_every_stage_left_its_outputs_and_logs(workflow):
@@ -85,7 +91,7 @@ def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream
     source.write_text(original + "\n# edited\n")
     try:
         assert planned_jobs(workflow) == {
-            "build_kernel": 1, "bench_configuration": 2, "aggregate_results": 1, "fit_models": 1,
+            "build_kernel": 1, "bench_configuration": 3, "aggregate_results": 1, "fit_models": 1,
             "plot_figures": 1, "render_report": 1, "build_pdf": 1,
         }
     finally:
