@@ -30,10 +30,11 @@ from longctx.refengine.kvpool import KVPool  # noqa: E402
 from longctx.refengine.model import MLAModel  # noqa: E402
 from longctx.refengine.modelconfig import ModelConfig  # noqa: E402
 
-LAYOUTS = {  # name: (page_size, alloc_order)
-    "page1-scattered": (1, "random"),
-    "page64-scattered": (64, "random"),
-    "contiguous": (1, "sequential"),
+LAYOUTS = {  # name: (page_size, alloc_order, defragment after allocation)
+    "page1-scattered": (1, "random", False),
+    "page64-scattered": (64, "random", False),
+    "page1-defrag": (1, "random", True),  # scattered, then --enable-kv-defrag's move
+    "contiguous": (1, "sequential", False),
 }
 
 
@@ -67,10 +68,12 @@ def main() -> None:
         copy_bw = 2 * nbytes / median_time(lambda: dst.copy_(src), a.steps) / 1e9  # bytes read + written
         read_bw = nbytes / median_time(lambda: src.sum(), a.steps) / 1e9
         del src, dst
-        for name, (page_size, order) in LAYOUTS.items():
+        for name, (page_size, order, defrag) in LAYOUTS.items():
             pool = KVPool(cfg.num_hidden_layers, cfg.cell_dim, cfg.dtype, length + 1024, page_size, 1, length + 1024, order, seed=0)
             row, pages = pool.alloc_row(), []
             assert pool.reserve(row, pages, length)
+            if defrag:
+                assert pool.defragment(row, pages, length, length)
             pool.kv.normal_()
             ids = torch.tensor([65])
             step = median_time(lambda: model.decode(pool, [row], ids, [length - 1], kernel), a.steps)

@@ -26,6 +26,10 @@ from .workload import prompt_ids
 
 log = logging.getLogger("longctx.bench")
 RAW_FORMAT = "longctx.raw/1"
+# Thread limits a workflow job inherits (Snakemake sets them to the job's threads). The server's
+# threading belongs to its configuration (engine flags or `env`), so they are not passed on.
+THREAD_LIMIT_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 def write_json(path: Path, obj: dict) -> None:
@@ -143,7 +147,8 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path) ->
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         common["provenance"]["kernel"] = kernel_manifest(spec)
-        with ManagedServer(cmd, server_log, env=spec.get("env"), stop_timeout_s=spec["server"]["stop_timeout_s"]) as server:
+        with ManagedServer(cmd, server_log, env=spec.get("env"), stop_timeout_s=spec["server"]["stop_timeout_s"],
+                           unset=THREAD_LIMIT_VARS) as server:
             startup_s = server.wait_healthy(base + adapter.health_path, spec["server"]["startup_timeout_s"])
             log.info("%s: server up in %.1f s (pid %d, log %s)", name, startup_s, server.pid, server_log)
             with httpx.Client() as client:

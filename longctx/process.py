@@ -33,10 +33,11 @@ def tail(path: str | Path, lines: int = 20) -> str:
 class ManagedServer:
     """Start ``command`` with stdout and stderr in ``log_path``; stop its whole process group."""
 
-    def __init__(self, command: list[str], log_path: str | Path, env: dict[str, str] | None = None, stop_timeout_s: float = 20):
+    def __init__(self, command: list[str], log_path: str | Path, env: dict[str, str] | None = None,
+                 stop_timeout_s: float = 20, unset: tuple[str, ...] = ()):
         self.command = command
         self.log_path = Path(log_path)
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**{k: v for k, v in os.environ.items() if k not in unset}, **(env or {})}
         self.stop_timeout_s = stop_timeout_s
         self.proc: subprocess.Popen | None = None
 

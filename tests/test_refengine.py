@@ -61,6 +61,15 @@ def test_greedy_is_deterministic_and_identical_across_page_sizes_and_layouts():
         assert out == ref, f"page_size {page_size} changed the tokens"
 
 
+def test_paged_engine_matches_a_dense_model_without_kv_cache():
+    p = prompt(150, 11)
+    (paged,), _, _ = run_requests([p], 8, page_size=16, order="random")
+    seq = list(p)
+    for _ in range(8):  # greedy, recomputing the whole sequence every step
+        seq.append(int(torch.argmax(MODEL.forward_dense(torch.tensor(seq))[-1])))
+    assert paged == seq[150:]
+
+
 def test_chunked_prefill_and_batching_give_the_same_tokens():
     p1, p2 = prompt(300, 1), prompt(170, 2)
     (alone1,), _, _ = run_requests([p1], 10)
@@ -71,14 +80,27 @@ def test_chunked_prefill_and_batching_give_the_same_tokens():
     assert both == [alone1, alone2]
 
 
-def test_pool_sizing_follows_the_budget_and_rounds_to_pages():
+def test_pool_sizing_is_sglangs_rule():
+    # rest = (M - weights) - M * (1 - f); tokens = rest // cell, capped, rounded down to the page size
     s = PoolSizing(memory_total_bytes=10_000_000, mem_fraction_static=0.5, weights_bytes=1_000_000,
-                   req_to_token_bytes=0, cell_bytes=1000, page_size=64, max_total_tokens=None)
+                   cell_bytes=1000, page_size=64, max_total_tokens=None)
     assert s.tokens() == 3968  # (5e6 - 1e6) / 1000 = 4000, down to a multiple of 64
-    capped = PoolSizing(10_000_000, 0.5, 1_000_000, 0, 1000, 64, max_total_tokens=1000)
-    assert capped.tokens() == 960
-    with pytest.raises(PoolError, match="no memory left"):
-        PoolSizing(10_000_000, 0.05, 1_000_000, 0, 1000, 64, None).tokens()
+    assert PoolSizing(10_000_000, 0.5, 1_000_000, 1000, 64, max_total_tokens=1000).tokens() == 960
+    assert PoolSizing(10_000_000, 0.5, 1_000_000, 1000, 1, None).tokens() == 4000
+    # the study's deployment: 61 layers x 576 bf16 values = 70,272 bytes per token per rank
+    kimi = PoolSizing(int(95.0 * 2**30), 0.94, int(74.0 * 2**30), 70_272, 1, None)
+    assert kimi.tokens() == int(95.0 * 2**30 * 0.94 - 74.0 * 2**30) // 70_272
+    with pytest.raises(PoolError, match="Not enough memory. Please try to increase --mem-fraction-static"):
+        PoolSizing(10_000_000, 0.05, 1_000_000, 1000, 64, None).tokens()
+
+
+def test_server_refuses_to_start_without_room_for_one_page(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "longctx.refengine", "--memory-total-gb", "0.001", "--mem-fraction-static", "0.01",
+                           "--json-model-override-args", json.dumps(TINY_ARCH)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "Please try to increase --mem-fraction-static" in proc.stderr
 
 
 def test_scattered_allocation_gives_scattered_slots():

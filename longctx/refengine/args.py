@@ -23,7 +23,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--context-length", type=int, default=65536)
     p.add_argument("--mem-fraction-static", type=float, default=0.5)
-    p.add_argument("--memory-total-gb", type=float, default=None, help="memory total for pool sizing (default: detected)")
+    p.add_argument("--memory-total-gb", type=float, default=None, help="memory free before loading, for pool sizing (default: detected)")
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=8)
     p.add_argument("--chunked-prefill-size", type=int, default=8192)

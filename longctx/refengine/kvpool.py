@@ -27,29 +27,31 @@ class PoolError(RuntimeError):
 
 @dataclass(frozen=True)
 class PoolSizing:
+    """SGLang's rule (ModelRunner.profile_max_num_token): with M the memory free before loading,
+    rest = (M - weights) - M * (1 - mem_fraction_static); tokens = rest // cell bytes, then
+    capped by --max-total-tokens and rounded down to the page size (init_memory_pool)."""
+
     memory_total_bytes: int
     mem_fraction_static: float
     weights_bytes: int
-    req_to_token_bytes: int
     cell_bytes: int  # bytes per token over all layers
     page_size: int
     max_total_tokens: int | None
 
     def tokens(self) -> int:
-        """Usable KV slots: the static budget left after weights, in whole pages, capped."""
-        budget = self.memory_total_bytes * self.mem_fraction_static - self.weights_bytes - self.req_to_token_bytes
-        if budget <= 0:
-            raise PoolError(
-                f"no memory left for the KV cache: mem_fraction_static={self.mem_fraction_static} of "
-                f"{self.memory_total_bytes / 2**30:.2f} GiB does not cover weights "
-                f"({self.weights_bytes / 2**30:.3f} GiB) and the req-to-token table"
-            )
-        tokens = int(budget // self.cell_bytes)
+        m = self.memory_total_bytes
+        rest = (m - self.weights_bytes) - m * (1 - self.mem_fraction_static)
+        tokens = int(rest) // self.cell_bytes
         if self.max_total_tokens is not None:
             tokens = min(tokens, self.max_total_tokens)
         tokens = tokens // self.page_size * self.page_size
-        if tokens < self.page_size:
-            raise PoolError(f"the KV budget holds fewer than one page ({tokens} tokens)")
+        if tokens <= 0:
+            raise PoolError(
+                "Not enough memory. Please try to increase --mem-fraction-static. "
+                f"({self.mem_fraction_static} of {m / 2**30:.2f} GiB leaves {rest / 2**30:.3f} GiB after "
+                f"{self.weights_bytes / 2**30:.3f} GiB of weights: not one page of {self.page_size} tokens "
+                f"x {self.cell_bytes} bytes)"
+            )
         return tokens
 
 
@@ -83,9 +85,8 @@ class KVPool:
         self.defrag_moves = 0  # requests compacted
         self.defrag_misses = 0  # requests for which no contiguous run was free
 
-    @staticmethod
-    def req_to_token_bytes(max_running_requests: int, context_length: int) -> int:
-        return max_running_requests * context_length * 8
+    def req_to_token_bytes(self) -> int:
+        return self.req_to_token.numel() * self.req_to_token.element_size()
 
     def bytes(self) -> int:
         return self.kv.numel() * self.kv.element_size()

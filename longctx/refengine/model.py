@@ -118,6 +118,16 @@ class MLAModel:
         return self._logits(x if all_logits else x[-1:])
 
     @torch.inference_mode()
+    def forward_dense(self, ids: torch.Tensor) -> torch.Tensor:
+        """The whole sequence at once, no KV cache, no pages: the reference the engine must match."""
+        positions = torch.arange(ids.shape[0], device=self.device)
+        x = self.embed[ids]
+        for layer in self.layers:
+            q, cells = self._qkv(layer, x, positions)
+            x = self._finish_layer(layer, x, mla_attention(q, cells, 0, self.cfg.kv_lora_rank, self.cfg.sm_scale))
+        return self._logits(x)
+
+    @torch.inference_mode()
     def decode(self, pool: KVPool, rows: list[int], ids: torch.Tensor, positions: list[int], kernel: DecodeKernel) -> torch.Tensor:
         """One decode step for a batch: token ids[b] at positions[b]; returns logits [B, vocab]."""
         cfg = self.cfg

@@ -45,6 +45,12 @@ def load_kernel(kernel_dir: str):
     return module.paged_mla_decode
 
 
+def _free_memory(device: str) -> int:
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    return psutil.virtual_memory().available
+
+
 class Engine:
     def __init__(self, args: argparse.Namespace):
         if args.num_threads:
@@ -55,12 +61,13 @@ class Engine:
         self.args = args
         self.cfg = ModelConfig.from_overrides(args.json_model_override_args)
         self.model = MLAModel(self.cfg, seed=args.random_seed, device=args.device)
-        memory_total = int(args.memory_total_gb * 2**30) if args.memory_total_gb else psutil.virtual_memory().total
+        # SGLang sizes the pool from the memory free before loading (torch.cuda.mem_get_info); here:
+        # the given total, or the device's free memory, or the host's available memory
+        memory_total = int(args.memory_total_gb * 2**30) if args.memory_total_gb else _free_memory(args.device)
         self.sizing = PoolSizing(
             memory_total_bytes=memory_total,
             mem_fraction_static=args.mem_fraction_static,
             weights_bytes=self.model.weights_bytes(),
-            req_to_token_bytes=KVPool.req_to_token_bytes(args.max_running_requests, args.context_length),
             cell_bytes=self.cfg.kv_bytes_per_token(),
             page_size=args.page_size,
             max_total_tokens=args.max_total_tokens,
@@ -98,6 +105,7 @@ class Engine:
             "engine": ENGINE_NAME,
             "version": __version__,
             "torch_version": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
             "max_total_num_tokens": self.pool.num_tokens,
             "max_req_input_len": min(self.args.context_length - 1, self.pool.num_tokens - 1),
             "kv_cache_dtype": self.cfg.torch_dtype,
@@ -105,6 +113,7 @@ class Engine:
             "kv_bytes_per_token": self.cfg.kv_bytes_per_token(),
             "weights_bytes": self.model.weights_bytes(),
             "memory_total_bytes": self.sizing.memory_total_bytes,
+            "req_to_token_bytes": self.pool.req_to_token_bytes(),
             "model_config": self.cfg.to_dict(),
             "sampling": "greedy",
             "kv_defrag": {"moves": self.pool.defrag_moves, "misses": self.pool.defrag_misses},
