@@ -90,6 +90,11 @@ def diagnosis(med: pd.DataFrame, fits: dict) -> list[str]:
             share = quad / (p["a_s"] + p["b_s_per_token"] * L + quad) if quad > 0 else 0.0
             cross = f", attention overtakes the linear work beyond {p['crossover_tokens']:,.0f} tokens" if p.get("crossover_tokens") else ""
             out.append(f"{name}: prefill of {L:,} tokens takes {top['ttft_s']:.2f} s; the quadratic (attention) term is {share:.0%} of it{cross}.")
+        if is_number(top.get("spec_accept_length")):
+            out.append(
+                f"{name}: speculative decoding produces {top['spec_accept_length']:.2f} tokens per verify step at {L:,} tokens "
+                f"({top['spec_accept_rate']:.0%} of drafts accepted)."
+            )
         d = fit.get("decode")
         if d and d.get("bw_eff_GBps"):
             out.append(
