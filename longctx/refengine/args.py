@@ -40,7 +40,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     p.add_argument("--disable-radix-cache", action="store_true", help="accepted for SGLang parity: there is no prefix cache")
     p.add_argument("--random-seed", type=int, default=0)
-    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="torch CPU threads (default: the usable CPUs but one, left to the client that times the requests)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--log-level", default="info")
     return p

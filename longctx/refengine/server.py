@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from .. import __version__
+from ..kernels import load_module
 from . import tokenizer
 from .args import KERNEL_MODULE, build_parser
 from .kvpool import KVPool, PoolError, PoolSizing
@@ -39,10 +40,7 @@ def load_kernel(kernel_dir: str):
     path = Path(kernel_dir) / KERNEL_MODULE
     if not path.is_file():
         raise SystemExit(f"attention kernel not found: {path} (build it or pass --kernel-dir)")
-    spec = importlib.util.spec_from_file_location("longctx_kernel_paged_mla_decode", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.paged_mla_decode
+    return load_module(path).paged_mla_decode
 
 
 def _free_memory(device: str) -> int:
@@ -53,8 +51,9 @@ def _free_memory(device: str) -> int:
 
 class Engine:
     def __init__(self, args: argparse.Namespace):
-        if args.num_threads:
-            torch.set_num_threads(args.num_threads)
+        # A client timing the stream on a busy core sees late tokens, and OpenMP threads that share
+        # a core with it stall each other: by default one CPU is left free.
+        torch.set_num_threads(args.num_threads or max(1, len(os.sched_getaffinity(0)) - 1))
         for name in ("page_size", "chunked_prefill_size", "max_running_requests", "context_length"):
             if getattr(args, name) < 1:
                 raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
