@@ -3,15 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.longctx-installed
+PARSERS := $(VENV)/.longctx-parsers
 RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: report test setup tex clean
+.PHONY: report test setup parsers tex clean
 
 report: setup tex
 	$(RUN) snakemake --cores 1 report/longctx.pdf
 
-test: setup tex
-	$(RUN) python -m pytest $(PYTEST_ARGS)
+test: setup parsers tex
+	$(RUN) LONGCTX_REQUIRE_ENGINE_PARSERS=1 python -m pytest $(PYTEST_ARGS)
 
 setup: $(STAMP)
 
@@ -19,6 +20,14 @@ $(STAMP): envs/requirements.txt pyproject.toml
 	bash envs/make-venv.sh "$(PYTHON)" "$(VENV)"
 	$(BIN)/pip install -r envs/requirements.txt
 	$(BIN)/pip install --no-deps --no-build-isolation -e .
+	touch $@
+
+# SGLang's own argument parser (no GPU stack) for the tests that check our command lines with it
+parsers: $(PARSERS)
+
+$(PARSERS): $(STAMP) envs/parsers.txt envs/parsers-deps.txt
+	$(BIN)/pip install -r envs/parsers-deps.txt
+	$(BIN)/pip install --no-deps -r envs/parsers.txt
 	touch $@
 
 tex:

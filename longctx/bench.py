@@ -17,11 +17,11 @@ from pathlib import Path
 import httpx
 
 from . import provenance
-from .client import sglang_body, stream_generate
+from .client import request_body, stream_generate
 from .config import digest
 from .engines import EngineAdapter, get_adapter
 from .modelspec import mla_kv_bytes_per_token
-from .process import ManagedServer, ServerError, free_port
+from .process import ExternalServer, ManagedServer, ServerError, free_port
 from .workload import prompt_ids
 
 log = logging.getLogger("longctx.bench")
@@ -39,15 +39,25 @@ def write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def fetch_server_info(client: httpx.Client, base: str, adapter: EngineAdapter) -> dict:
-    for path in adapter.server_info_paths:
+def fetch_server_info(client: httpx.Client, base: str, api) -> dict:
+    """Everything the server says about itself at the API's info endpoints, merged."""
+    info: dict = {}
+    for path in api.info_paths:
         try:
             r = client.get(base + path, timeout=10)
-        except httpx.HTTPError:
+            if r.status_code == 200:
+                body = r.json()
+                for key, value in (body.items() if isinstance(body, dict) else [("value", body)]):
+                    info.setdefault(key, value)
+                info.setdefault("endpoints", []).append(path)
+        except (httpx.HTTPError, ValueError):
             continue
-        if r.status_code == 200:
-            return {"endpoint": path, **r.json()}
-    return {}
+    return info
+
+
+def served_model(spec: dict) -> str:
+    """The model name an OpenAI server expects in requests."""
+    return str(spec["args"].get("served-model-name") or spec["model"].get("path") or spec["model"]["name"])
 
 
 def kernel_manifest(spec: dict) -> dict | None:
@@ -61,27 +71,45 @@ def kernel_manifest(spec: dict) -> dict | None:
     return {"name": m["name"], "build_hash": m["build_hash"], "sources": m["sources"]}
 
 
-def _flush(client: httpx.Client, base: str, adapter: EngineAdapter) -> str | None:
-    if not adapter.flush_path:
+def _flush(client: httpx.Client, base: str, api) -> str | None:
+    if not api.flush_path:
         return None
     try:
-        r = client.post(base + adapter.flush_path, timeout=30)
+        r = client.post(base + api.flush_path, timeout=30)
         return None if r.status_code == 200 else f"flush_cache answered HTTP {r.status_code}"
     except httpx.HTTPError as exc:
         return f"flush_cache failed: {exc}"
 
 
+def _spec_from_counters(before: dict | None, after: dict | None) -> dict:
+    """Per-request acceptance from server-wide counters (vLLM): the deltas over one request."""
+    if not before or not after:
+        return {}
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    drafts, proposed, accepted = d.get("drafts", 0), d.get("draft_tokens", 0), d.get("accepted_tokens", 0)
+    if not drafts:
+        return {}
+    return {"spec_verify_ct": drafts, "spec_num_proposed_drafts": proposed, "spec_num_correct_drafts": accepted,
+            "spec_accept_length": 1 + accepted / drafts, "spec_accept_rate": accepted / proposed if proposed else None,
+            "spec_source": "metrics"}
+
+
 def measure_length(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, length: int, run_id: str) -> dict:
     proto = spec["protocol"]
     name = spec["name"]
+    api = adapter.api(spec)
+    model = served_model(spec)
     warmup, trials = [], []
     total = proto["warmup"] + proto["trials"]
     for i in range(total):
         is_warmup = i < proto["warmup"]
         ids = prompt_ids(length, proto["seed"], f"{run_id}/{name}/{length}/{i}", tuple(proto["token_id_range"]))
-        body = sglang_body(ids, proto["output_tokens"])
-        flush_error = _flush(client, base, adapter) if proto["flush_cache"] else None
-        summary = stream_generate(client, base + "/generate", body, proto["request_timeout_s"]).summary()
+        body = request_body(api.kind, ids, proto["output_tokens"], model)
+        flush_error = _flush(client, base, api) if proto["flush_cache"] else None
+        counters = adapter.spec_counters(client, base)
+        summary = stream_generate(client, base + api.generate_path, body, proto["request_timeout_s"], api.kind).summary()
+        if counters is not None and summary["spec_verify_ct"] is None:
+            summary.update(_spec_from_counters(counters, adapter.spec_counters(client, base)))
         summary["flush_error"] = flush_error
         if summary["status"] == "ok" and summary["prompt_tokens"] != length:
             summary["status"] = "failed"
@@ -112,14 +140,19 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path) ->
     """Measure every length of one configuration; returns the number of failed lengths."""
     outdir, server_log = Path(outdir), Path(server_log)
     adapter = get_adapter(spec["engine"])
+    api = adapter.api(spec)
     name = spec["name"]
-    host = spec["server"]["host"]
-    port = free_port(host)
-    base = f"http://{host}:{port}"
-    server_log.parent.mkdir(parents=True, exist_ok=True)
-    server_log.unlink(missing_ok=True)
     run_id = uuid.uuid4().hex
-    cmd = adapter.launch_command(spec, host, port)
+    if adapter.managed:
+        host = spec["server"]["host"]
+        port = free_port(host)
+        base = f"http://{host}:{port}"
+        server_log.parent.mkdir(parents=True, exist_ok=True)
+        server_log.unlink(missing_ok=True)
+        version = adapter.installed_version(spec)
+        cmd = adapter.launch_command(spec, host, port, version)
+    else:
+        base, version, cmd = spec["url"].rstrip("/"), None, None
     common = {
         "format": RAW_FORMAT,
         "configuration": name,
@@ -128,7 +161,10 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path) ->
         "spec_hash": digest(spec),
         "provenance": {
             "launch_command": cmd,
-            "server_log": str(server_log),
+            "installed_version": version,
+            "api": api.kind,
+            "base_url": base,
+            "server_log": str(server_log) if adapter.managed else None,
             "protocol": spec["protocol"],
             "model": {**spec["model"], "kv_bytes_per_token": mla_kv_bytes_per_token(spec["model"]["architecture"])},
             "args": spec["args"],
@@ -147,18 +183,26 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path) ->
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         common["provenance"]["kernel"] = kernel_manifest(spec)
-        with ManagedServer(cmd, server_log, env=spec.get("env"), stop_timeout_s=spec["server"]["stop_timeout_s"],
-                           unset=THREAD_LIMIT_VARS) as server:
-            startup_s = server.wait_healthy(base + adapter.health_path, spec["server"]["startup_timeout_s"])
-            log.info("%s: server up in %.1f s (pid %d, log %s)", name, startup_s, server.pid, server_log)
+        if adapter.managed:
+            problem = adapter.preflight(spec, cmd)
+            if problem:
+                raise ServerError(problem)
+            server = ManagedServer(cmd, server_log, env=spec.get("env"), stop_timeout_s=spec["server"]["stop_timeout_s"],
+                                   unset=THREAD_LIMIT_VARS)
+        else:
+            server = ExternalServer(base)
+        with server:
+            timeout = spec.get("startup_timeout_s") or spec["server"]["startup_timeout_s"]
+            startup_s = server.wait_healthy(base + api.health_path, timeout)
+            log.info("%s: server up in %.1f s (pid %s, %s)", name, startup_s, server.pid, server_log if adapter.managed else base)
             with httpx.Client() as client:
-                info = fetch_server_info(client, base, adapter)
-                log_text = server_log.read_text(errors="replace")
+                info = fetch_server_info(client, base, api)
+                log_text = server_log.read_text(errors="replace") if adapter.managed else ""
                 common["provenance"].update(
                     server_pid=server.pid,
                     startup_s=startup_s,
                     server_info=info,
-                    engine_version=info.get("version"),
+                    engine_version=info.get("version") or version,
                     kv_pool={"tokens": adapter.pool_tokens(info), "log": adapter.kv_pool_from_log(log_text)},
                 )
                 for length in spec["lengths"]:

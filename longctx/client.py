@@ -29,6 +29,35 @@ def sglang_body(input_ids: list[int], max_new_tokens: int, rid: str | None = Non
     return json.dumps(body).encode()
 
 
+def openai_body(input_ids: list[int], max_new_tokens: int, model: str) -> bytes:
+    """/v1/completions with a token-id prompt; usage in the last chunk (vLLM, SGLang, llama.cpp)."""
+    return json.dumps({
+        "model": model, "prompt": input_ids, "max_tokens": max_new_tokens, "temperature": 0.0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }).encode()
+
+
+def request_body(api: str, input_ids: list[int], max_new_tokens: int, model: str) -> bytes:
+    return sglang_body(input_ids, max_new_tokens) if api == "sglang" else openai_body(input_ids, max_new_tokens, model)
+
+
+def normalize_spec_fields(meta: dict) -> dict:
+    """SGLang 0.5.9 reported spec_accept_token_num / spec_draft_token_num; 0.5.23 names them
+    spec_num_correct_drafts / spec_num_proposed_drafts and adds the rates. Fill in the new names."""
+    meta = dict(meta)
+    if "spec_num_correct_drafts" not in meta and "spec_accept_token_num" in meta:
+        meta["spec_num_correct_drafts"] = meta["spec_accept_token_num"]
+    if "spec_num_proposed_drafts" not in meta and "spec_draft_token_num" in meta:
+        meta["spec_num_proposed_drafts"] = meta["spec_draft_token_num"]
+    verify, done = meta.get("spec_verify_ct"), meta.get("completion_tokens")
+    if meta.get("spec_accept_length") is None and verify and done is not None:
+        meta["spec_accept_length"] = done / verify
+    correct, proposed = meta.get("spec_num_correct_drafts"), meta.get("spec_num_proposed_drafts")
+    if meta.get("spec_accept_rate") is None and proposed:
+        meta["spec_accept_rate"] = correct / proposed
+    return meta
+
+
 @dataclass
 class StreamRecord:
     t_sent: float = 0.0
@@ -38,6 +67,7 @@ class StreamRecord:
     meta: dict = field(default_factory=dict)  # the last meta_info seen
     http_status: int | None = None
     error: str | None = None
+    tokens_estimated: bool = False  # OpenAI streams: tokens per chunk inferred, the last chunk given the rest
 
     @property
     def ok(self) -> bool:
@@ -45,8 +75,9 @@ class StreamRecord:
 
     def summary(self) -> dict:
         """TTFT, inter-token gaps (a chunk's gap divided among the tokens it carries), rates."""
-        out: dict = {"status": "ok" if self.ok else "failed", "reason": self.error, "http_status": self.http_status}
-        meta = self.meta
+        out: dict = {"status": "ok" if self.ok else "failed", "reason": self.error, "http_status": self.http_status,
+                     "tokens_estimated": self.tokens_estimated}
+        meta = normalize_spec_fields(self.meta)
         out.update(
             prompt_tokens=meta.get("prompt_tokens"),
             completion_tokens=meta.get("completion_tokens"),
@@ -81,13 +112,33 @@ class StreamRecord:
         return out
 
 
-def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: float) -> StreamRecord:
-    """POST body to an SGLang-native /generate with stream=true and time every event."""
+def _sglang_event(rec: "StreamRecord", obj: dict) -> int | None:
+    """Cumulative completion tokens after an SGLang event (None: no token information)."""
+    rec.meta = obj.get("meta_info", {})
+    return rec.meta.get("completion_tokens")
+
+
+def _openai_event(rec: "StreamRecord", obj: dict, seen: int) -> int | None:
+    """OpenAI chunks carry text, not counts: a chunk with text is one token; usage corrects the total."""
+    usage = obj.get("usage")
+    if usage:
+        rec.meta.update(prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
+                        cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
+    choices = obj.get("choices") or []
+    if not choices:
+        return None
+    choice = choices[0]
+    if choice.get("finish_reason"):
+        rec.meta["finish_reason"] = {"type": choice["finish_reason"]}
+    return seen + 1 if choice.get("text") or choice.get("token_ids") else None
+
+
+def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: float, api: str = "sglang") -> StreamRecord:
+    """POST a streaming request (SGLang /generate or OpenAI /v1/completions) and time every event."""
     rec = StreamRecord()
     seen_tokens = 0
     buf = b""
     timeout = httpx.Timeout(timeout_s, connect=10.0)
-    deadline = None
     try:
         rec.t_sent = time.perf_counter()
         deadline = rec.t_sent + timeout_s
@@ -113,9 +164,8 @@ def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: floa
                             err = obj["error"]
                             rec.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
                             continue
-                        rec.meta = obj.get("meta_info", {})
-                        total = int(rec.meta.get("completion_tokens", seen_tokens))
-                        if total > seen_tokens:
+                        total = _sglang_event(rec, obj) if api == "sglang" else _openai_event(rec, obj, seen_tokens)
+                        if total is not None and total > seen_tokens:
                             rec.event_times.append(now)
                             rec.event_tokens.append(total - seen_tokens)
                             seen_tokens = total
@@ -124,6 +174,10 @@ def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: floa
                     return rec
         if rec.t_done is None and rec.error is None:
             rec.error = "the stream ended without [DONE]"
+        reported = rec.meta.get("completion_tokens")
+        if api == "openai" and rec.event_tokens and reported and reported > seen_tokens:
+            rec.event_tokens[-1] += reported - seen_tokens  # chunks that carried several tokens
+            rec.tokens_estimated = True
     except httpx.TimeoutException as exc:
         rec.error = f"timed out after {timeout_s:.0f} s ({type(exc).__name__})"
     except httpx.HTTPError as exc:

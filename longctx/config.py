@@ -88,7 +88,9 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
             )
         from .engines import get_adapter  # late: engines import this module
 
-        get_adapter(conf["engine"]).check_args(name, conf["args"])
+        adapter = get_adapter(conf["engine"])
+        adapter.check_spec(name, conf, config)
+        adapter.check_args(name, conf["args"])
     return config
 
 

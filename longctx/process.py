@@ -71,20 +71,11 @@ class ManagedServer:
 
     def wait_healthy(self, url: str, timeout_s: float) -> float:
         """Poll url until it answers 200; return the seconds it took."""
-        t0 = time.monotonic()
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                if not self.alive():
-                    raise ServerError(self.died_message("the server exited during start-up"))
-                try:
-                    if client.get(url).status_code == 200:
-                        return time.monotonic() - t0
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() - t0 > timeout_s:
-                    self.stop()
-                    raise ServerError(f"the server did not answer {url} within {timeout_s:.0f} s; server log: {self.log_path}")
-                time.sleep(0.2)
+        try:
+            return wait_http_ok(url, timeout_s, self.alive, lambda: self.died_message("the server exited during start-up"))
+        except ServerError:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         """SIGTERM the process group, then SIGKILL what is left after stop_timeout_s."""
@@ -111,3 +102,44 @@ class ManagedServer:
         except ProcessLookupError:
             return False
         return True
+
+
+def wait_http_ok(url: str, timeout_s: float, alive=lambda: True, died=lambda: "") -> float:
+    """Poll url until it answers 200 (seconds taken); ServerError if alive() turns false or time runs out."""
+    t0 = time.monotonic()
+    with httpx.Client(timeout=5.0) as client:
+        while True:
+            if not alive():
+                raise ServerError(died())
+            try:
+                if client.get(url).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - t0 > timeout_s:
+                raise ServerError(f"no answer from {url} within {timeout_s:.0f} s")
+            time.sleep(0.2)
+
+
+class ExternalServer:
+    """A server someone else runs: the same interface as ManagedServer, with no lifecycle."""
+
+    pid = None
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url
+
+    def __enter__(self) -> "ExternalServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def alive(self) -> bool:
+        return True
+
+    def wait_healthy(self, url: str, timeout_s: float) -> float:
+        return wait_http_ok(url, timeout_s)
+
+    def died_message(self, what: str) -> str:
+        return f"{what} (external server at {self.base_url})"

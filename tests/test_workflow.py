@@ -101,3 +101,12 @@ def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream
 def test_lint_is_clean():
     out = snakemake(ROOT, "--lint")
     assert "Lints for" not in out, out
+
+
+def test_the_studys_deployment_config_plans_its_jobs_without_a_gpu(workflow):
+    out = snakemake(workflow, "-n", "report/longctx.pdf", "--configfile", "config/examples/kimi-k2.6-rtx-pro-6000.yaml")
+    stats = out.split("Job stats:")[-1]
+    jobs = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m[1] != "total"}
+    assert jobs == {"bench_configuration": 1, "aggregate_results": 1, "fit_models": 1, "plot_figures": 1,
+                    "render_report": 1, "build_pdf": 1}
+    assert "data/raw/triton-page1/185000.json" in out

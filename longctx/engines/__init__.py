@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from .base import EngineAdapter
+from .external import ExternalAdapter
 from .reference import ReferenceAdapter
+from .sglang import SGLangAdapter
+from .vllm import VLLMAdapter
 
-_ADAPTERS: dict[str, EngineAdapter] = {a.name: a for a in (ReferenceAdapter(),)}
+_ADAPTERS: dict[str, EngineAdapter] = {a.name: a for a in (ReferenceAdapter(), SGLangAdapter(), VLLMAdapter(), ExternalAdapter())}
+ENGINES = tuple(_ADAPTERS)
 
 
 def get_adapter(engine: str) -> EngineAdapter:
@@ -15,4 +19,4 @@ def get_adapter(engine: str) -> EngineAdapter:
         raise ValueError(f"unknown engine {engine!r}; allowed values: {', '.join(_ADAPTERS)}") from None
 
 
-__all__ = ["EngineAdapter", "get_adapter"]
+__all__ = ["ENGINES", "EngineAdapter", "get_adapter"]

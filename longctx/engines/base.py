@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 from abc import ABC, abstractmethod
 from typing import Any
+
+from .api import SGLANG, Api
 
 # SGLang's KV pool line (0.5.9 to 0.5.23), which the reference engine writes too.
 SGLANG_KV_POOL_RE = re.compile(
@@ -37,20 +40,44 @@ def args_to_argv(args: dict[str, Any]) -> list[str]:
 
 
 class EngineAdapter(ABC):
+    """What longctx needs from an engine. A configuration spec (longctx.config.configuration_spec)
+    is passed to every method that depends on it."""
+
     name: str
-    api: str = "sglang"  # request and stream format: "sglang" (native /generate)
-    health_path = "/health"
-    server_info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
-    flush_path: str | None = "/flush_cache"
+    managed = True  # longctx starts and stops the server
     managed_args: frozenset[str] = frozenset()  # flags longctx sets itself
+    package: str | None = None  # distribution whose version is the engine's version
+
+    def api(self, spec: dict) -> Api:
+        return SGLANG
 
     @abstractmethod
-    def launch_command(self, spec: dict, host: str, port: int) -> list[str]:
+    def launch_command(self, spec: dict, host: str, port: int, version: str | None) -> list[str]:
         """The command line that starts this configuration's server on host:port."""
+
+    def python(self, spec: dict) -> str:
+        return spec.get("python") or "python3"
+
+    def installed_version(self, spec: dict) -> str | None:
+        """The engine's version in the environment that will run it (None when not installed)."""
+        if not self.package:
+            return None
+        code = ("import importlib.metadata as m\n"
+                f"for d in {self.package!r}.split():\n"
+                "    try: print(m.version(d)); break\n"
+                "    except m.PackageNotFoundError: pass\n")
+        try:
+            out = subprocess.run([self.python(spec), "-c", code], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() or None
 
     def parser(self) -> argparse.ArgumentParser | None:
         """The engine's own argument parser where it can be imported here, else None."""
         return None
+
+    def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
+        """Raise ConfigError for what this engine needs and the configuration lacks."""
 
     def check_args(self, configuration: str, args: dict[str, Any]) -> None:
         """Raise ConfigError naming the key and the allowed values for a bad engine flag."""
@@ -84,6 +111,11 @@ class EngineAdapter(ABC):
             except ValueError as exc:
                 raise ConfigError(f"config key '{where}.{key}': {exc}") from None
 
+    def preflight(self, spec: dict, command: list[str]) -> str | None:
+        """Check the command line with the engine's own parser in the engine's environment,
+        before a bring-up that can take minutes; the parser's complaint, or None."""
+        return None
+
     def kv_pool_from_log(self, text: str) -> dict | None:
         """The KV pool the server reported in its log: tokens and GB, or None if not seen."""
         matches = list(SGLANG_KV_POOL_RE.finditer(text))
@@ -99,3 +131,7 @@ class EngineAdapter(ABC):
         if value is None and isinstance(server_info.get("internal_states"), list) and server_info["internal_states"]:
             value = server_info["internal_states"][0].get("max_total_num_tokens")
         return int(value) if value is not None else None
+
+    def spec_counters(self, client, base: str) -> dict | None:
+        """Server-wide speculative counters (for engines that report acceptance only as metrics)."""
+        return None

@@ -16,10 +16,18 @@ class ReferenceAdapter(EngineAdapter):
     def parser(self):
         return build_parser(RaisingParser)
 
-    def launch_command(self, spec: dict, host: str, port: int) -> list[str]:
+    def python(self, spec: dict) -> str:
+        return spec.get("python") or sys.executable
+
+    def installed_version(self, spec: dict) -> str | None:
+        from .. import __version__
+
+        return __version__
+
+    def launch_command(self, spec: dict, host: str, port: int, version: str | None) -> list[str]:
         model = spec["model"]
         cmd = [
-            sys.executable, "-m", "longctx.refengine",
+            self.python(spec), "-m", "longctx.refengine",
             "--host", host,
             "--port", str(port),
             "--model-path", model["name"],
@@ -28,4 +36,4 @@ class ReferenceAdapter(EngineAdapter):
         ]
         if spec.get("kernel_build"):
             cmd += ["--kernel-dir", spec["kernel_build"]]
-        return cmd + args_to_argv(spec["args"])
+        return cmd + args_to_argv(spec["args"]) + list(spec.get("extra_args") or [])

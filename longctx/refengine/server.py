@@ -279,6 +279,13 @@ def make_app(engine: Engine) -> Starlette:
     async def model_info(_: Request) -> Response:
         return JSONResponse({"model_path": engine.args.model_path, "is_generation": True, "model_config": engine.cfg.to_dict()})
 
+    async def models(_: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": engine.args.model_path, "object": "model", "owned_by": ENGINE_NAME,
+                                                         "max_model_len": engine.args.context_length}]})
+
+    async def version(_: Request) -> Response:
+        return JSONResponse({"version": __version__})
+
     async def flush_cache(_: Request) -> Response:
         # There is no prefix cache: every request prefills in full, as with --disable-radix-cache.
         return PlainTextResponse("Cache flushed.\n")
@@ -295,6 +302,8 @@ def make_app(engine: Engine) -> Starlette:
             Route("/health_generate", health_generate, methods=["GET"]),
             Route("/generate", generate, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/version", version, methods=["GET"]),
             Route("/server_info", server_info, methods=["GET"]),
             Route("/get_server_info", server_info, methods=["GET"]),
             Route("/model_info", model_info, methods=["GET"]),

@@ -1,0 +1,28 @@
+"""A server someone else runs: measured only, never started or stopped."""
+
+from __future__ import annotations
+
+from .api import APIS
+from .base import EngineAdapter
+
+
+class ExternalAdapter(EngineAdapter):
+    name = "external"
+    managed = False
+
+    def api(self, spec: dict):
+        return APIS[spec["api"]]
+
+    def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
+        from ..config import ConfigError
+
+        where = f"configurations.{configuration}"
+        if not conf.get("url"):
+            raise ConfigError(f"config key '{where}.url' is required for an external server (e.g. http://127.0.0.1:30000)")
+        if conf.get("api") not in APIS:
+            raise ConfigError(f"config key '{where}.api': {conf.get('api')!r} is not allowed; allowed values: {', '.join(APIS)}")
+        if conf.get("args"):
+            raise ConfigError(f"config key '{where}.args': an external server's flags are its owner's; remove them")
+
+    def launch_command(self, spec: dict, host: str, port: int, version: str | None) -> list[str]:
+        raise RuntimeError("an external server is not launched by longctx")

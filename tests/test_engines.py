@@ -1,0 +1,197 @@
+"""Engine adapters: command lines checked by the engines' own parsers, log lines of real servers,
+the OpenAI path and an external server (the reference engine, started here as someone else's)."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import httpx
+import pytest
+
+from longctx import config as lcfg
+from longctx.bench import _spec_from_counters, run_configuration
+from longctx.client import normalize_spec_fields
+from longctx.engines import get_adapter
+from longctx.engines.sglang import flags_for_version
+from longctx.engines.vllm import parse_spec_counters
+from longctx.process import ManagedServer, free_port
+
+from .conftest import ROOT, refengine_command
+
+HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
+needs_sglang = pytest.mark.skipif(
+    not HAVE_SGLANG and not os.environ.get("LONGCTX_REQUIRE_ENGINE_PARSERS"),
+    reason="SGLang's parser is not installed here (make test installs envs/parsers.txt)",
+)
+KIMI = ROOT / "config" / "examples" / "kimi-k2.6-rtx-pro-6000.yaml"
+
+
+def sglang_spec(**args) -> dict:
+    config = lcfg.validate({"lengths": [1024], "model": {"path": "/models/Kimi-K2.6"},
+                            "configurations": {"c": {"engine": "sglang", "python": sys.executable, "args": args}}})
+    return lcfg.configuration_spec(config, "c")
+
+
+# --- SGLang ---------------------------------------------------------------------------------
+
+def test_sglang_flags_follow_the_installed_version():
+    args = {"cuda-graph-max-bs": 8, "page-size": 1}
+    assert flags_for_version(args, "0.5.23") == {"cuda-graph-max-bs-decode": 8, "page-size": 1}
+    assert flags_for_version(args, "0.5.9") == args
+    assert flags_for_version({"cuda-graph-max-bs-decode": 8}, "0.5.9") == {"cuda-graph-max-bs": 8}
+    assert flags_for_version(args, None) == args
+
+
+def test_sglang_command_line():
+    spec = sglang_spec(**{"tp-size": 8, "enable-metrics": True, "disable-radix-cache": False})
+    cmd = get_adapter("sglang").launch_command(spec, "127.0.0.1", 30000, "0.5.23")
+    assert cmd[:5] == [sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/Kimi-K2.6"]
+    assert cmd[5:] == ["--host", "127.0.0.1", "--port", "30000", "--tp-size", "8", "--enable-metrics"]
+
+
+def test_engines_need_a_model_path_and_refuse_flags_longctx_sets():
+    with pytest.raises(lcfg.ConfigError, match="runs SGLang: set config key 'model.path'"):
+        lcfg.validate({"lengths": [1], "configurations": {"c": {"engine": "sglang"}}})
+    with pytest.raises(lcfg.ConfigError, match="runs vLLM"):
+        lcfg.validate({"lengths": [1], "configurations": {"c": {"engine": "vllm"}}})
+    with pytest.raises(lcfg.ConfigError, match="'configurations.c.args.port' is set by longctx itself"):
+        sglang_spec(port=1)
+
+
+@needs_sglang
+def test_sglang_own_parser_accepts_our_command_lines():
+    adapter = get_adapter("sglang")
+    version = adapter.installed_version({"python": sys.executable})
+    assert version, "sglang is not installed for this Python"
+    config = lcfg.load(KIMI)
+    for name, conf in config["configurations"].items():
+        spec = {**lcfg.configuration_spec(config, name), "python": sys.executable}
+        cmd = adapter.launch_command(spec, "127.0.0.1", 30000, version)
+        assert adapter.preflight(spec, cmd) is None, (name, cmd)
+    spec = sglang_spec(**{"cuda-graph-max-bs": 8, "speculative-algorithm": "NGRAM", "speculative-num-draft-tokens": 4,
+                          "chunked-prefill-size": 8192, "max-running-requests": 8, "page-size": 64})
+    assert adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 1, version)) is None
+
+
+@needs_sglang
+def test_sglang_own_parser_rejects_the_old_flag_on_a_new_version():
+    adapter = get_adapter("sglang")
+    spec = sglang_spec(**{"cuda-graph-max-bs": 8})
+    as_old = adapter.launch_command(spec, "127.0.0.1", 1, "0.5.9")  # what 0.5.9 wanted
+    problem = adapter.preflight(spec, as_old)
+    assert problem and "ambiguous option: --cuda-graph-max-bs" in problem
+    problem = adapter.preflight(sglang_spec(**{"page-sise": 1}), adapter.launch_command(sglang_spec(**{"page-sise": 1}), "h", 1, None))
+    assert problem and "unrecognized arguments: --page-sise" in problem
+
+
+def test_preflight_names_a_missing_engine(tmp_path):
+    spec = sglang_spec()
+    spec["python"] = sys.executable
+    problem = get_adapter("sglang").preflight({**spec, "python": str(tmp_path / "no-python")}, ["x", "-m", "y"])
+    assert problem and "cannot run" in problem
+
+
+# Real log lines (public logs of SGLang before and after 0.5.x's dtype field, MLA pools, and vLLM v1).
+SGLANG_OLD = "[2025-03-08 12:29:21 TP0] KV Cache is allocated. #tokens: 46611, K size: 1.42 GB, V size: 1.42 GB"
+SGLANG_NEW = "[2026-08-28 21:34:15] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 159552, K size: 1.83 GB, V size: 1.83 GB"
+SGLANG_MLA = "[2026-01-10 10:00:02 TP3] KV Cache is allocated. #tokens: 1327104, KV size: 86.89 GB"
+VLLM = ("(EngineCore_DP0 pid=2412130) INFO 12-11 00:06:53 [kv_cache_utils.py:1286] GPU KV cache size: 686,320 tokens\n"
+        "(EngineCore_DP0 pid=2412130) INFO 12-11 00:06:54 [kv_cache_utils.py:1291] Maximum concurrency for 100,000 tokens per request: 6.86x")
+
+
+def test_kv_pool_from_real_log_lines():
+    sglang = get_adapter("sglang")
+    assert sglang.kv_pool_from_log(SGLANG_OLD)["tokens"] == 46611
+    assert sglang.kv_pool_from_log(SGLANG_OLD)["size_gb"] == pytest.approx(2.84)
+    assert sglang.kv_pool_from_log(SGLANG_NEW) == {"tokens": 159552, "size_gb": pytest.approx(3.66), "line": SGLANG_NEW.split("] ", 1)[1]}
+    assert sglang.kv_pool_from_log(SGLANG_MLA)["size_gb"] == pytest.approx(86.89)
+    assert sglang.kv_pool_from_log("nothing here") is None
+    assert get_adapter("vllm").kv_pool_from_log(VLLM)["tokens"] == 686320
+    assert sglang.pool_tokens({"internal_states": [{"max_total_num_tokens": 7}]}) == 7
+
+
+def test_spec_fields_of_both_sglang_eras_are_normalised():
+    old = normalize_spec_fields({"completion_tokens": 12, "spec_verify_ct": 3, "spec_accept_token_num": 9, "spec_draft_token_num": 24})
+    assert (old["spec_num_correct_drafts"], old["spec_num_proposed_drafts"]) == (9, 24)
+    assert old["spec_accept_length"] == 4.0 and old["spec_accept_rate"] == 0.375
+    new = normalize_spec_fields({"completion_tokens": 10, "spec_verify_ct": 2, "spec_num_correct_drafts": 8,
+                                 "spec_num_proposed_drafts": 10, "spec_accept_length": 5.0, "spec_accept_rate": 0.8})
+    assert new["spec_accept_length"] == 5.0 and new["spec_accept_rate"] == 0.8
+
+
+# --- vLLM -----------------------------------------------------------------------------------
+
+def test_vllm_command_line():
+    config = lcfg.validate({"lengths": [1024], "model": {"path": "/models/m"}, "configurations": {"v": {
+        "engine": "vllm", "args": {"max-model-len": 200000, "gpu-memory-utilization": 0.9, "tensor-parallel-size": 8,
+                                   "speculative-config": {"method": "ngram", "num_speculative_tokens": 4}}}}})
+    spec = lcfg.configuration_spec(config, "v")
+    cmd = get_adapter("vllm").launch_command(spec, "127.0.0.1", 8000, None)
+    assert cmd[:3] == ["vllm", "serve", "/models/m"]
+    i = cmd.index("--speculative-config")
+    assert json.loads(cmd[i + 1]) == {"method": "ngram", "num_speculative_tokens": 4}
+    assert cmd[cmd.index("--max-model-len") + 1] == "200000"
+    api = get_adapter("vllm").api(spec)
+    assert api.generate_path == "/v1/completions" and api.flush_path is None
+
+
+def test_vllm_spec_counters_from_metrics_text():
+    text = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 40.0
+# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 160.0
+# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 100.0
+"""
+    after = parse_spec_counters(text)
+    assert after == {"drafts": 40.0, "draft_tokens": 160.0, "accepted_tokens": 100.0}
+    before = {"drafts": 30.0, "draft_tokens": 120.0, "accepted_tokens": 80.0}
+    s = _spec_from_counters(before, after)
+    assert s["spec_accept_length"] == 3.0 and s["spec_accept_rate"] == 0.5 and s["spec_verify_ct"] == 10
+    assert parse_spec_counters("# no spec metrics\n") is None
+
+
+# --- external: a server someone else started ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def other_server(tmp_path_factory):
+    port = free_port()
+    server = ManagedServer(refengine_command(port, "--enable-metrics"), tmp_path_factory.mktemp("ext") / "server.log")
+    server.start()
+    try:
+        server.wait_healthy(f"http://127.0.0.1:{port}/health", 60)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("api", ["sglang", "openai"])
+def test_external_server_is_measured_through_either_api(tmp_path, other_server, api):
+    config = lcfg.validate({"lengths": [40, 80], "protocol": {"warmup": 0, "trials": 2, "output_tokens": 5},
+                            "configurations": {"ext": {"engine": "external", "url": other_server + "/", "api": api}}})
+    spec = lcfg.configuration_spec(config, "ext")
+    assert run_configuration(spec, tmp_path / "raw", tmp_path / "unused.log") == 0
+    assert not (tmp_path / "unused.log").exists()
+    for length in (40, 80):
+        raw = json.loads((tmp_path / "raw" / f"{length}.json").read_text())
+        assert raw["status"] == "ok"
+        for t in raw["trials"]:
+            assert t["prompt_tokens"] == length and t["completion_tokens"] == 5 and len(t["itl_s"]) == 4
+        assert raw["provenance"]["api"] == api and raw["provenance"]["launch_command"] is None
+    assert httpx.get(other_server + "/health").status_code == 200  # still up: not ours to stop
+    info = raw["provenance"]["server_info"]
+    if api == "sglang":
+        assert info["max_total_num_tokens"] == 4096 and info["endpoints"] == ["/server_info", "/get_server_info"]
+    else:
+        assert info["endpoints"] == ["/version", "/v1/models"] and info["data"][0]["max_model_len"] == 2048
+
+
+def test_external_config_needs_url_and_api():
+    with pytest.raises(lcfg.ConfigError, match="'configurations.e.url' is required"):
+        lcfg.validate({"lengths": [1], "configurations": {"e": {"engine": "external", "api": "openai"}}})
+    with pytest.raises(lcfg.ConfigError, match="allowed values: sglang, openai"):
+        lcfg.validate({"lengths": [1], "configurations": {"e": {"engine": "external", "url": "http://x"}}})
