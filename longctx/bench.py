@@ -20,7 +20,7 @@ from . import provenance
 from .client import request_body, stream_generate
 from .config import digest
 from .engines import EngineAdapter, get_adapter
-from .modelspec import mla_kv_bytes_per_token
+from .modelspec import kv_bytes_per_token
 from .process import ExternalServer, ManagedServer, ServerError, free_port
 from .workload import prompt_ids
 
@@ -166,7 +166,7 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path) ->
             "base_url": base,
             "server_log": str(server_log) if adapter.managed else None,
             "protocol": spec["protocol"],
-            "model": {**spec["model"], "kv_bytes_per_token": mla_kv_bytes_per_token(spec["model"]["architecture"])},
+            "model": {**spec["model"], "kv_bytes_per_token": kv_bytes_per_token(spec["model"])},
             "args": spec["args"],
             "git": provenance.git_info(),
             "packages": provenance.package_versions(),

@@ -10,3 +10,8 @@ def mla_kv_bytes_per_token(architecture: dict, kv_dtype: str | None = None) -> i
     dtype = kv_dtype or architecture.get("torch_dtype", "bfloat16")
     cell = architecture["kv_lora_rank"] + architecture["qk_rope_head_dim"]
     return cell * architecture["num_hidden_layers"] * DTYPE_BYTES[dtype]
+
+
+def kv_bytes_per_token(model: dict) -> int:
+    """The config's explicit figure where given (non-MLA models), else the MLA architecture's."""
+    return model.get("kv_bytes_per_token") or mla_kv_bytes_per_token(model["architecture"])

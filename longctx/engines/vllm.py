@@ -12,7 +12,7 @@ from .api import OPENAI
 from .base import EngineAdapter, args_to_argv
 from .sglang import run_preflight
 
-VLLM_KV_RE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+VLLM_KV_RE = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
 SPEC_COUNTERS = {  # vLLM metric (without _total) -> what it counts
     "vllm:spec_decode_num_drafts": "drafts",  # verify steps that carried drafts
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -50,7 +50,12 @@ class VLLMAdapter(EngineAdapter):
             raise ConfigError(f"configuration {configuration!r} runs vLLM: set config key 'model.path' to the model directory")
 
     def command(self, spec: dict) -> list[str]:
-        return list(spec.get("command") or ["vllm", "serve"])
+        """`command` as configured; else the OpenAI server module of `python`; else `vllm serve`."""
+        if spec.get("command"):
+            return list(spec["command"])
+        if spec.get("python"):
+            return [spec["python"], "-m", "vllm.entrypoints.openai.api_server"]
+        return ["vllm", "serve"]
 
     def engine_argv(self, spec: dict) -> list[str]:
         args = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in spec["args"].items()}
