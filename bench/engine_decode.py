@@ -67,7 +67,6 @@ def main() -> None:
         dst = torch.empty_like(src)
         copy_bw = 2 * nbytes / median_time(lambda: dst.copy_(src), a.steps) / 1e9  # bytes read + written
         read_bw = nbytes / median_time(lambda: src.sum(), a.steps) / 1e9
-        del src, dst
         for name, (page_size, order, defrag) in LAYOUTS.items():
             pool = KVPool(cfg.num_hidden_layers, cfg.cell_dim, cfg.dtype, length + 1024, page_size, 1, length + 1024, order, seed=0)
             row, pages = pool.alloc_row(), []
@@ -88,7 +87,6 @@ def main() -> None:
             attn = median_time(attention, a.steps)
             print(f"{length:>7} {name:>17} {step * 1e3:>8.2f} {attn * 1e3:>8.2f} {nbytes / 1e6:>7.1f} {nbytes / attn / 1e9:>9.2f} "
                   f"{nbytes / step / 1e9:>9.2f} {copy_bw:>9.2f} {read_bw:>9.2f} {nbytes / attn / 1e9 / copy_bw:>9.0%}")
-            del pool
 
 
 if __name__ == "__main__":

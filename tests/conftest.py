@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -12,6 +13,16 @@ from longctx.process import ManagedServer, free_port
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "configs" / "tiny.yaml"
 TINY_ARCH = lcfg.load(TINY)["model"]["architecture"]
+
+
+WORKFLOW_FILES = ("Snakefile", "rules", "config", "kernels", "templates", "envs")
+
+
+def copy_workflow(dest: Path) -> Path:
+    """The workflow's own files in a fresh directory, so a test run starts with no data/."""
+    for name in WORKFLOW_FILES:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, dest / name)
+    return dest
 
 
 def tiny_spec(configuration: str = "page1", **overrides) -> dict:

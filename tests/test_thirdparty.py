@@ -6,7 +6,6 @@ points LONGCTX_VLLM_PYTHON at it."""
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import yaml
 from longctx import config as lcfg
 from longctx.engines import get_adapter
 
-from .conftest import ROOT
+from .conftest import ROOT, copy_workflow
 from .test_workflow import snakemake
 
 VLLM_PYTHON = os.environ.get("LONGCTX_VLLM_PYTHON")
@@ -61,9 +60,7 @@ def vllm_workflow(tmp_path_factory):
     work = tmp_path_factory.mktemp("vllm-wf")
     subprocess.run([VLLM_PYTHON, str(ROOT / "tests" / "thirdparty" / "make_tiny_llama.py"), str(work / "model")],
                    check=True, capture_output=True, timeout=300)
-    for d in ("rules", "config", "kernels", "templates", "envs"):
-        shutil.copytree(ROOT / d, work / d)
-    shutil.copy(ROOT / "Snakefile", work)
+    copy_workflow(work)
     config = vllm_config(str(work / "model"))
     (work / "vllm.yaml").write_text(yaml.safe_dump(config))
     snakemake(work, "--cores", "1", "report/longctx.pdf", "--configfile", "vllm.yaml")

@@ -12,7 +12,7 @@ import pytest
 
 from longctx.report import FORMATS
 
-from .conftest import ROOT, TINY
+from .conftest import ROOT, TINY, copy_workflow
 
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -35,10 +35,7 @@ def planned_jobs(cwd) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def workflow(tmp_path_factory):
-    work = tmp_path_factory.mktemp("wf")
-    for d in ("rules", "config", "kernels", "templates", "envs"):
-        shutil.copytree(ROOT / d, work / d)
-    shutil.copy(ROOT / "Snakefile", work)
+    work = copy_workflow(tmp_path_factory.mktemp("wf"))
     shutil.copy(TINY, work / "tiny.yaml")
     snakemake(work, "--cores", "1", "report/longctx.pdf", "--configfile", "tiny.yaml")
     return work
