@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from .telemetry import NVML_METRICS, PSUTIL_METRICS
+
 COLUMNS = [
     "configuration", "engine", "length", "trial", "status", "reason",
     "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "itl_median_s", "itl_max_s",
     "prompt_tokens", "completion_tokens", "cached_tokens", "server_ttft_s",
     "spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts",
     "kv_bytes_per_token", "kv_pool_tokens", "run_id",
+    *(f"{window}_{m}_mean" for window in ("prefill", "decode") for m in (*NVML_METRICS, *PSUTIL_METRICS)),
 ]
 
 
@@ -38,6 +41,8 @@ def _rows(path: Path) -> tuple[list[dict], dict | None]:
     rows = []
     for t in trials:
         row = {**base, **{k: t.get(k) for k in COLUMNS if k in t}}
+        for window, summary in (t.get("telemetry") or {}).items():
+            row.update({f"{window}_{k}": v for k, v in summary.items() if k.endswith("_mean")})
         rows.append(row)
     return rows, raw
 

@@ -94,7 +94,8 @@ def medians(df: pd.DataFrame) -> pd.DataFrame:
     counts = df.groupby(["configuration", "length"], sort=True).agg(
         trials=("status", "size"), ok=("status", lambda s: int((s == "ok").sum()))
     )
-    cols = ["ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "spec_accept_length", "spec_accept_rate"]
+    cols = ["ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "spec_accept_length", "spec_accept_rate",
+            *(c for c in df.columns if c.startswith(("prefill_", "decode_")) and c.endswith("_mean"))]
     med = ok_rows(df).reindex(columns=["configuration", "length", *cols]).groupby(["configuration", "length"], sort=True)[cols].median()
     out = counts.join(med).reset_index()
     reasons = df[df["status"] != "ok"].groupby(["configuration", "length"])["reason"].first()

@@ -22,6 +22,7 @@ from .config import digest
 from .engines import EngineAdapter, get_adapter
 from .modelspec import kv_bytes_per_token
 from .process import ExternalServer, ManagedServer, ServerError, free_port
+from .telemetry import Sampler, make_source, summarize
 from .workload import prompt_ids
 
 log = logging.getLogger("longctx.bench")
@@ -94,7 +95,26 @@ def _spec_from_counters(before: dict | None, after: dict | None) -> dict:
             "spec_source": "metrics"}
 
 
-def measure_length(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, length: int, run_id: str) -> dict:
+def measure_length(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, length: int, run_id: str,
+                   telemetry=None) -> dict:
+    """Warm-up and trials of one length; with a telemetry source, its samples over all of them
+    and, per trial, their summaries over the prefill and the decode window."""
+    if telemetry is None:
+        return _requests(client, base, adapter, spec, length, run_id)
+    with Sampler(telemetry, spec["telemetry"]["interval_s"]) as sampler:
+        result = _requests(client, base, adapter, spec, length, run_id)
+    for t in result["trials"]:
+        t["telemetry"] = {
+            "prefill": summarize(sampler.samples, t.get("t_sent"), t.get("t_first_token"), telemetry.metrics),
+            "decode": summarize(sampler.samples, t.get("t_first_token"), t.get("t_last_token"), telemetry.metrics),
+        }
+    result["telemetry"] = {"source": telemetry.kind, "description": telemetry.describe(),
+                           "interval_s": spec["telemetry"]["interval_s"],
+                           "samples": [[round(t, 6), s] for t, s in sampler.samples]}
+    return result
+
+
+def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, length: int, run_id: str) -> dict:
     proto = spec["protocol"]
     name = spec["name"]
     api = adapter.api(spec)
@@ -205,10 +225,12 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path) ->
                     engine_version=info.get("version") or version,
                     kv_pool={"tokens": adapter.pool_tokens(info), "log": adapter.kv_pool_from_log(log_text)},
                 )
+                source = make_source(server.pid, gpu_indices=spec["telemetry"]["gpus"]) if spec["telemetry"]["enabled"] else None
+                common["provenance"]["telemetry"] = source.describe() if source else "off"
                 for length in spec["lengths"]:
                     started = provenance.now_iso()
                     try:
-                        result = measure_length(client, base, adapter, spec, length, run_id)
+                        result = measure_length(client, base, adapter, spec, length, run_id, source)
                     except Exception as exc:  # a bug or a surprise must not cost the lengths already measured
                         log.exception("%s L=%d: measurement failed", name, length)
                         result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "warmup": [], "trials": []}

@@ -100,6 +100,9 @@ class StreamRecord:
         decode_tokens = sum(self.event_tokens[1:])
         decode_s = t[-1] - t[0]
         out.update(
+            t_sent=self.t_sent,
+            t_first_token=t[0],
+            t_last_token=t[-1],
             ttft_s=t[0] - self.t_sent,
             e2e_s=(self.t_done or t[-1]) - self.t_sent,
             decode_s=decode_s,

@@ -126,6 +126,7 @@ def configuration_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
         "lengths": list(config["lengths"]),
         "protocol": copy.deepcopy(config["protocol"]),
         "server": copy.deepcopy(config["server"]),
+        "telemetry": copy.deepcopy(config["telemetry"]),
         "model": copy.deepcopy(config["model"]),
     }
 

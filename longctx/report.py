@@ -24,6 +24,8 @@ FORMATS = {
     "e2e_s": lambda x: f"{x:.2f}",
     "accept_length": lambda x: f"{x:.2f}",
     "accept_rate": lambda x: f"{x:.1%}",
+    "util": lambda x: f"{x:.0f}",
+    "gb": lambda x: f"{x:.2f}",
 }
 
 _TEX_SPECIALS = {
@@ -132,6 +134,15 @@ def context(results_csv, fits_json, provenance_json) -> dict:
             "speculative": bool(med[med["configuration"] == name]["spec_accept_length"].notna().any()),
         })
     first = next(iter(prov["configurations"].values()), {})
+    gpu = "decode_sm_util_pct_mean" in med and med["decode_sm_util_pct_mean"].notna().any()
+    telemetry = {
+        "description": first.get("telemetry", "off"),
+        "util": "sm_util_pct" if gpu else "cpu_util_pct",
+        "util_label": "SM utilisation (\\%)" if gpu else "CPU (\\% of one core)",
+        "mem": "mem_used_gb" if gpu else "rss_gb",
+        "mem_label": "GPU memory used (GB)" if gpu else "server RSS (GB)",
+        "any": any(c.startswith("decode_") and med[c].notna().any() for c in med.columns),
+    }
     failures = df[df["status"] != "ok"][["configuration", "length", "trial", "reason"]].to_dict("records")
     return {
         "version": __version__,
@@ -143,6 +154,7 @@ def context(results_csv, fits_json, provenance_json) -> dict:
         "configurations": configs,
         "diagnosis": diagnosis(med, fits),
         "failures": failures,
+        "telemetry": telemetry,
         "measured_at": datetime.fromtimestamp(source_date_epoch(prov)).isoformat() if prov.get("configurations") else None,
     }
 

@@ -106,10 +106,10 @@ def test_an_unexpected_error_at_one_length_keeps_the_others(tmp_path, monkeypatc
 
     real = bench.measure_length
 
-    def flaky(client, base, adapter, spec, length, run_id):
+    def flaky(client, base, adapter, spec, length, *rest):
         if length == 48:
             raise RuntimeError("surprise")
-        return real(client, base, adapter, spec, length, run_id)
+        return real(client, base, adapter, spec, length, *rest)
 
     monkeypatch.setattr(bench, "measure_length", flaky)
     spec = tiny_spec("page1", lengths=[32, 48, 64])
