@@ -20,6 +20,7 @@ from . import provenance
 from .client import request_body, stream_generate
 from .config import digest
 from .engines import EngineAdapter, get_adapter
+from .analysis import fit_prefill, prefill_curve
 from .modelspec import kv_bytes_per_token
 from .process import ExternalServer, ManagedServer, ServerError, free_port
 from .telemetry import Sampler, make_source, summarize
@@ -96,13 +97,14 @@ def _spec_from_counters(before: dict | None, after: dict | None) -> dict:
 
 
 def measure_length(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, length: int, run_id: str,
-                   telemetry=None) -> dict:
+                   telemetry=None, timeout_s: float | None = None) -> dict:
     """Warm-up and trials of one length; with a telemetry source, its samples over all of them
     and, per trial, their summaries over the prefill and the decode window."""
+    timeout_s = timeout_s or spec["protocol"]["request_timeout_s"]
     if telemetry is None:
-        return _requests(client, base, adapter, spec, length, run_id)
+        return _requests(client, base, adapter, spec, length, run_id, timeout_s)
     with Sampler(telemetry, spec["telemetry"]["interval_s"]) as sampler:
-        result = _requests(client, base, adapter, spec, length, run_id)
+        result = _requests(client, base, adapter, spec, length, run_id, timeout_s)
     for t in result["trials"]:
         t["telemetry"] = {
             "prefill": summarize(sampler.samples, t.get("t_sent"), t.get("t_first_token"), telemetry.metrics),
@@ -114,7 +116,26 @@ def measure_length(client: httpx.Client, base: str, adapter: EngineAdapter, spec
     return result
 
 
-def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, length: int, run_id: str) -> dict:
+def request_timeout(proto: dict, history: list[tuple[int, float, float | None]], length: int) -> float:
+    """Timeout for a request of `length` tokens: timeout_factor x its expected duration, predicted from
+    (length, TTFT, TPOT) of the trials measured so far (the quadratic fit from three lengths on, a
+    quadratic scaling of the longest before), never less than request_timeout_s."""
+    floor = proto["request_timeout_s"]
+    if not history:
+        return floor
+    lengths = [h[0] for h in history]
+    longest = max(lengths)
+    if len(set(lengths)) >= 3:
+        ttft = float(prefill_curve(fit_prefill(lengths, [h[1] for h in history]), [length])[0])
+    else:
+        ttft = max(h[1] for h in history if h[0] == longest) * (length / longest) ** 2
+    tpots = [h[2] for h in history if h[2]]
+    decode = proto["output_tokens"] * max(tpots) * max(1.0, length / longest) if tpots else 0.0
+    return max(floor, proto["timeout_factor"] * (ttft + decode))
+
+
+def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, length: int, run_id: str,
+              timeout_s: float) -> dict:
     proto = spec["protocol"]
     name = spec["name"]
     api = adapter.api(spec)
@@ -127,7 +148,8 @@ def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dic
         body = request_body(api.kind, ids, proto["output_tokens"], model)
         flush_error = _flush(client, base, api) if proto["flush_cache"] else None
         counters = adapter.spec_counters(client, base)
-        summary = stream_generate(client, base + api.generate_path, body, proto["request_timeout_s"], api.kind).summary()
+        summary = stream_generate(client, base + api.generate_path, body, timeout_s, api.kind).summary()
+        summary["timeout_s"] = timeout_s
         if counters is not None and summary["spec_verify_ct"] is None:
             summary.update(_spec_from_counters(counters, adapter.spec_counters(client, base)))
         summary["flush_error"] = flush_error
@@ -227,10 +249,13 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path) ->
                 )
                 source = make_source(server.pid, gpu_indices=spec["telemetry"]["gpus"]) if spec["telemetry"]["enabled"] else None
                 common["provenance"]["telemetry"] = source.describe() if source else "off"
+                history: list[tuple[int, float, float | None]] = []  # (length, TTFT, TPOT) of ok trials
                 for length in spec["lengths"]:
                     started = provenance.now_iso()
+                    timeout_s = request_timeout(spec["protocol"], history, length)
                     try:
-                        result = measure_length(client, base, adapter, spec, length, run_id, source)
+                        result = measure_length(client, base, adapter, spec, length, run_id, source, timeout_s)
+                        history += [(length, t["ttft_s"], t.get("tpot_s")) for t in result["trials"] if t["status"] == "ok"]
                     except Exception as exc:  # a bug or a surprise must not cost the lengths already measured
                         log.exception("%s L=%d: measurement failed", name, length)
                         result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "warmup": [], "trials": []}

@@ -118,3 +118,28 @@ def test_an_unexpected_error_at_one_length_keeps_the_others(tmp_path, monkeypatc
     statuses = {n: json.loads((tmp_path / "raw" / f"{n}.json").read_text())["status"] for n in (32, 48, 64)}
     assert statuses == {32: "ok", 48: "failed", 64: "ok"}
     assert "RuntimeError: surprise" in json.loads((tmp_path / "raw" / "48.json").read_text())["reason"]
+
+
+def test_request_timeouts_follow_the_expected_duration():
+    from longctx.bench import request_timeout
+
+    proto = {"request_timeout_s": 10.0, "timeout_factor": 4, "output_tokens": 100}
+    assert request_timeout(proto, [], 200_000) == 10.0
+    # one length measured: TTFT scaled quadratically, decode linearly
+    one = [(10_000, 2.0, 0.01)]
+    assert request_timeout(proto, one, 20_000) == pytest.approx(4 * (2.0 * 4 + 100 * 0.01 * 2))
+    # three lengths on a known curve: the fit predicts the next one
+    a, b, c = 0.5, 1e-4, 1e-9
+    hist = [(L, a + b * L + c * L * L, 0.01) for L in (10_000, 20_000, 40_000) for _ in range(2)]
+    expected = a + b * 200_000 + c * 200_000**2 + 100 * 0.01 * 5
+    assert request_timeout(proto, hist, 200_000) == pytest.approx(4 * expected, rel=0.01)
+    assert request_timeout({**proto, "request_timeout_s": 1e6}, hist, 200_000) == 1e6  # never below the floor
+
+
+def test_a_sweep_records_the_timeout_it_used(tmp_path):
+    spec = tiny_spec("page1", lengths=[32, 64, 128, 256])
+    spec["protocol"].update(warmup=0, trials=1, output_tokens=3, request_timeout_s=0.5, timeout_factor=1000)
+    assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
+    timeouts = [json.loads((tmp_path / "raw" / f"{n}.json").read_text())["trials"][0]["timeout_s"] for n in (32, 64, 128, 256)]
+    assert timeouts[0] == 0.5  # nothing measured yet: the configured timeout
+    assert all(t > 0.5 for t in timeouts[1:])  # then 1000 x the duration predicted from the shorter lengths

@@ -7,7 +7,6 @@ import sys
 import time
 from types import SimpleNamespace
 
-import pytest
 
 from longctx.bench import run_configuration
 from longctx.telemetry import NvmlSource, ProcessSource, Sampler, make_source, summarize
