@@ -7,6 +7,7 @@ never a gap; the sweep goes on while the server lives.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -73,11 +74,11 @@ def kernel_manifest(spec: dict) -> dict | None:
     return {"name": m["name"], "build_hash": m["build_hash"], "sources": m["sources"]}
 
 
-def _flush(client: httpx.Client, base: str, api) -> str | None:
+def _flush(client: httpx.Client, base: str, api, timeout_s: float) -> str | None:
     if not api.flush_path:
         return None
     try:
-        r = client.post(base + api.flush_path, timeout=30)
+        r = client.post(base + api.flush_path, timeout=min(30.0, timeout_s))
         return None if r.status_code == 200 else f"flush_cache answered HTTP {r.status_code}"
     except httpx.HTTPError as exc:
         return f"flush_cache failed: {exc}"
@@ -146,7 +147,7 @@ def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dic
         is_warmup = i < proto["warmup"]
         ids = prompt_ids(length, proto["seed"], f"{run_id}/{name}/{length}/{i}", tuple(proto["token_id_range"]))
         body = request_body(api.kind, ids, proto["output_tokens"], model)
-        flush_error = _flush(client, base, api) if proto["flush_cache"] else None
+        flush_error = _flush(client, base, api, timeout_s) if proto["flush_cache"] else None
         counters = adapter.spec_counters(client, base)
         summary = stream_generate(client, base + api.generate_path, body, timeout_s, api.kind).summary()
         summary["timeout_s"] = timeout_s
@@ -178,44 +179,124 @@ def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dic
     }
 
 
-def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path) -> int:
-    """Measure every length of one configuration; returns the number of failed lengths."""
+class FatalServerError(ServerError):
+    """A server that no restart can bring up (its engine rejects the command line)."""
+
+
+class Session:
+    """The configuration's server: started when first needed, restarted on a fresh port after it
+    died or hung (at most server.max_restarts times), stopped by its process group at the end."""
+
+    def __init__(self, adapter: EngineAdapter, spec: dict, server_log: Path, provenance_: dict):
+        self.adapter, self.spec, self.log_path, self.prov = adapter, spec, server_log, provenance_
+        self.api = adapter.api(spec)
+        self.version = adapter.installed_version(spec) if adapter.managed else None
+        self.server = None
+        self.base: str | None = None
+        self.source = None
+        self.starts = 0
+        self.preflight_done = False
+        self.client = httpx.Client()
+        prov = self.prov
+        prov.update(installed_version=self.version, api=self.api.kind,
+                    server_log=str(server_log) if adapter.managed else None, starts=0)
+
+    def up(self) -> None:
+        if self.server is not None and self.server.alive():
+            return
+        self.down()
+        limit = 1 + self.spec["server"]["max_restarts"]
+        last = None
+        while self.starts < limit:
+            self.starts += 1
+            try:
+                self._start()
+                return
+            except FatalServerError:
+                raise
+            except ServerError as exc:
+                last = str(exc)
+                log.warning("%s: start %d of at most %d failed: %s", self.spec["name"], self.starts, limit, last)
+                self.down()
+        raise ServerError(f"the server could not be (re)started after {self.starts} starts; last: {last}")
+
+    def _start(self) -> None:
+        a, spec = self.adapter, self.spec
+        if a.managed:
+            host = spec["server"]["host"]
+            self.base = f"http://{host}:{free_port(host)}"
+            cmd = a.launch_command(spec, host, int(self.base.rsplit(":", 1)[1]), self.version)
+            if not self.preflight_done:
+                problem = a.preflight(spec, cmd)
+                if problem:
+                    raise FatalServerError(problem)
+                self.preflight_done = True
+            self.server = ManagedServer(cmd, self.log_path, env=spec.get("env"),
+                                        stop_timeout_s=spec["server"]["stop_timeout_s"], unset=THREAD_LIMIT_VARS)
+            self.server.start()
+        else:
+            cmd, self.base = None, spec["url"].rstrip("/")
+            self.server = ExternalServer(self.base)
+        timeout = spec.get("startup_timeout_s") or spec["server"]["startup_timeout_s"]
+        startup_s = self.server.wait_healthy(self.base + self.api.health_path, timeout)
+        log.info("%s: server up in %.1f s (pid %s, %s)", spec["name"], startup_s, self.server.pid,
+                 self.log_path if a.managed else self.base)
+        info = fetch_server_info(self.client, self.base, self.api)
+        log_text = self.log_path.read_text(errors="replace") if a.managed else ""
+        telemetry = spec["telemetry"]
+        self.source = make_source(self.server.pid, gpu_indices=telemetry["gpus"]) if telemetry["enabled"] else None
+        self.prov.update(
+            launch_command=cmd, base_url=self.base, server_pid=self.server.pid, startup_s=startup_s, starts=self.starts,
+            server_info=info, engine_version=info.get("version") or self.version,
+            kv_pool={"tokens": a.pool_tokens(info), "log": a.kv_pool_from_log(log_text)},
+            telemetry=self.source.describe() if self.source else "off",
+        )
+
+    def alive(self) -> bool:
+        return self.server is not None and self.server.alive()
+
+    def down(self) -> None:
+        if self.server is not None and self.adapter.managed:
+            self.server.stop()
+        self.server = None
+
+    def close(self) -> None:
+        self.down()
+        self.client.close()
+
+
+def resume_key(spec: dict, kernel: dict | None, version: str | None) -> str:
+    """What a reused measurement must share with this run: the spec (lengths aside), the kernel
+    build and the engine version."""
+    return digest({"spec": {k: v for k, v in spec.items() if k != "lengths"},
+                   "kernel": kernel and kernel["build_hash"], "version": version})
+
+
+def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path, resume_dir: str | Path | None = None) -> int:
+    """Measure every length of one configuration; returns the number of failed lengths.
+
+    With resume_dir, every measured length is also kept there, and a later run reuses the ones
+    that succeeded under the same resume_key instead of measuring them again (an interrupted
+    sweep resumes where it stopped)."""
     outdir, server_log = Path(outdir), Path(server_log)
+    resume_dir = Path(resume_dir) if resume_dir else None
     adapter = get_adapter(spec["engine"])
-    api = adapter.api(spec)
     name = spec["name"]
     run_id = uuid.uuid4().hex
     if adapter.managed:
-        host = spec["server"]["host"]
-        port = free_port(host)
-        base = f"http://{host}:{port}"
         server_log.parent.mkdir(parents=True, exist_ok=True)
         server_log.unlink(missing_ok=True)
-        version = adapter.installed_version(spec)
-        cmd = adapter.launch_command(spec, host, port, version)
-    else:
-        base, version, cmd = spec["url"].rstrip("/"), None, None
-    common = {
-        "format": RAW_FORMAT,
-        "configuration": name,
-        "engine": adapter.name,
-        "run_id": run_id,
-        "spec_hash": digest(spec),
-        "provenance": {
-            "launch_command": cmd,
-            "installed_version": version,
-            "api": api.kind,
-            "base_url": base,
-            "server_log": str(server_log) if adapter.managed else None,
-            "protocol": spec["protocol"],
-            "model": {**spec["model"], "kv_bytes_per_token": kv_bytes_per_token(spec["model"])},
-            "args": spec["args"],
-            "git": provenance.git_info(),
-            "packages": provenance.package_versions(),
-            "hardware": provenance.hardware(),
-            "run_started_at": provenance.now_iso(),
-        },
+    prov = {
+        "protocol": spec["protocol"],
+        "model": {**spec["model"], "kv_bytes_per_token": kv_bytes_per_token(spec["model"])},
+        "args": spec["args"],
+        "git": provenance.git_info(),
+        "packages": provenance.package_versions(),
+        "hardware": provenance.hardware(),
+        "run_started_at": provenance.now_iso(),
     }
+    common = {"format": RAW_FORMAT, "configuration": name, "engine": adapter.name, "run_id": run_id,
+              "spec_hash": digest(spec), "provenance": prov}
     statuses: dict[int, str] = {}
     failure: str | None = None
 
@@ -223,54 +304,48 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path) ->
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
+    session = None
     try:
-        common["provenance"]["kernel"] = kernel_manifest(spec)
-        if adapter.managed:
-            problem = adapter.preflight(spec, cmd)
-            if problem:
-                raise ServerError(problem)
-            server = ManagedServer(cmd, server_log, env=spec.get("env"), stop_timeout_s=spec["server"]["stop_timeout_s"],
-                                   unset=THREAD_LIMIT_VARS)
-        else:
-            server = ExternalServer(base)
-        with server:
-            timeout = spec.get("startup_timeout_s") or spec["server"]["startup_timeout_s"]
-            startup_s = server.wait_healthy(base + api.health_path, timeout)
-            log.info("%s: server up in %.1f s (pid %s, %s)", name, startup_s, server.pid, server_log if adapter.managed else base)
-            with httpx.Client() as client:
-                info = fetch_server_info(client, base, api)
-                log_text = server_log.read_text(errors="replace") if adapter.managed else ""
-                common["provenance"].update(
-                    server_pid=server.pid,
-                    startup_s=startup_s,
-                    server_info=info,
-                    engine_version=info.get("version") or version,
-                    kv_pool={"tokens": adapter.pool_tokens(info), "log": adapter.kv_pool_from_log(log_text)},
-                )
-                source = make_source(server.pid, gpu_indices=spec["telemetry"]["gpus"]) if spec["telemetry"]["enabled"] else None
-                common["provenance"]["telemetry"] = source.describe() if source else "off"
-                history: list[tuple[int, float, float | None]] = []  # (length, TTFT, TPOT) of ok trials
-                for length in spec["lengths"]:
-                    started = provenance.now_iso()
-                    timeout_s = request_timeout(spec["protocol"], history, length)
-                    try:
-                        result = measure_length(client, base, adapter, spec, length, run_id, source, timeout_s)
-                        history += [(length, t["ttft_s"], t.get("tpot_s")) for t in result["trials"] if t["status"] == "ok"]
-                    except Exception as exc:  # a bug or a surprise must not cost the lengths already measured
-                        log.exception("%s L=%d: measurement failed", name, length)
-                        result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "warmup": [], "trials": []}
-                    if not server.alive():
-                        failure = server.died_message(f"the server died while measuring length {length}")
-                        result.update(status="failed", reason=failure)
-                    write_json(outdir / f"{length}.json", {**common, "length": length, **result,
-                                                           "started_at": started, "finished_at": provenance.now_iso()})
-                    statuses[length] = result["status"]
-                    if failure:
-                        break
+        prov["kernel"] = kernel_manifest(spec)
+        session = Session(adapter, spec, server_log, prov)
+        key = resume_key(spec, prov["kernel"], session.version)
+        history: list[tuple[int, float, float | None]] = []  # (length, TTFT, TPOT) of ok trials
+        for length in spec["lengths"]:
+            kept = _resumable(resume_dir, length, key)
+            if kept:
+                log.info("%s L=%d: measured before (run %s), reused", name, length, kept["run_id"])
+                write_json(outdir / f"{length}.json", {**kept, "resumed": True})
+                statuses[length] = kept["status"]
+                history += [(length, t["ttft_s"], t.get("tpot_s")) for t in kept["trials"] if t["status"] == "ok"]
+                continue
+            session.up()
+            started = provenance.now_iso()
+            timeout_s = request_timeout(spec["protocol"], history, length)
+            try:
+                result = measure_length(session.client, session.base, adapter, spec, length, run_id, session.source, timeout_s)
+                history += [(length, t["ttft_s"], t.get("tpot_s")) for t in result["trials"] if t["status"] == "ok"]
+            except Exception as exc:  # a bug or a surprise must not cost the lengths already measured
+                log.exception("%s L=%d: measurement failed", name, length)
+                result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "warmup": [], "trials": []}
+            if not session.alive():
+                result.update(status="failed", reason=session.server.died_message(f"the server died while measuring length {length}"))
+                log.error("%s L=%d: %s; restarting it for the next length", name, length, result["reason"])
+                session.down()
+            elif any("timed out" in (t.get("reason") or "") for t in result["trials"]):
+                log.error("%s L=%d: a request timed out; restarting the server for the next length", name, length)
+                session.down()
+            record = {**common, "provenance": copy.deepcopy(prov), "length": length, **result, "resume_key": key,
+                      "started_at": started, "finished_at": provenance.now_iso()}
+            if resume_dir:
+                write_json(resume_dir / f"{length}.json", record)
+            write_json(outdir / f"{length}.json", record)
+            statuses[length] = result["status"]
     except ServerError as exc:
         failure = str(exc)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if session is not None:
+            session.close()
     for length in spec["lengths"]:
         if length not in statuses:
             reason = f"not measured: {failure}"
@@ -279,3 +354,13 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path) ->
                                                    "warmup": [], "trials": [], "finished_at": provenance.now_iso()})
             statuses[length] = "failed"
     return sum(status == "failed" for status in statuses.values())
+
+
+def _resumable(resume_dir: Path | None, length: int, key: str) -> dict | None:
+    if resume_dir is None:
+        return None
+    try:
+        kept = json.loads((resume_dir / f"{length}.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return kept if kept.get("resume_key") == key and kept.get("status") == "ok" else None

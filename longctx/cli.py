@@ -20,7 +20,8 @@ def _bench(a) -> int:
         spec = cfg.configuration_spec(cfg.load(a.configfile), a.configuration)
     else:
         raise ConfigError("bench needs --spec, or --configfile with --configuration")
-    failed = run_configuration(spec, a.outdir or f"data/raw/{spec['name']}", a.server_log or f"data/logs/server/{spec['name']}.log")
+    failed = run_configuration(spec, a.outdir or f"data/raw/{spec['name']}", a.server_log or f"data/logs/server/{spec['name']}.log",
+                               a.resume_dir)
     print(f"{spec['name']}: {len(spec['lengths']) - failed} of {len(spec['lengths'])} lengths measured")
     return 0
 
@@ -89,6 +90,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--configuration", help="... and the configuration's name")
     s.add_argument("--outdir", help="where <length>.json go (default data/raw/<configuration>)")
     s.add_argument("--server-log", help="the server's log file (default data/logs/server/<configuration>.log)")
+    s.add_argument("--resume-dir", help="keep each measured length here and reuse the ones a previous run finished")
     s.set_defaults(func=_bench)
 
     s = sub.add_parser("build-kernel", help="build and check one attention kernel")

@@ -138,6 +138,9 @@ class ExternalServer:
     def alive(self) -> bool:
         return True
 
+    def stop(self) -> None:
+        pass
+
     def wait_healthy(self, url: str, timeout_s: float) -> float:
         return wait_http_ok(url, timeout_s)
 

@@ -1,5 +1,6 @@
 # One job per configuration: its server comes up once, every length is measured, it goes down.
-# It takes every core it is given, so that two measurements never share the machine.
+# It takes every core it is given, so that two measurements never share the machine. Lengths
+# measured by an interrupted run are kept in data/partial/ and reused (same spec, kernel, engine).
 rule bench_configuration:
     input:
         kernel=kernel_build,
@@ -11,8 +12,10 @@ rule bench_configuration:
     params:
         spec=bench_spec,
         outdir=lambda w, output: os.path.dirname(output[0]),
+        resume="data/partial/{configuration}",
     threads: workflow.cores
     conda:
         ENV
     shell:
-        "longctx bench --spec {params.spec:q} --outdir {params.outdir} --server-log {log.server} > {log.bench} 2>&1"
+        "longctx bench --spec {params.spec:q} --outdir {params.outdir} --server-log {log.server} "
+        "--resume-dir {params.resume} > {log.bench} 2>&1"

@@ -1,0 +1,127 @@
+"""Faults injected into real sweeps of the reference engine: each leaves a clear message naming the
+configuration, length and log, keeps every measurement taken before it, and leaves no process."""
+
+import json
+import os
+import signal
+import socket
+
+import pytest
+
+import longctx.bench as bench
+from longctx.bench import run_configuration
+from longctx.process import ManagedServer
+
+from .conftest import tiny_spec
+
+
+@pytest.fixture
+def servers(monkeypatch):
+    """Every ManagedServer the bench starts, in order (to inject faults into the real processes)."""
+    started = []
+
+    class Recorded(ManagedServer):
+        def start(self):
+            super().start()
+            started.append(self)
+
+    monkeypatch.setattr(bench, "ManagedServer", Recorded)
+    return started
+
+
+def inject_at(monkeypatch, length: int, fault):
+    real = bench.measure_length
+
+    def measure(client, base, adapter, spec, n, *rest):
+        if n == length:
+            fault()
+        return real(client, base, adapter, spec, n, *rest)
+
+    monkeypatch.setattr(bench, "measure_length", measure)
+
+
+def sweep(tmp_path, lengths=(32, 64, 128), **protocol):
+    spec = tiny_spec("page1", lengths=list(lengths))
+    spec["protocol"].update({"warmup": 0, "trials": 1, "output_tokens": 3, **protocol})
+    spec["server"]["stop_timeout_s"] = 2
+    failed = run_configuration(spec, tmp_path / "raw", tmp_path / "server.log", tmp_path / "partial")
+    raws = {n: json.loads((tmp_path / "raw" / f"{n}.json").read_text()) for n in lengths}
+    return failed, raws
+
+
+def gone(server) -> bool:
+    try:
+        os.killpg(server.pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_server_killed_mid_sweep_is_restarted_for_the_next_length(tmp_path, monkeypatch, servers):
+    inject_at(monkeypatch, 64, lambda: os.killpg(servers[-1].pid, signal.SIGKILL))
+    failed, raws = sweep(tmp_path)
+    assert failed == 1
+    assert [raws[n]["status"] for n in (32, 64, 128)] == ["ok", "failed", "ok"]
+    reason = raws[64]["reason"]
+    assert "the server died while measuring length 64" in reason and str(tmp_path / "server.log") in reason
+    assert len(servers) == 2 and raws[128]["provenance"]["starts"] == 2
+    assert all(gone(s) for s in servers)
+
+
+def test_hung_server_times_out_and_is_replaced(tmp_path, monkeypatch, servers):
+    inject_at(monkeypatch, 64, lambda: os.killpg(servers[-1].pid, signal.SIGSTOP))
+    failed, raws = sweep(tmp_path, request_timeout_s=2, timeout_factor=1)
+    assert [raws[n]["status"] for n in (32, 64, 128)] == ["ok", "failed", "ok"]
+    assert "timed out" in raws[64]["trials"][0]["reason"]
+    assert len(servers) == 2 and all(gone(s) for s in servers)  # the stopped one was killed
+
+
+def test_port_in_use_is_retried_on_another_port(tmp_path, monkeypatch, servers):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    ports = iter([busy.getsockname()[1]])
+    real_free_port = bench.free_port
+    monkeypatch.setattr(bench, "free_port", lambda host: next(ports, None) or real_free_port(host))
+    try:
+        failed, raws = sweep(tmp_path, lengths=(32,))
+    finally:
+        busy.close()
+    assert failed == 0 and raws[32]["provenance"]["starts"] == 2
+    assert "address already in use" in (tmp_path / "server.log").read_text().lower()
+
+
+def test_a_server_that_never_starts_names_its_log_for_every_length(tmp_path, monkeypatch, servers):
+    spec = tiny_spec("page1", lengths=[32, 64])
+    spec["args"]["mem-fraction-static"] = 1e-9
+    spec["server"]["max_restarts"] = 1
+    assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 2
+    reason = json.loads((tmp_path / "raw" / "64.json").read_text())["reason"]
+    assert "could not be (re)started after 2 starts" in reason and str(tmp_path / "server.log") in reason
+    assert len(servers) == 2 and all(gone(s) for s in servers)
+
+
+def test_a_refused_top_length_is_a_failed_row_and_the_rest_stands(tmp_path):
+    failed, raws = sweep(tmp_path, lengths=(32, 64, 3000))  # the tiny config's context is 2048
+    assert failed == 1 and raws[64]["status"] == "ok"
+    assert "longer than the model's context length (2048 tokens)" in raws[3000]["trials"][0]["reason"]
+
+
+def test_an_interrupted_sweep_resumes_without_measuring_again(tmp_path, monkeypatch, servers):
+    def interrupt():
+        raise KeyboardInterrupt
+
+    real = bench.measure_length
+    inject_at(monkeypatch, 128, interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(tmp_path)
+    first_run = json.loads((tmp_path / "partial" / "64.json").read_text())["run_id"]
+    assert not (tmp_path / "partial" / "128.json").exists() and gone(servers[0])
+    monkeypatch.setattr(bench, "measure_length", real)
+    failed, raws = sweep(tmp_path)
+    assert failed == 0
+    assert raws[32]["resumed"] and raws[64]["resumed"] and raws[64]["run_id"] == first_run
+    assert "resumed" not in raws[128] and raws[128]["run_id"] != first_run
+    # a different protocol is a different measurement: nothing is reused
+    _, again = sweep(tmp_path, output_tokens=4)
+    assert not any(r.get("resumed") for r in again.values())
