@@ -255,6 +255,15 @@ class Session:
     def alive(self) -> bool:
         return self.server is not None and self.server.alive()
 
+    def healthy(self) -> bool:
+        """Alive and answering its health endpoint within a few seconds."""
+        if not self.alive():
+            return False
+        try:
+            return self.client.get(self.base + self.api.health_path, timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def down(self) -> None:
         if self.server is not None and self.adapter.managed:
             self.server.stop()
@@ -327,12 +336,14 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path, re
             except Exception as exc:  # a bug or a surprise must not cost the lengths already measured
                 log.exception("%s L=%d: measurement failed", name, length)
                 result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "warmup": [], "trials": []}
-            if not session.alive():
-                result.update(status="failed", reason=session.server.died_message(f"the server died while measuring length {length}"))
-                log.error("%s L=%d: %s; restarting it for the next length", name, length, result["reason"])
-                session.down()
-            elif any("timed out" in (t.get("reason") or "") for t in result["trials"]):
-                log.error("%s L=%d: a request timed out; restarting the server for the next length", name, length)
+            if result["status"] != "ok" and not session.healthy():
+                if session.alive():
+                    what = f"the server stopped answering {session.api.health_path} while measuring length {length}"
+                    reason = f"{what}; it is restarted for the next length; server log: {session.log_path}"
+                else:
+                    reason = session.server.died_message(f"the server died while measuring length {length}")
+                result.update(status="failed", reason="; ".join(filter(None, [reason, result.get("reason")])))
+                log.error("%s L=%d: %s", name, length, reason)
                 session.down()
             record = {**common, "provenance": copy.deepcopy(prov), "length": length, **result, "resume_key": key,
                       "started_at": started, "finished_at": provenance.now_iso()}

@@ -73,6 +73,7 @@ def test_hung_server_times_out_and_is_replaced(tmp_path, monkeypatch, servers):
     failed, raws = sweep(tmp_path, request_timeout_s=2, timeout_factor=1)
     assert [raws[n]["status"] for n in (32, 64, 128)] == ["ok", "failed", "ok"]
     assert "timed out" in raws[64]["trials"][0]["reason"]
+    assert "the server stopped answering /health while measuring length 64" in raws[64]["reason"]
     assert len(servers) == 2 and all(gone(s) for s in servers)  # the stopped one was killed
 
 
