@@ -47,10 +47,32 @@ def _rows(path: Path) -> tuple[list[dict], dict | None]:
     return rows, raw
 
 
-def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: str | Path) -> pd.DataFrame:
+ITL_DEPTH_COLUMNS = ["configuration", "length", "status", "reason", "token", "depth", "itl_s"]
+
+
+def itl_depth_rows(path: Path) -> list[dict]:
+    """One row per decoded token of the ITL-against-depth request (one failed row if it failed)."""
+    configuration = path.parent.name
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return [{"configuration": configuration, "status": "failed", "reason": f"unreadable raw file {path}: {exc}"}]
+    base = {"configuration": raw.get("configuration", configuration), "length": raw.get("length"),
+            "status": raw.get("status"), "reason": raw.get("reason")}
+    if raw.get("status") != "ok" or not raw.get("itl_s"):
+        return [base]
+    return [{**base, "token": i + 1, "depth": d, "itl_s": t} for i, (d, t) in enumerate(zip(raw["depth"], raw["itl_s"]))]
+
+
+def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: str | Path,
+              out_itl_depth: str | Path | None = None) -> pd.DataFrame:
     rows: list[dict] = []
     prov: dict = {"configurations": {}}
-    for path in sorted(map(Path, raw_files), key=lambda p: (p.parent.name, int(p.stem))):
+    paths = list(map(Path, raw_files))
+    depth_rows = [r for p in sorted(paths) if p.stem == "itl_depth" for r in itl_depth_rows(p)]
+    if out_itl_depth:
+        pd.DataFrame(depth_rows, columns=ITL_DEPTH_COLUMNS).to_csv(out_itl_depth, index=False)
+    for path in sorted((p for p in paths if p.stem != "itl_depth"), key=lambda p: (p.parent.name, int(p.stem))):
         r, raw = _rows(path)
         rows += r
         if raw is None:

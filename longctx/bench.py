@@ -179,6 +179,23 @@ def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dic
     }
 
 
+def measure_itl_depth(session: "Session", spec: dict, run_id: str) -> dict:
+    """One request of itl_depth.length prompt tokens decoding output_tokens: the gap before each
+    token against the KV depth it was decoded at (prompt + tokens before it)."""
+    depth = spec["protocol"]["itl_depth"]
+    length, n = depth["length"], depth["output_tokens"]
+    api = session.api
+    ids = prompt_ids(length, spec["protocol"]["seed"], f"{run_id}/{spec['name']}/itl-depth", tuple(spec["protocol"]["token_id_range"]))
+    timeout = request_timeout({**spec["protocol"], "output_tokens": n}, [], length) * 4
+    s = stream_generate(session.client, session.base + api.generate_path,
+                        request_body(api.kind, ids, n, served_model(spec)), timeout, api.kind).summary()
+    itl = s.pop("itl_s", None) or []
+    if s["status"] == "ok" and s["prompt_tokens"] != length:
+        s.update(status="failed", reason=f"the server counted {s['prompt_tokens']} prompt tokens, expected {length}")
+    return {"kind": "itl_depth", "length": length, "output_tokens": n, **s,
+            "itl_s": itl, "depth": [length + 1 + i for i in range(len(itl))]}
+
+
 class FatalServerError(ServerError):
     """A server that no restart can bring up (its engine rejects the command line)."""
 
@@ -351,12 +368,20 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path, re
                 write_json(resume_dir / f"{length}.json", record)
             write_json(outdir / f"{length}.json", record)
             statuses[length] = result["status"]
+        depth = spec["protocol"]["itl_depth"]
+        if depth["length"]:
+            session.up()
+            write_json(outdir / "itl_depth.json", {**common, "provenance": copy.deepcopy(prov),
+                                                   **measure_itl_depth(session, spec, run_id)})
     except ServerError as exc:
         failure = str(exc)
     finally:
         signal.signal(signal.SIGTERM, previous)
         if session is not None:
             session.close()
+    if spec["protocol"]["itl_depth"]["length"] and not (outdir / "itl_depth.json").exists():
+        write_json(outdir / "itl_depth.json", {**common, "status": "failed", "reason": f"not measured: {failure}",
+                                               "length": spec["protocol"]["itl_depth"]["length"], "itl_s": [], "depth": []})
     for length in spec["lengths"]:
         if length not in statuses:
             reason = f"not measured: {failure}"

@@ -37,7 +37,7 @@ def _build_kernel(a) -> int:
 def _aggregate(a) -> int:
     from .aggregate import aggregate
 
-    df = aggregate(a.raw, a.out_csv, a.out_provenance)
+    df = aggregate(a.raw, a.out_csv, a.out_provenance, a.out_itl_depth)
     print(f"{len(df)} rows, {int((df['status'] != 'ok').sum())} not ok -> {a.out_csv}")
     return 0
 
@@ -52,7 +52,7 @@ def _fit(a) -> int:
 def _plot(a) -> int:
     from .plots import plot_all
 
-    for p in plot_all(a.results, a.fits, a.style, a.outdir):
+    for p in plot_all(a.results, a.fits, a.style, a.outdir, a.itl_depth):
         print(p)
     return 0
 
@@ -60,7 +60,7 @@ def _plot(a) -> int:
 def _render(a) -> int:
     from .report import context, render
 
-    render(a.template, a.out, context(a.results, a.fits, a.provenance))
+    render(a.template, a.out, context(a.results, a.fits, a.provenance, a.itl_depth))
     print(a.out)
     return 0
 
@@ -103,6 +103,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("aggregate", help="raw JSON files -> results.csv and provenance.json")
     s.add_argument("--out-csv", required=True)
     s.add_argument("--out-provenance", required=True)
+    s.add_argument("--out-itl-depth", help="per-token ITL against KV depth (from itl_depth.json files)")
     s.add_argument("raw", nargs="+")
     s.set_defaults(func=_aggregate)
 
@@ -115,6 +116,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--results", required=True)
     s.add_argument("--fits", required=True)
     s.add_argument("--style", required=True)
+    s.add_argument("--itl-depth", help="data/itl_depth.csv")
     s.add_argument("--outdir", required=True)
     s.set_defaults(func=_plot)
 
@@ -123,6 +125,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--results", required=True)
     s.add_argument("--fits", required=True)
     s.add_argument("--provenance", required=True)
+    s.add_argument("--itl-depth", help="data/itl_depth.csv")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_render)
 

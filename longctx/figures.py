@@ -1,4 +1,4 @@
 """Names of the report's figures (light: the workflow reads them when it parses its rules)."""
 
-FIGURES = ("ttft", "decode_rate", "step_time", "acceptance")
+FIGURES = ("ttft", "decode_rate", "step_time", "acceptance", "itl_depth")
 FORMATS = ("pdf", "png")

@@ -27,7 +27,8 @@ def _styles(names):
     return {name: {k: v[i % n] for k, v in cycle.items()} for i, name in enumerate(names)}
 
 
-def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, outdir: str | Path) -> list[Path]:
+def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, outdir: str | Path,
+             itl_depth_csv: str | Path | None = None) -> list[Path]:
     plt.style.use(str(style))
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -95,4 +96,22 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
            title="Speculative decoding: acceptance length")
     ax.set_ylim(bottom=0)
     _save(fig, outdir, "acceptance")
+
+    # inter-token latency against KV depth, inside one long request per configuration
+    fig, ax = plt.subplots()
+    depth = pd.read_csv(itl_depth_csv) if itl_depth_csv else pd.DataFrame(columns=["configuration", "depth", "itl_s"])
+    depth = depth[depth["itl_s"].notna()]
+    for name in sorted(depth["configuration"].unique()):
+        s = sty.get(name) or _styles([name])[name]
+        d = depth[depth["configuration"] == name].sort_values("depth")
+        ax.plot(d["depth"], d["itl_s"] * 1e3, linestyle="none", marker=".", color=s["color"], alpha=0.25, markersize=2)
+        ax.plot(d["depth"], d["itl_s"].rolling(25, center=True, min_periods=5).median() * 1e3, color=s["color"],
+                linestyle=s["linestyle"], marker="", label=f"{name} (running median)")
+    if depth.empty:
+        ax.text(0.5, 0.5, "not measured (protocol.itl_depth.length)", transform=ax.transAxes, ha="center", va="center")
+    else:
+        ax.legend()
+    ax.set(xlabel="KV depth (tokens in the cache)", ylabel="inter-token latency (ms)", title="ITL against KV depth, one request")
+    ax.set_ylim(bottom=0)
+    _save(fig, outdir, "itl_depth")
     return [outdir / f"{stem}.{ext}" for stem in FIGURES for ext in ("pdf", "png")]

@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 import jinja2
+import numpy as np
 import pandas as pd
 
 from . import __version__
@@ -113,7 +114,26 @@ def source_date_epoch(provenance: dict) -> int:
     return int(max(stamps).timestamp()) if stamps else 0
 
 
-def context(results_csv, fits_json, provenance_json) -> dict:
+def itl_depth_summary(itl_depth_csv) -> list[dict]:
+    """Per configuration: the depth range, median ITL in the first and last tenth, and the slope."""
+    if not itl_depth_csv:
+        return []
+    df = pd.read_csv(itl_depth_csv)
+    out = []
+    for name, g in df.groupby("configuration", sort=True):
+        g = g[g["itl_s"].notna()].sort_values("depth")
+        if len(g) < 10:
+            out.append({"name": name, "reason": g["reason"].iloc[0] if "reason" in g and len(g) else "no tokens"})
+            continue
+        tenth = max(1, len(g) // 10)
+        slope = float(np.polyfit(g["depth"], g["itl_s"], 1)[0])
+        out.append({"name": name, "first": int(g["depth"].iloc[0]), "last": int(g["depth"].iloc[-1]),
+                    "itl_start_ms": g["itl_s"].iloc[:tenth].median() * 1e3, "itl_end_ms": g["itl_s"].iloc[-tenth:].median() * 1e3,
+                    "slope_us_per_1k": slope * 1e9, "reason": None})
+    return out
+
+
+def context(results_csv, fits_json, provenance_json, itl_depth_csv=None) -> dict:
     df = pd.read_csv(results_csv)
     fits = json.loads(Path(fits_json).read_text())["configurations"]
     prov = json.loads(Path(provenance_json).read_text())
@@ -155,6 +175,7 @@ def context(results_csv, fits_json, provenance_json) -> dict:
         "diagnosis": diagnosis(med, fits),
         "failures": failures,
         "telemetry": telemetry,
+        "itl_depth": itl_depth_summary(itl_depth_csv),
         "measured_at": datetime.fromtimestamp(source_date_epoch(prov)).isoformat() if prov.get("configurations") else None,
     }
 

@@ -4,12 +4,14 @@ rule aggregate_results:
     output:
         csv="data/results.csv",
         provenance="data/provenance.json",
+        itl_depth="data/itl_depth.csv",
     log:
         "data/logs/aggregate_results.log",
     conda:
         ENV
     shell:
-        "longctx aggregate --out-csv {output.csv} --out-provenance {output.provenance} {input} > {log} 2>&1"
+        "longctx aggregate --out-csv {output.csv} --out-provenance {output.provenance} "
+        "--out-itl-depth {output.itl_depth} {input} > {log} 2>&1"
 
 
 rule fit_models:

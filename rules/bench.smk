@@ -5,7 +5,7 @@ rule bench_configuration:
     input:
         kernel=kernel_build,
     output:
-        expand("data/raw/{{configuration}}/{length}.json", length=LENGTHS),
+        raw_files("{configuration}"),
     log:
         bench="data/logs/bench/{configuration}.log",
         server="data/logs/server/{configuration}.log",

@@ -16,8 +16,13 @@ wildcard_constraints:
     kernel="|".join(re.escape(k) for k in CFG["kernels"]) or "(?!)",
 
 
+ITL_DEPTH = bool(CFG["protocol"]["itl_depth"]["length"])
+
+
 def raw_files(configurations=CONFIGURATIONS):
-    return expand("data/raw/{configuration}/{length}.json", configuration=configurations, length=LENGTHS)
+    """What a bench job writes: a file per length, and the ITL-against-depth request when configured."""
+    names = [str(n) for n in LENGTHS] + (["itl_depth"] if ITL_DEPTH else [])
+    return expand("data/raw/{configuration}/{name}.json", configuration=configurations, name=names)
 
 
 def kernel_build(wildcards):

@@ -2,6 +2,7 @@ rule plot_figures:
     input:
         results="data/results.csv",
         fits="data/fits.json",
+        itl_depth="data/itl_depth.csv",
         style="templates/plot.mplstyle",
     output:
         expand("report/figures/{figure}.{ext}", figure=FIGURES, ext=FORMATS),
@@ -12,7 +13,8 @@ rule plot_figures:
     conda:
         ENV
     shell:
-        "longctx plot --results {input.results} --fits {input.fits} --style {input.style} --outdir {params.outdir} > {log} 2>&1"
+        "longctx plot --results {input.results} --fits {input.fits} --style {input.style} "
+        "--itl-depth {input.itl_depth} --outdir {params.outdir} > {log} 2>&1"
 
 
 rule render_report:
@@ -21,6 +23,7 @@ rule render_report:
         results="data/results.csv",
         fits="data/fits.json",
         provenance="data/provenance.json",
+        itl_depth="data/itl_depth.csv",
     output:
         "report/longctx.tex",
     log:
@@ -29,7 +32,7 @@ rule render_report:
         ENV
     shell:
         "longctx render --template {input.template} --results {input.results} --fits {input.fits} "
-        "--provenance {input.provenance} --out {output} > {log} 2>&1"
+        "--provenance {input.provenance} --itl-depth {input.itl_depth} --out {output} > {log} 2>&1"
 
 
 rule build_pdf:

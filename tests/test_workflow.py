@@ -107,3 +107,15 @@ def test_the_studys_deployment_config_plans_its_jobs_without_a_gpu(workflow):
     assert jobs == {"bench_configuration": 1, "aggregate_results": 1, "fit_models": 1, "plot_figures": 1,
                     "render_report": 1, "build_pdf": 1}
     assert "data/raw/triton-page1/185000.json" in out
+
+
+def test_itl_against_depth_is_measured_plotted_and_reported(workflow):
+    df = pd.read_csv(workflow / "data" / "itl_depth.csv")
+    assert set(df["configuration"]) == {"page1", "page16", "page16-ngram"} and (df["status"] == "ok").all()
+    plain = df[df["configuration"] == "page1"]
+    assert list(plain["depth"]) == list(range(301, 301 + 59)) and (plain["itl_s"] > 0).all()
+    assert (workflow / "report" / "figures" / "itl_depth.png").is_file()
+    text = subprocess.run(["pdftotext", "-layout", str(workflow / "report" / "longctx.pdf"), "-"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "Inter-token latency against KV depth" in text
+    assert re.search(r"page1\s+301\s+359\s", text)
