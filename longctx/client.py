@@ -63,6 +63,7 @@ class StreamRecord:
     t_sent: float = 0.0
     event_times: list[float] = field(default_factory=list)  # arrival of each token-carrying event
     event_tokens: list[int] = field(default_factory=list)  # tokens each of those events carried
+    event_sent: list[float | None] = field(default_factory=list)  # the server's send time of each, where it says
     t_done: float | None = None
     meta: dict = field(default_factory=dict)  # the last meta_info seen
     http_status: int | None = None
@@ -90,6 +91,10 @@ class StreamRecord:
         ts = meta.get("timestamps") or {}
         if "first_token_sent" in ts and "received" in ts:
             out["server_ttft_s"] = ts["first_token_sent"] - ts["received"]
+        lags = [t - s for t, s in zip(self.event_times, self.event_sent) if s is not None]
+        if lags:  # same-machine servers that stamp their events (CLOCK_MONOTONIC): the client's own delay
+            out.update(recv_lag_mean_s=statistics.fmean(lags), recv_lag_max_s=max(lags),
+                       send_lag_s=ts["received"] - self.t_sent if "received" in ts else None)
         if not self.event_times:
             return out
         t = self.event_times
@@ -171,6 +176,7 @@ def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: floa
                         if total is not None and total > seen_tokens:
                             rec.event_times.append(now)
                             rec.event_tokens.append(total - seen_tokens)
+                            rec.event_sent.append((obj.get("meta_info") or {}).get("sent_ts"))
                             seen_tokens = total
                 if now > deadline:
                     rec.error = f"request exceeded its {timeout_s:.0f} s timeout"

@@ -176,6 +176,7 @@ def make_app(engine: Engine) -> Starlette:
                     req.timestamps["first_token_sent"] = time.perf_counter()
                 if final:
                     event["meta_info"]["timestamps"] = {"clock": "CLOCK_MONOTONIC", "received": req.received, **req.timestamps}
+                event["meta_info"]["sent_ts"] = time.perf_counter()  # lets a client on this machine time its own lag
                 yield event
                 if final:
                     return
