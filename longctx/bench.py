@@ -179,14 +179,14 @@ def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dic
     }
 
 
-def measure_itl_depth(session: "Session", spec: dict, run_id: str) -> dict:
+def measure_itl_depth(session: "Session", spec: dict, run_id: str, history: list) -> dict:
     """One request of itl_depth.length prompt tokens decoding output_tokens: the gap before each
     token against the KV depth it was decoded at (prompt + tokens before it)."""
     depth = spec["protocol"]["itl_depth"]
     length, n = depth["length"], depth["output_tokens"]
     api = session.api
     ids = prompt_ids(length, spec["protocol"]["seed"], f"{run_id}/{spec['name']}/itl-depth", tuple(spec["protocol"]["token_id_range"]))
-    timeout = request_timeout({**spec["protocol"], "output_tokens": n}, [], length) * 4
+    timeout = request_timeout({**spec["protocol"], "output_tokens": n}, history, length)
     s = stream_generate(session.client, session.base + api.generate_path,
                         request_body(api.kind, ids, n, served_model(spec)), timeout, api.kind).summary()
     itl = s.pop("itl_s", None) or []
@@ -372,7 +372,7 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path, re
         if depth["length"]:
             session.up()
             write_json(outdir / "itl_depth.json", {**common, "provenance": copy.deepcopy(prov),
-                                                   **measure_itl_depth(session, spec, run_id)})
+                                                   **measure_itl_depth(session, spec, run_id, history)})
     except ServerError as exc:
         failure = str(exc)
     finally:
