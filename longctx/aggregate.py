@@ -10,11 +10,11 @@ import pandas as pd
 from .telemetry import NVML_METRICS, PSUTIL_METRICS
 
 COLUMNS = [
-    "configuration", "engine", "length", "trial", "status", "reason",
+    "configuration", "engine", "length", "concurrency", "trial", "request", "status", "reason",
     "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "itl_median_s", "itl_max_s",
     "prompt_tokens", "completion_tokens", "cached_tokens", "server_ttft_s",
     "spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts",
-    "kv_bytes_per_token", "kv_pool_tokens", "run_id",
+    "kv_bytes_per_token", "kv_pool_tokens", "run_id", "batch_output_tok_s",
     *(f"{window}_{m}_mean" for window in ("prefill", "decode") for m in (*NVML_METRICS, *PSUTIL_METRICS)),
 ]
 
@@ -39,7 +39,8 @@ def _rows(path: Path) -> tuple[list[dict], dict | None]:
     if not trials:
         return [{**base, "status": raw.get("status", "failed"), "reason": raw.get("reason")}], raw
     rows = []
-    for t in trials:
+    batched = [{**r, "trial": r["batch"]} for b in raw.get("batches") or [] for r in b["requests"]]
+    for t in [{**t, "concurrency": 1, "request": 0} for t in trials] + batched:
         row = {**base, **{k: t.get(k) for k in COLUMNS if k in t}}
         for window, summary in (t.get("telemetry") or {}).items():
             row.update({f"{window}_{k}": v for k, v in summary.items() if k.endswith("_mean")})
@@ -84,7 +85,8 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
             "first_started_at": raw.get("started_at"),
         })
         entry["last_finished_at"] = raw.get("finished_at")
-    df = pd.DataFrame(rows, columns=COLUMNS).sort_values(["configuration", "length", "trial"], kind="stable")
+    df = pd.DataFrame(rows, columns=COLUMNS).sort_values(["configuration", "length", "concurrency", "trial", "request"],
+                                                         kind="stable")
     Path(out_csv).parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_csv, index=False)
     Path(out_provenance).write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")

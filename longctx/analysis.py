@@ -59,8 +59,28 @@ def fit_decode(lengths, tpot, kv_bytes_per_token: float | None) -> dict:
     }
 
 
+def single(df: pd.DataFrame) -> pd.DataFrame:
+    """The single-request trials (concurrency 1): what the scaling models and the main tables use."""
+    return df[df["concurrency"].fillna(1) == 1] if "concurrency" in df else df
+
+
 def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    df = single(df)
     return df[(df["status"] == "ok") & df["ttft_s"].notna()]
+
+
+def concurrency_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration, length and concurrency: median TTFT and per-request decode rate, and the
+    median of the batches' overall output rate."""
+    if "concurrency" not in df:
+        return pd.DataFrame()
+    ok = df[(df["status"] == "ok") & df["ttft_s"].notna()]
+    if not (ok["concurrency"] > 1).any():
+        return pd.DataFrame()
+    return ok.groupby(["configuration", "length", "concurrency"], sort=True).agg(
+        requests=("status", "size"), ttft_s=("ttft_s", "median"), decode_tok_s=("decode_tok_s", "median"),
+        batch_output_tok_s=("batch_output_tok_s", "median"),
+    ).reset_index()
 
 
 def fit_all(df: pd.DataFrame) -> dict:
@@ -91,6 +111,7 @@ def _json_default(x):
 
 def medians(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (configuration, length): medians over ok trials, and the trial counts."""
+    df = single(df)
     counts = df.groupby(["configuration", "length"], sort=True).agg(
         trials=("status", "size"), ok=("status", lambda s: int((s == "ok").sum()))
     )

@@ -12,7 +12,9 @@ import json
 import logging
 import os
 import signal
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -154,9 +156,7 @@ def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dic
         if counters is not None and summary["spec_verify_ct"] is None:
             summary.update(_spec_from_counters(counters, adapter.spec_counters(client, base)))
         summary["flush_error"] = flush_error
-        if summary["status"] == "ok" and summary["prompt_tokens"] != length:
-            summary["status"] = "failed"
-            summary["reason"] = f"the server counted {summary['prompt_tokens']} prompt tokens, expected {length}"
+        _checked(summary, length)
         if is_warmup:
             summary.pop("itl_s", None)
             warmup.append(summary)
@@ -168,15 +168,59 @@ def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dic
                      summary["ttft_s"], summary["decode_tok_s"] or float("nan"))
         else:
             log.warning("%s L=%d trial %d/%d failed: %s", name, length, len(trials), proto["trials"], summary["reason"])
-    ok = [t for t in trials if t["status"] == "ok"]
-    status = "ok" if len(ok) == len(trials) else ("partial" if ok else "failed")
-    reasons = sorted({t["reason"] for t in trials if t["status"] != "ok"})
+    batches = [_batch(client, base, adapter, spec, length, run_id, timeout_s, c, b)
+               for c in proto["concurrency"] for b in range(proto["trials"])]
+    every = trials + [r for batch in batches for r in batch["requests"]]
+    ok = [t for t in every if t["status"] == "ok"]
+    status = "ok" if len(ok) == len(every) else ("partial" if ok else "failed")
+    reasons = sorted({t["reason"] for t in every if t["status"] != "ok"})
     return {
         "status": status,
         "reason": "; ".join(reasons) or None,
         "warmup": warmup,
         "trials": trials,
+        "batches": batches,
     }
+
+
+def _checked(summary: dict, length: int) -> dict:
+    if summary["status"] == "ok" and summary["prompt_tokens"] != length:
+        summary["status"] = "failed"
+        summary["reason"] = f"the server counted {summary['prompt_tokens']} prompt tokens, expected {length}"
+    return summary
+
+
+def _batch(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, length: int, run_id: str,
+           timeout_s: float, concurrency: int, index: int) -> dict:
+    """`concurrency` requests of `length` tokens sent together: each one's figures, and the batch's
+    output rate (all output tokens over the span from the first send to the last token)."""
+    proto, api, name = spec["protocol"], adapter.api(spec), spec["name"]
+    bodies = [request_body(api.kind, prompt_ids(length, proto["seed"], f"{run_id}/{name}/{length}/c{concurrency}/{index}/{j}",
+                                                tuple(proto["token_id_range"])), proto["output_tokens"], served_model(spec))
+              for j in range(concurrency)]
+    if proto["flush_cache"]:
+        _flush(client, base, api, timeout_s)
+    start = threading.Barrier(concurrency)
+
+    def one(body: bytes) -> dict:
+        start.wait()
+        return stream_generate(client, base + api.generate_path, body, timeout_s, api.kind).summary()
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        requests = [_checked(s, length) for s in pool.map(one, bodies)]
+    for j, r in enumerate(requests):
+        r.update(concurrency=concurrency, batch=index, request=j, timeout_s=timeout_s)
+    ok = [r for r in requests if r["status"] == "ok"]
+    aggregate = {"ok": len(ok), "requests": concurrency}
+    if ok:
+        span = max(r["t_last_token"] for r in ok) - min(r["t_sent"] for r in ok)
+        aggregate.update(output_tok_s=sum(r["completion_tokens"] for r in ok) / span if span > 0 else None,
+                         ttft_max_s=max(r["ttft_s"] for r in ok))
+        for r in requests:
+            r["batch_output_tok_s"] = aggregate["output_tok_s"]
+    log.info("%s L=%d %d at once, batch %d: %d ok, %s tok/s overall", name, length, concurrency, index + 1, len(ok),
+             f"{aggregate.get('output_tok_s') or float('nan'):.1f}")
+    return {"concurrency": concurrency, "batch": index, "requests": requests, "aggregate": aggregate}
 
 
 def measure_itl_depth(session: "Session", spec: dict, run_id: str, history: list) -> dict:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from . import __version__
-from .analysis import is_number, medians
+from .analysis import concurrency_table, is_number, medians
 from .provenance import git_info, package_versions
 
 # How numbers appear in the report's tables (tests read them back with pdftotext).
@@ -176,6 +176,7 @@ def context(results_csv, fits_json, provenance_json, itl_depth_csv=None) -> dict
         "failures": failures,
         "telemetry": telemetry,
         "itl_depth": itl_depth_summary(itl_depth_csv),
+        "concurrency": concurrency_table(df).to_dict("records"),
         "measured_at": datetime.fromtimestamp(source_date_epoch(prov)).isoformat() if prov.get("configurations") else None,
     }
 

@@ -143,3 +143,19 @@ def test_a_sweep_records_the_timeout_it_used(tmp_path):
     timeouts = [json.loads((tmp_path / "raw" / f"{n}.json").read_text())["trials"][0]["timeout_s"] for n in (32, 64, 128, 256)]
     assert timeouts[0] == 0.5  # nothing measured yet: the configured timeout
     assert all(t > 0.5 for t in timeouts[1:])  # then 1000 x the duration predicted from the shorter lengths
+
+
+def test_concurrent_batches_overlap_and_report_their_overall_rate(tmp_path):
+    spec = tiny_spec("page1", lengths=[200])
+    spec["protocol"].update(warmup=0, trials=2, output_tokens=30, concurrency=[3])
+    assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
+    raw = json.loads((tmp_path / "raw" / "200.json").read_text())
+    assert len(raw["trials"]) == 2 and [b["concurrency"] for b in raw["batches"]] == [3, 3]
+    for batch in raw["batches"]:
+        reqs = batch["requests"]
+        assert [r["status"] for r in reqs] == ["ok"] * 3 and [r["request"] for r in reqs] == [0, 1, 2]
+        assert max(r["t_sent"] for r in reqs) < min(r["t_last_token"] for r in reqs)  # they overlapped
+        total = sum(r["completion_tokens"] for r in reqs)
+        span = max(r["t_last_token"] for r in reqs) - min(r["t_sent"] for r in reqs)
+        assert batch["aggregate"]["output_tok_s"] == pytest.approx(total / span)
+        assert batch["aggregate"]["ttft_max_s"] == max(r["ttft_s"] for r in reqs)

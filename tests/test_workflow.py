@@ -46,7 +46,8 @@ def test_pdf_holds_the_medians_of_results_csv(workflow):
                           capture_output=True, text=True, check=True).stdout
     rows = {tuple(line.split()) for line in text.splitlines()}
     df = pd.read_csv(workflow / "data" / "results.csv")
-    assert len(df) == 3 * 4 * 2 and (df["status"] == "ok").all()
+    assert len(df) == 3 * 4 * (2 + 2 * 2) and (df["status"] == "ok").all()  # 2 single trials, 2 batches of 2
+    df = df[df["concurrency"] == 1]
     for (configuration, length), g in df.groupby(["configuration", "length"]):
         expected = (configuration, str(length), FORMATS["ttft_ms"](g["ttft_s"].median()),
                     FORMATS["tpot_ms"](g["tpot_s"].median()), FORMATS["decode_tok_s"](g["decode_tok_s"].median()),
@@ -119,3 +120,14 @@ def test_itl_against_depth_is_measured_plotted_and_reported(workflow):
                           capture_output=True, text=True, check=True).stdout
     assert "Inter-token latency against KV depth" in text
     assert re.search(r"page1\s+301\s+359\s", text)
+
+
+def test_batches_of_concurrent_requests_are_measured_and_reported(workflow):
+    df = pd.read_csv(workflow / "data" / "results.csv")
+    batch = df[(df["configuration"] == "page1") & (df["length"] == 512) & (df["concurrency"] == 2)]
+    assert sorted(zip(batch["trial"], batch["request"])) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert (batch["prompt_tokens"] == 512).all() and batch["batch_output_tok_s"].notna().all()
+    text = subprocess.run(["pdftotext", "-layout", str(workflow / "report" / "longctx.pdf"), "-"],
+                          capture_output=True, text=True, check=True).stdout
+    expected = f"{batch['ttft_s'].median() * 1e3:.1f}"
+    assert re.search(rf"page1\s+512\s+2\s+4\s+{re.escape(expected)}\s", text), expected
