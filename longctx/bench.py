@@ -234,8 +234,7 @@ def measure_itl_depth(session: "Session", spec: dict, run_id: str, history: list
     s = stream_generate(session.client, session.base + api.generate_path,
                         request_body(api.kind, ids, n, served_model(spec)), timeout, api.kind).summary()
     itl = s.pop("itl_s", None) or []
-    if s["status"] == "ok" and s["prompt_tokens"] != length:
-        s.update(status="failed", reason=f"the server counted {s['prompt_tokens']} prompt tokens, expected {length}")
+    _checked(s, length)
     return {"kind": "itl_depth", "length": length, "output_tokens": n, **s,
             "itl_s": itl, "depth": [length + 1 + i for i in range(len(itl))]}
 
