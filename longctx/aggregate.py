@@ -14,7 +14,7 @@ COLUMNS = [
     "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "itl_median_s", "itl_max_s",
     "prompt_tokens", "completion_tokens", "cached_tokens", "server_ttft_s",
     "spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts",
-    "kv_bytes_per_token", "kv_pool_tokens", "run_id", "batch_output_tok_s",
+    "kv_bytes_per_token", "kv_pool_tokens", "run_id", "batch_output_tok_s", "needle",
     *(f"{window}_{m}_mean" for window in ("prefill", "decode") for m in (*NVML_METRICS, *PSUTIL_METRICS)),
 ]
 
@@ -34,6 +34,7 @@ def _rows(path: Path) -> tuple[list[dict], dict | None]:
         "kv_bytes_per_token": prov.get("model", {}).get("kv_bytes_per_token"),
         "kv_pool_tokens": (prov.get("kv_pool") or {}).get("tokens"),
         "run_id": raw.get("run_id"),
+        "needle": (raw.get("needle") or {}).get("status"),
     }
     trials = raw.get("trials") or []
     if not trials:

@@ -119,6 +119,9 @@ def medians(df: pd.DataFrame) -> pd.DataFrame:
             *(c for c in df.columns if c.startswith(("prefill_", "decode_")) and c.endswith("_mean"))]
     med = ok_rows(df).reindex(columns=["configuration", "length", *cols]).groupby(["configuration", "length"], sort=True)[cols].median()
     out = counts.join(med).reset_index()
+    if "needle" in df:
+        needle = df.groupby(["configuration", "length"])["needle"].first()
+        out["needle"] = [needle.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
     reasons = df[df["status"] != "ok"].groupby(["configuration", "length"])["reason"].first()
     out["reason"] = [reasons.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
     return out

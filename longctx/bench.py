@@ -27,6 +27,7 @@ from .analysis import fit_prefill, prefill_curve
 from .modelspec import kv_bytes_per_token
 from .process import ExternalServer, ManagedServer, ServerError, free_port
 from .telemetry import Sampler, make_source, summarize
+from .needle import probe as needle_probe
 from .workload import prompt_ids
 
 log = logging.getLogger("longctx.bench")
@@ -183,6 +184,16 @@ def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dic
     }
 
 
+def _needle(session: "Session", spec: dict, length: int, timeout_s: float) -> dict | None:
+    cfg = spec["protocol"]["needle"]
+    if not cfg["enabled"]:
+        return None
+    result = needle_probe(session.client, session.base, session.api.kind, served_model(spec), length, cfg, timeout_s,
+                          session.random_weights)
+    log.info("%s L=%d needle: %s", spec["name"], length, result["status"])
+    return result
+
+
 def _checked(summary: dict, length: int) -> dict:
     if summary["status"] == "ok" and summary["prompt_tokens"] != length:
         summary["status"] = "failed"
@@ -254,6 +265,7 @@ class Session:
         self.server = None
         self.base: str | None = None
         self.source = None
+        self.random_weights = bool(spec["model"].get("random_weights"))
         self.starts = 0
         self.preflight_done = False
         self.client = httpx.Client()
@@ -305,6 +317,7 @@ class Session:
         log_text = self.log_path.read_text(errors="replace") if a.managed else ""
         telemetry = spec["telemetry"]
         self.source = make_source(self.server.pid, gpu_indices=telemetry["gpus"]) if telemetry["enabled"] else None
+        self.random_weights = bool(spec["model"].get("random_weights") or info.get("random_weights"))
         self.prov.update(
             launch_command=cmd, base_url=self.base, server_pid=self.server.pid, startup_s=startup_s, starts=self.starts,
             server_info=info, engine_version=info.get("version") or self.version,
@@ -392,6 +405,7 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path, re
             timeout_s = request_timeout(spec["protocol"], history, length)
             try:
                 result = measure_length(session.client, session.base, adapter, spec, length, run_id, session.source, timeout_s)
+                result["needle"] = _needle(session, spec, length, timeout_s)
                 history += [(length, t["ttft_s"], t.get("tpot_s")) for t in result["trials"] if t["status"] == "ok"]
             except Exception as exc:  # a bug or a surprise must not cost the lengths already measured
                 log.exception("%s L=%d: measurement failed", name, length)

@@ -177,6 +177,7 @@ def context(results_csv, fits_json, provenance_json, itl_depth_csv=None) -> dict
         "telemetry": telemetry,
         "itl_depth": itl_depth_summary(itl_depth_csv),
         "concurrency": concurrency_table(df).to_dict("records"),
+        "needle": bool("needle" in med and med["needle"].notna().any()),
         "measured_at": datetime.fromtimestamp(source_date_epoch(prov)).isoformat() if prov.get("configurations") else None,
     }
 

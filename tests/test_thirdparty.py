@@ -33,7 +33,7 @@ def vllm_config(model_dir: str, **args) -> dict:
         "lengths": [64, 256, 512],
         "protocol": {"warmup": 1, "trials": 2, "output_tokens": 8, "request_timeout_s": 120, "token_id_range": [3, 1024]},
         "server": {"startup_timeout_s": 300},
-        "model": {"name": "tiny-llama", "path": model_dir, "kv_bytes_per_token": 2 * 2 * 64 * 2 * 2},
+        "model": {"name": "tiny-llama", "path": model_dir, "kv_bytes_per_token": 2 * 2 * 64 * 2 * 2, "random_weights": True},
         "configurations": {"vllm-cpu": {
             "engine": "vllm", "python": VLLM_PYTHON,
             "args": {"max-model-len": 2048, "dtype": "bfloat16", **args},

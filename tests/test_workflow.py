@@ -54,6 +54,7 @@ def test_pdf_holds_the_medians_of_results_csv(workflow):
                     f"{len(g)}/{len(g)}")
         assert expected in rows, f"row {expected} not in the PDF"
     assert "Provenance" in text and "page1" in text
+    assert re.search(r"page16\s+512\s+not applicable", text)  # the needle probe on random weights
     spec = df[df["configuration"] == "page16-ngram"]
     for length, g in spec.groupby("length"):
         expected = ("page16-ngram", str(length), FORMATS["accept_length"](g["spec_accept_length"].median()),

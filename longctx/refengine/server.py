@@ -115,6 +115,7 @@ class Engine:
             "req_to_token_bytes": self.pool.req_to_token_bytes(),
             "model_config": self.cfg.to_dict(),
             "sampling": "greedy",
+            "random_weights": True,
             "kv_defrag": {"moves": self.pool.defrag_moves, "misses": self.pool.defrag_misses},
         }
 

@@ -1,0 +1,68 @@
+"""The needle probe: not applicable on random weights; pass and fail judged on a server whose
+answers are known (a small real HTTP server written for the test, because no model here can read)."""
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from longctx.bench import run_configuration
+from longctx.needle import haystack, probe
+from longctx.process import free_port
+
+from .conftest import tiny_spec
+
+CFG = {"enabled": True, "depth": 0.5, "needle": "The secret password is Dog.",
+       "question": "What is the secret password?", "answer": "Dog", "output_tokens": 8}
+
+
+def test_haystack_puts_the_needle_at_its_depth():
+    text = haystack(4000, CFG["needle"], 0.25, CFG["question"])
+    at = text.index(CFG["needle"])
+    assert 0.2 < at / 4000 < 0.3 and text.endswith(CFG["question"])
+    assert haystack(1000, CFG["needle"], 0.0, "q?").startswith(CFG["needle"])
+
+
+@pytest.fixture(scope="module")
+def reader():
+    """Answers from the text it is given: 'Dog.' when the needle is in it; 4 characters a token."""
+
+    async def generate(request):
+        body = await request.json()
+        text = body["text"]
+        return JSONResponse({"text": " Dog." if "password is Dog" in text else " Cat.",
+                             "meta_info": {"prompt_tokens": len(text) // 4, "completion_tokens": 2}})
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/generate", generate, methods=["POST"])]),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_pass_and_fail_are_judged_from_the_answer(reader):
+    with httpx.Client() as client:
+        ok = probe(client, reader, "sglang", "m", 5000, CFG, 30, random_weights=False)
+        assert ok["status"] == "pass" and abs(ok["prompt_tokens"] - 5000) <= 100 and ok["answer"] == "Dog."
+        wrong = probe(client, reader, "sglang", "m", 5000, {**CFG, "needle": "The secret password is Cow."}, 30, False)
+        assert wrong["status"] == "fail" and wrong["answer"] == "Cat."
+        assert probe(client, reader, "sglang", "m", 5000, CFG, 30, random_weights=True)["status"] == "not applicable"
+
+
+def test_the_reference_engine_says_its_weights_are_random(tmp_path):
+    spec = tiny_spec("page1", lengths=[64])
+    spec["protocol"].update(warmup=0, trials=1, output_tokens=3)
+    assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
+    needle = json.loads((tmp_path / "raw" / "64.json").read_text())["needle"]
+    assert needle == {"status": "not applicable", "reason": "the model's weights are random"}
