@@ -27,7 +27,7 @@ def test_psutil_source_sees_a_busy_process_tree():
         s = summarize(sampler.samples, sampler.samples[0][0], t_mid, source.metrics)
         assert 5 <= s["n"] <= 15
         assert s["cpu_util_pct_mean"] > 50  # one core spinning
-        assert s["rss_gb_mean"] > 0.005 and s["rss_gb_max"] >= s["rss_gb_mean"]
+        assert s["rss_gb_mean"] > 0.005 and s["rss_gb_max"] >= s["rss_gb_mean"] * (1 - 1e-9)  # fmean may round up
     finally:
         for child in __import__("psutil").Process(proc.pid).children(recursive=True):
             child.kill()
