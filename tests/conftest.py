@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,27 @@ def copy_workflow(dest: Path) -> Path:
     for name in WORKFLOW_FILES:
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, dest / name)
     return dest
+
+
+@contextlib.contextmanager
+def serve_generate(handler):
+    """A test's own server on loopback (uvicorn in a thread) whose POST /generate is handler; yields its base URL."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/generate", handler, methods=["POST"])]),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def tiny_spec(configuration: str = "page1", **overrides) -> dict:

@@ -6,18 +6,15 @@ test so that the truth is known), then the reference engine itself.
 
 import asyncio
 import json
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
-from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
-from starlette.routing import Route
 
 from longctx.client import sglang_body, stream_generate
-from longctx.process import free_port
+
+from .conftest import serve_generate
 
 TTFT = 0.30
 GAP = 0.05
@@ -46,16 +43,8 @@ async def generate(request):
 
 @pytest.fixture(scope="module")
 def timed_server():
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/generate", generate, methods=["POST"])]),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}/generate"
-    server.should_exit = True
-    thread.join(10)
+    with serve_generate(generate) as base:
+        yield base + "/generate"
 
 
 def test_ttft_and_gaps_match_the_servers_delays(timed_server):

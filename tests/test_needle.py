@@ -2,21 +2,15 @@
 answers are known (a small real HTTP server written for the test, because no model here can read)."""
 
 import json
-import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
-from starlette.applications import Starlette
 from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from longctx.bench import run_configuration
 from longctx.needle import haystack, probe
-from longctx.process import free_port
 
-from .conftest import tiny_spec
+from .conftest import serve_generate, tiny_spec
 
 CFG = {"enabled": True, "depth": 0.5, "needle": "The secret password is Dog.",
        "question": "What is the secret password?", "answer": "Dog", "output_tokens": 8}
@@ -39,16 +33,8 @@ def reader():
         return JSONResponse({"text": " Dog." if "password is Dog" in text else " Cat.",
                              "meta_info": {"prompt_tokens": len(text) // 4, "completion_tokens": 2}})
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/generate", generate, methods=["POST"])]),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with serve_generate(generate) as base:
+        yield base
 
 
 def test_pass_and_fail_are_judged_from_the_answer(reader):
