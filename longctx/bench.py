@@ -269,9 +269,8 @@ class Session:
         self.starts = 0
         self.preflight_done = False
         self.client = httpx.Client()
-        prov = self.prov
-        prov.update(installed_version=self.version, api=self.api.kind,
-                    server_log=str(server_log) if adapter.managed else None, starts=0)
+        self.prov.update(installed_version=self.version, api=self.api.kind,
+                         server_log=str(server_log) if adapter.managed else None, starts=0)
 
     def up(self) -> None:
         if self.server is not None and self.server.alive():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 
 from packaging.version import InvalidVersion, Version
 
+from .api import SGLANG
 from .base import EngineAdapter, args_to_argv
 
 # (first version with the new name, old flag, new flag). 0.5.23 split --cuda-graph-max-bs; the old
@@ -59,10 +61,6 @@ class SGLangAdapter(EngineAdapter):
     managed_args = frozenset({"host", "port", "model-path"})
 
     def api(self, spec: dict):
-        from dataclasses import replace
-
-        from .api import SGLANG
-
         return replace(SGLANG, health_path="/health_generate")  # ready means able to generate
 
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
