@@ -1,5 +1,6 @@
 # Config validation (longctx.config: the schema in config/schema.yaml, defaults filled in) and
 # the helpers the rules share.
+import glob
 import re
 
 from longctx import config as lcfg
@@ -9,6 +10,8 @@ CFG = lcfg.validate(config)
 CONFIGURATIONS = sorted(CFG["configurations"])
 LENGTHS = CFG["lengths"]
 ENV = "../envs/longctx.yaml"
+# The report template includes these; an edit to one re-renders the report.
+TEMPLATE_SECTIONS = sorted(glob.glob("templates/sections/*.tex.j2"))
 
 
 wildcard_constraints:

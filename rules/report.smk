@@ -20,6 +20,7 @@ rule plot_figures:
 rule render_report:
     input:
         template="templates/longctx.tex.j2",
+        sections=TEMPLATE_SECTIONS,
         results="data/results.csv",
         fits="data/fits.json",
         provenance="data/provenance.json",
