@@ -62,6 +62,20 @@ def test_build_writes_a_manifest_whose_hash_follows_the_source(tmp_path):
 
 def test_build_refuses_a_kernel_that_disagrees(tmp_path):
     src = tmp_path / "paged_mla_decode.py"
-    src.write_text(SOURCE.read_text().replace("sm_scale, dim=-1", "sm_scale * 1.1, dim=-1"))
+    edited = SOURCE.read_text().replace("* sm_scale  # [n_q", "* sm_scale * 1.1  # [n_q")
+    assert edited != SOURCE.read_text()
+    src.write_text(edited)
     with pytest.raises(SystemExit, match="disagrees with the dense reference"):
         kernels.build("k", "torch", [str(src)], tmp_path / "out")
+
+
+def test_verify_variant_equals_dense_causal_attention_over_the_new_tokens():
+    verify = kernels.load_module(SOURCE).paged_mla_verify
+    assert kernels.check_attention(verify)["max_rel_error"] < 1e-5
+    # a verify that lets every query see every cell (no causal mask among the new tokens) is caught
+    def sees_the_future(q, pool, table, lens, page_size, lat, scale, out=None):
+        for j in range(q.shape[1]):
+            out[:, j] = verify(q[:, j : j + 1], pool, table, lens, page_size, lat, scale)[:, 0]
+        return out
+
+    assert kernels.check_attention(sees_the_future)["max_rel_error"] > 1e-2

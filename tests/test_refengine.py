@@ -17,7 +17,7 @@ from longctx.refengine.scheduler import Req, Scheduler
 
 from .conftest import ROOT, TINY_ARCH
 
-KERNEL = kernels.load_module(ROOT / "kernels" / "reference" / "paged_mla_decode.py").paged_mla_decode
+KERNEL = kernels.load_kernel(ROOT / "kernels" / "reference")
 CFG = ModelConfig.from_overrides(TINY_ARCH)
 MODEL = MLAModel(CFG, seed=0)
 

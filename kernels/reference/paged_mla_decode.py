@@ -12,6 +12,10 @@ Shapes (one layer):
     seq_lens   [batch] int64              tokens in the KV cache per request
     out        [batch, heads, kv_lora_rank]
 
+paged_mla_verify is the speculative-decoding variant: q [batch, n_q, heads, dim] holds the n_q
+newest tokens of each request (their cells already in the cache, counted in seq_lens); query j
+sees cells 0 .. seq_len - n_q + j. out is [batch, n_q, heads, kv_lora_rank].
+
 A request whose pages form one run (a fresh pool, or after KV defragmentation) is read in
 place; scattered pages are gathered first. Both give the same values in the same order.
 """
@@ -21,6 +25,14 @@ from __future__ import annotations
 import torch
 
 KERNEL_NAME = "paged_mla_decode_torch"
+
+
+def _cells(pages: torch.Tensor, ids: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """The request's n cells in token order: read in place when its pages form one run, else gathered."""
+    first = int(ids[0])
+    if ids.numel() == 1 or bool((ids[1:] - ids[:-1] == 1).all()):
+        return pages[first : first + ids.numel()].view(-1, dim)[:n]
+    return pages.index_select(0, ids).view(-1, dim)[:n]
 
 
 def paged_mla_decode(
@@ -33,21 +45,35 @@ def paged_mla_decode(
     sm_scale: float,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    batch, heads, dim = q.shape
+    """One query token per request: q [batch, heads, dim] -> [batch, heads, kv_lora_rank]."""
+    if out is None:
+        out = torch.empty(*q.shape[:2], kv_lora_rank, dtype=q.dtype, device=q.device)
+    paged_mla_verify(q[:, None], kv_pool, page_table, seq_lens, page_size, kv_lora_rank, sm_scale, out=out[:, None])
+    return out
+
+
+def paged_mla_verify(
+    q: torch.Tensor,
+    kv_pool: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+    kv_lora_rank: int,
+    sm_scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    batch, n_q, heads, dim = q.shape
     if kv_pool.shape[-1] != dim:
         raise ValueError(f"q has {dim} dims per head but the KV pool cells have {kv_pool.shape[-1]}")
     if out is None:
-        out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
+        out = torch.empty(batch, n_q, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     pages = kv_pool.view(-1, page_size, dim)
     for b, n in enumerate(seq_lens.tolist()):
-        n_pages = -(-n // page_size)
-        ids = page_table[b, :n_pages]
-        first = int(ids[0])
-        if n_pages == 1 or bool((ids[1:] - ids[:-1] == 1).all()):
-            kv = pages[first : first + n_pages].view(-1, dim)[:n]  # one run of pages: read in place
-        else:
-            kv = pages.index_select(0, ids).view(-1, dim)[:n]  # scattered: gather
-        scores = torch.matmul(q[b], kv.t())  # [heads, n]
-        probs = torch.softmax(scores.float() * sm_scale, dim=-1).to(kv.dtype)
+        kv = _cells(pages, page_table[b, : -(-n // page_size)], n, dim)
+        scores = torch.matmul(q[b], kv.t()).float() * sm_scale  # [n_q, heads, n]
+        if n_q > 1:  # query j sees cells [0, n - n_q + j]
+            future = torch.arange(n, device=q.device)[None, :] > (n - n_q + torch.arange(n_q, device=q.device))[:, None]
+            scores.masked_fill_(future[:, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(kv.dtype)
         out[b] = torch.matmul(probs, kv[:, :kv_lora_rank])
     return out

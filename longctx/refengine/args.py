@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 ALLOC_ORDERS = ("sequential", "random")
-ATTENTION_BACKENDS = ("torch",)
+ATTENTION_BACKENDS = ("torch", "native")
 SPECULATIVE_ALGORITHMS = ("NGRAM",)
 DEFAULT_KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "reference"
 KERNEL_MODULE = "paged_mla_decode.py"
@@ -28,8 +28,11 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--max-running-requests", type=int, default=8)
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
     p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="torch")
-    p.add_argument("--kernel-dir", default=str(DEFAULT_KERNEL_DIR), help=f"directory holding {KERNEL_MODULE}")
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="torch",
+                   help="decode attention: torch, the PyTorch kernel in --kernel-dir; native, the compiled kernel "
+                        "built into --kernel-dir (its CPU twin on a CPU, its CUDA kernel on a GPU)")
+    p.add_argument("--kernel-dir", default=str(DEFAULT_KERNEL_DIR),
+                   help=f"a kernel build (manifest.json) or a directory holding {KERNEL_MODULE}")
     p.add_argument("--kv-alloc-order", choices=ALLOC_ORDERS, default="sequential")
     p.add_argument("--enable-kv-defrag", action="store_true",
                    help="after prefill, move each request's cells into one run of pages sized for its whole output")

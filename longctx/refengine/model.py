@@ -17,7 +17,8 @@ from .attention import Workspace, mla_attention
 from .kvpool import KVPool
 from .modelconfig import ModelConfig
 
-DecodeKernel = Callable[..., torch.Tensor]
+DecodeKernel = Callable[..., torch.Tensor]  # q [batch, heads, dim] -> [batch, heads, kv_lora_rank]
+VerifyKernel = Callable[..., torch.Tensor]  # q [batch, n_q, heads, dim] -> [batch, n_q, heads, kv_lora_rank]
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -125,6 +126,24 @@ class MLAModel:
         for layer in self.layers:
             q, cells = self._qkv(layer, x, positions)
             x = self._finish_layer(layer, x, mla_attention(q, cells, 0, self.cfg.kv_lora_rank, self.cfg.sm_scale))
+        return self._logits(x)
+
+    @torch.inference_mode()
+    def verify(self, pool: KVPool, row: int, ids: torch.Tensor, start: int, kernel: VerifyKernel) -> torch.Tensor:
+        """Speculative verify of one request: tokens ids at positions start.., through the kernel's
+        verify variant (all of them query the paged cache at once); returns logits [T, vocab]."""
+        cfg = self.cfg
+        t = ids.shape[0]
+        positions = torch.arange(start, start + t, device=self.device)
+        slots = pool.slots(row, start, start + t)
+        page_table = pool.page_table([row], [start + t])
+        seq_lens = torch.tensor([start + t], dtype=torch.int64)
+        x = self.embed[ids]
+        for i, layer in enumerate(self.layers):
+            q, cells = self._qkv(layer, x, positions)
+            pool.kv[i].index_copy_(0, slots, cells)
+            o = kernel(q[None], pool.kv[i], page_table, seq_lens, pool.page_size, cfg.kv_lora_rank, cfg.sm_scale)[0]
+            x = self._finish_layer(layer, x, o)
         return self._logits(x)
 
     @torch.inference_mode()

@@ -22,7 +22,8 @@ import torch
 
 from . import tokenizer
 from .kvpool import KVPool
-from .model import DecodeKernel, MLAModel
+from ..kernels import Kernel
+from .model import MLAModel
 from .speculative import SpecConfig, ngram_drafts
 
 log = logging.getLogger("longctx.refengine")
@@ -57,7 +58,7 @@ class Req:
 
 
 class Scheduler:
-    def __init__(self, model: MLAModel, pool: KVPool, kernel: DecodeKernel, chunked_prefill_size: int,
+    def __init__(self, model: MLAModel, pool: KVPool, kernel: Kernel, chunked_prefill_size: int,
                  max_running_requests: int, spec: SpecConfig | None = None, defrag: bool = False,
                  metrics=None):
         self.model = model
@@ -162,7 +163,7 @@ class Scheduler:
                 plain.append(req)
         if plain:
             ids = torch.tensor([r.output_ids[-1] for r in plain], dtype=torch.int64, device=self.model.device)
-            logits = self.model.decode(self.pool, [r.row for r in plain], ids, [r.position() for r in plain], self.kernel)
+            logits = self.model.decode(self.pool, [r.row for r in plain], ids, [r.position() for r in plain], self.kernel.decode)
             for req, tok in zip(plain, torch.argmax(logits, dim=-1).tolist()):
                 req.verify_ct += 1
                 self._append(req, [tok])
@@ -180,7 +181,11 @@ class Scheduler:
         """One forward pass over [last token] + drafts; keep the drafts the model agrees with, plus its next token."""
         p = req.position()
         ids = torch.tensor([req.output_ids[-1], *drafts], dtype=torch.int64, device=self.model.device)
-        preds = torch.argmax(self.model.prefill_chunk(self.pool, req.row, ids, p, all_logits=True), dim=-1).tolist()
+        if self.kernel.verify is not None:
+            logits = self.model.verify(self.pool, req.row, ids, p, self.kernel.verify)
+        else:  # a kernel without a verify variant: the prefill path checks the drafts
+            logits = self.model.prefill_chunk(self.pool, req.row, ids, p, all_logits=True)
+        preds = torch.argmax(logits, dim=-1).tolist()
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == preds[accepted]:
             accepted += 1

@@ -10,7 +10,6 @@ import os
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import psutil
 import torch
@@ -21,9 +20,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from .. import __version__
-from ..kernels import load_module
+from .. import kernels
 from . import tokenizer
-from .args import KERNEL_MODULE, build_parser
+from .args import build_parser
 from .kvpool import KVPool, PoolError, PoolSizing
 from .model import MLAModel
 from .modelconfig import ModelConfig
@@ -36,11 +35,16 @@ log = logging.getLogger("longctx.refengine")
 ENGINE_NAME = "longctx-refengine"
 
 
-def load_kernel(kernel_dir: str):
-    path = Path(kernel_dir) / KERNEL_MODULE
-    if not path.is_file():
-        raise SystemExit(f"attention kernel not found: {path} (build it or pass --kernel-dir)")
-    return load_module(path).paged_mla_decode
+def load_kernel(kernel_dir: str, backend: str, device: str) -> kernels.Kernel:
+    try:
+        kernel = kernels.load_kernel(kernel_dir, device)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"attention kernel not loaded: {exc} (build it or pass --kernel-dir)") from None
+    if (backend == "native") != (kernel.target != "torch"):
+        raise SystemExit(f"--attention-backend {backend} does not match the kernel in {kernel_dir} ({kernel.name}, "
+                         f"{kernel.target}): native needs a native kernel build, torch a PyTorch kernel")
+    log.info("Attention kernel: %s (%s) from %s", kernel.name, kernel.target, kernel_dir)
+    return kernel
 
 
 def _free_memory(device: str) -> int:
@@ -87,7 +91,7 @@ class Engine:
             "KV Cache is allocated. dtype: %s, #tokens: %d, KV size: %.2f GB",
             self.cfg.torch_dtype, self.pool.num_tokens, self.pool.bytes() / 1e9,
         )
-        self.kernel = load_kernel(args.kernel_dir)
+        self.kernel = load_kernel(args.kernel_dir, args.attention_backend, args.device)
         self.spec = None
         if args.speculative_algorithm:
             if args.speculative_num_draft_tokens < 1:
