@@ -82,6 +82,10 @@ def test_two_builds_from_the_same_data_are_byte_identical(workflow, tmp_path):
     assert record["name"] == kept["name"] and kept["n"] == 1
     assert (workflow / "report" / "versions" / f"{kept['name']}.pdf").read_bytes() == built
     assert [e["n"] for e in json.loads((workflow / "report" / "versions" / "log.json").read_text())["versions"]] == [1]
+    # the PDF's date is the last measurement's, not the build's
+    info = subprocess.run(["pdfinfo", "-isodates", str(out / "longctx.pdf")], capture_output=True, text=True, check=True).stdout
+    last = max(c["last_finished_at"] for c in json.loads(data["provenance_json"].read_text())["configurations"].values())
+    assert re.search(r"CreationDate:\s+(\S+)", info)[1] == last.replace("+00:00", "Z")
 
 
 def test_the_twin_and_a_plans_results_section_carry_the_pdfs_headline_table(workflow):
