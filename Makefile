@@ -11,7 +11,7 @@ RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 .PHONY: report test setup parsers vllm tex clean
 
 report: setup tex
-	$(RUN) snakemake --cores 1 report/longctx.pdf
+	$(RUN) snakemake --cores 1
 
 test: setup parsers vllm tex
 	$(RUN) LONGCTX_REQUIRE_ENGINE_PARSERS=1 LONGCTX_VLLM_PYTHON="$(CURDIR)/$(VLLM_VENV)/bin/python" python -m pytest $(PYTEST_ARGS)

@@ -21,4 +21,7 @@ include: "rules/report.smk"
 rule all:
     input:
         "report/longctx.pdf",
+        "report/longctx.md",
+        CFG["report"]["plans"],
+        [f"report/{plan}" for plan in CFG["report"]["plans"]],
     default_target: True

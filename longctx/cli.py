@@ -57,18 +57,63 @@ def _plot(a) -> int:
     return 0
 
 
-def _render(a) -> int:
-    from .report import context, render
+def _report_config(a) -> tuple[dict | None, str | None]:
+    """The configuration (from --config-json or --configfile) and the baseline (--baseline, else the config's)."""
+    from . import config as cfg
 
-    render(a.template, a.out, context(a.results, a.fits, a.provenance, a.itl_depth))
-    print(a.out)
+    c = json.loads(a.config_json) if a.config_json else cfg.load(a.configfile) if a.configfile else None
+    return c, a.baseline or (cfg.report_baseline(c) if c else None)
+
+
+def _render(a) -> int:
+    from .report import render_report
+
+    c, baseline = _report_config(a)
+    record = render_report(a.template, a.out, a.version_out, a.results, a.fits, a.provenance, a.itl_depth,
+                           baseline=baseline, config=c, versions_dir=a.versions)
+    print(f"{a.out}: version {record['n']} ({record['name']})")
     return 0
 
 
 def _pdf(a) -> int:
     from .report import build_pdf
 
-    build_pdf(a.tex, a.out, a.provenance)
+    kept = build_pdf(a.tex, a.out, a.provenance, a.version, a.versions)
+    print(f"{a.out}" + (f", kept as {kept}" if kept else ""))
+    return 0
+
+
+def _markdown(a) -> int:
+    from .markdown import render_twin
+
+    c, baseline = _report_config(a)
+    render_twin(a.template, a.out, a.version, a.results, a.fits, a.provenance, a.itl_depth, baseline=baseline,
+                config=c, versions_dir=a.versions)
+    print(a.out)
+    return 0
+
+
+def _plan_section(a) -> int:
+    from pathlib import Path
+
+    from .markdown import plan_section
+
+    c, baseline = _report_config(a)
+    section = plan_section(a.template, a.plan, a.version, a.results, a.fits, a.provenance, a.itl_depth,
+                           baseline=baseline, config=c, versions_dir=a.versions)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(section)
+    print(a.out)
+    return 0
+
+
+def _attach_plan(a) -> int:
+    from pathlib import Path
+
+    from .plan import attach
+
+    attach(a.plan, Path(a.section).read_text())
+    print(f"{a.plan}: Results section from {a.section}")
     return 0
 
 
@@ -120,20 +165,48 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--outdir", required=True)
     s.set_defaults(func=_plot)
 
-    s = sub.add_parser("render", help="Jinja LaTeX template -> report .tex")
-    s.add_argument("--template", required=True)
-    s.add_argument("--results", required=True)
-    s.add_argument("--fits", required=True)
-    s.add_argument("--provenance", required=True)
-    s.add_argument("--itl-depth", help="data/itl_depth.csv")
+    def report_inputs(s, template_help: str) -> None:
+        s.add_argument("--template", required=True, help=template_help)
+        s.add_argument("--results", required=True)
+        s.add_argument("--fits", required=True)
+        s.add_argument("--provenance", required=True)
+        s.add_argument("--itl-depth", help="data/itl_depth.csv")
+        s.add_argument("--config-json", help="the validated configuration as JSON (what the workflow passes)")
+        s.add_argument("--configfile", help="or: a config file")
+        s.add_argument("--baseline", help="the configuration speedups are against (default: report.baseline, else the first one)")
+        s.add_argument("--versions", help="where versions are kept (default: versions/ beside the output)")
+
+    s = sub.add_parser("render", help="Jinja LaTeX template -> report .tex and its version record")
+    report_inputs(s, "templates/longctx.tex.j2")
     s.add_argument("--out", required=True)
+    s.add_argument("--version-out", required=True, help="the version record (report/version.json)")
     s.set_defaults(func=_render)
 
-    s = sub.add_parser("pdf", help="report .tex -> PDF with latexmk")
+    s = sub.add_parser("pdf", help="report .tex -> PDF with latexmk, kept as a version")
     s.add_argument("--tex", required=True)
     s.add_argument("--provenance", required=True)
+    s.add_argument("--version", help="the version record from render: keep the PDF as versions/longctx-v{N}-{hash}.pdf")
+    s.add_argument("--versions", help="where versions are kept (default: versions/ beside --out)")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_pdf)
+
+    s = sub.add_parser("markdown", help="the report's Markdown twin (report/longctx.md)")
+    report_inputs(s, "templates/longctx.md.j2")
+    s.add_argument("--version", required=True, help="the version record from render")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_markdown)
+
+    s = sub.add_parser("plan-section", help="the Results section for a plan document (Markdown)")
+    report_inputs(s, "templates/plan.md.j2")
+    s.add_argument("--version", required=True, help="the version record from render")
+    s.add_argument("--plan", required=True, help="the plan document it is for (links are relative to it)")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_plan_section)
+
+    s = sub.add_parser("attach-plan", help="insert or update the Results section of a plan document")
+    s.add_argument("--plan", required=True, help="the plan document (Markdown); everything outside the section is kept")
+    s.add_argument("--section", required=True, help="the section (from plan-section)")
+    s.set_defaults(func=_attach_plan)
 
     s = sub.add_parser("check-config", help="validate a config file and print it with defaults filled in")
     s.add_argument("configfile")
@@ -150,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"longctx: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:  # ReportError, PlanError: a message for people, not a traceback
+        if isinstance(exc.code, str):
+            print(f"longctx: {exc.code}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

@@ -79,6 +79,10 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     low, high = config["protocol"]["token_id_range"]
     if high <= low:
         raise ConfigError(f"config key 'protocol.token_id_range': high must exceed low, got {[low, high]}")
+    baseline = config["report"]["baseline"]
+    if baseline is not None and baseline not in config["configurations"]:
+        raise ConfigError(f"config key 'report.baseline': {baseline!r} is not a configuration; "
+                          f"allowed values: {', '.join(config['configurations'])}")
     for name, conf in config["configurations"].items():
         kernel = conf["kernel"]
         if kernel is not None and kernel not in config["kernels"]:
@@ -105,6 +109,11 @@ def load(path: str | Path, overrides: dict | None = None) -> dict[str, Any]:
     if overrides:
         raw.update(overrides)
     return validate(raw)
+
+
+def report_baseline(config: dict[str, Any]) -> str:
+    """The configuration the report's speedups are against: report.baseline, or the first one listed."""
+    return config["report"]["baseline"] or next(iter(config["configurations"]))
 
 
 def kernel_build_dir(kernel: str) -> str:

@@ -1,4 +1,10 @@
-"""Figures from results.csv and fits.json, as PDF (for LaTeX) and PNG (for Markdown)."""
+"""Figures from results.csv and fits.json, as PDF (for LaTeX) and PNG (for Markdown).
+
+Every figure takes its look from one style file (templates/plot.mplstyle, an input of the plot
+rule): colours that stay apart in grayscale, each configuration also told apart by line style and
+marker. Length axes are logarithmic where the lengths span a decade or more; fitted curves carry
+their confidence band (longctx.bands).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +18,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from . import bands  # noqa: E402
 from .analysis import decode_curve, medians, ok_rows, prefill_curve  # noqa: E402
 from .figures import FIGURES  # noqa: E402
+
+BAND_ALPHA = 0.15
 
 def _save(fig, outdir: Path, stem: str) -> None:
     fig.savefig(outdir / f"{stem}.pdf", metadata={"CreationDate": None, "ModDate": None})
@@ -25,6 +34,25 @@ def _styles(names):
     cycle = plt.rcParams["axes.prop_cycle"].by_key()
     n = len(cycle["color"])
     return {name: {k: v[i % n] for k, v in cycle.items()} for i, name in enumerate(names)}
+
+
+def spans_decades(lengths) -> bool:
+    """Lengths from smallest to largest cover a factor of ten or more: a log axis shows them evenly."""
+    L = np.asarray([x for x in lengths if x and x > 0], float)
+    return len(L) > 1 and L.max() / L.min() >= 10
+
+
+def _length_axis(ax, lengths) -> None:
+    if spans_decades(lengths):
+        ax.set_xscale("log")
+    else:
+        ax.set_xlim(left=0)
+
+
+def _shade(ax, x, band, style) -> None:
+    if band is not None:
+        lo, hi = band
+        ax.fill_between(x, lo, hi, color=style["color"], alpha=BAND_ALPHA, linewidth=0)
 
 
 def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, outdir: str | Path,
@@ -49,19 +77,36 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
         m = med[(med["configuration"] == name) & med["ttft_s"].notna()]
         ax.plot(m["length"], m["ttft_s"], linestyle="none", marker=s["marker"], color=s["color"], label=f"{name} (median)")
         if "prefill" in fits.get(name, {}):
-            ax.plot(lengths, prefill_curve(fits[name]["prefill"], lengths), color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
-    ax.set(xscale="log", yscale="log", xlabel="prompt length L (tokens)", ylabel="TTFT (s)", title="Prefill: time to first token")
+            fit = fits[name]["prefill"]
+            _shade(ax, lengths, bands.band("prefill", fit, lengths, pts["length"], pts["ttft_s"]), s)
+            ax.plot(lengths, prefill_curve(fit, lengths), color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
+    ax.set(yscale="log", xlabel="prompt length L (tokens)", ylabel="TTFT (s)", title="Prefill: time to first token")
+    _length_axis(ax, df["length"])
     ax.legend()
     _save(fig, outdir, "ttft")
 
-    # decode rate against L
+    # decode rate against L: medians, and 1/t(L) from the decode fit with its band
     fig, ax = plt.subplots()
+    top = 0.0
     for name in names:
         s = sty[name]
         m = med[(med["configuration"] == name) & med["decode_tok_s"].notna()]
-        ax.plot(m["length"], m["decode_tok_s"], color=s["color"], linestyle=s["linestyle"], marker=s["marker"], label=name)
-    ax.set(xscale="log", xlabel="context length L (tokens)", ylabel="decode (tokens/s)", title="Decode rate (one request)")
-    ax.set_ylim(bottom=0)
+        top = max(top, float(m["decode_tok_s"].max()) if len(m) else 0.0)
+        fit = fits.get(name, {}).get("decode")
+        if fit:
+            pts = ok[(ok["configuration"] == name) & ok["tpot_s"].notna()]
+            step = decode_curve(fit, lengths)
+            band = bands.band("decode", fit, lengths, pts["length"], pts["tpot_s"])
+            if band is not None:  # rate = 1 / step time; a step-time bound at or below 0 leaves the rate unbounded
+                band = (1 / np.maximum(band[1], 1e-300), np.where(band[0] > 0, 1 / np.maximum(band[0], 1e-300), 1e300))
+            _shade(ax, lengths, band, s)
+            if (step > 0).all():
+                ax.plot(lengths, 1 / step, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
+                top = max(top, float((1 / step).max()))
+        ax.plot(m["length"], m["decode_tok_s"], linestyle="none", marker=s["marker"], color=s["color"], label=f"{name} (median)")
+    ax.set(xlabel="context length L (tokens)", ylabel="decode (tokens/s)", title="Decode rate (one request)")
+    _length_axis(ax, df["length"])
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
     ax.legend()
     _save(fig, outdir, "decode_rate")
 
@@ -72,10 +117,13 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
         pts = ok[(ok["configuration"] == name) & ok["tpot_s"].notna()]
         ax.plot(pts["length"], pts["tpot_s"] * 1e3, linestyle="none", marker=s["marker"], color=s["color"], alpha=0.5, label=f"{name}")
         if "decode" in fits.get(name, {}):
-            lin = np.linspace(0, df["length"].max(), 50)
-            ax.plot(lin, decode_curve(fits[name]["decode"], lin) * 1e3, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
+            fit = fits[name]["decode"]
+            grid = lengths if spans_decades(df["length"]) else np.linspace(0, df["length"].max(), 50)
+            band = bands.band("decode", fit, grid, pts["length"], pts["tpot_s"])
+            _shade(ax, grid, None if band is None else (band[0] * 1e3, band[1] * 1e3), s)
+            ax.plot(grid, decode_curve(fit, grid) * 1e3, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
     ax.set(xlabel="context length L (tokens)", ylabel="time per output token (ms)", title="Decode step time")
-    ax.set_xlim(left=0)
+    _length_axis(ax, df["length"])
     ax.set_ylim(bottom=0)
     ax.legend()
     _save(fig, outdir, "step_time")
@@ -92,8 +140,9 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
         ax.text(0.5, 0.5, "no speculative configuration", transform=ax.transAxes, ha="center", va="center")
     else:
         ax.legend()
-    ax.set(xscale="log", xlabel="context length L (tokens)", ylabel="tokens per verify step",
+    ax.set(xlabel="context length L (tokens)", ylabel="tokens per verify step",
            title="Speculative decoding: acceptance length")
+    _length_axis(ax, df["length"])
     ax.set_ylim(bottom=0)
     _save(fig, outdir, "acceptance")
 

@@ -1,6 +1,8 @@
 # Config validation (longctx.config: the schema in config/schema.yaml, defaults filled in) and
 # the helpers the rules share.
 import glob
+import json
+import os
 import re
 
 from longctx import config as lcfg
@@ -12,11 +14,19 @@ LENGTHS = CFG["lengths"]
 ENV = "../envs/longctx.yaml"
 # The report template includes these; an edit to one re-renders the report.
 TEMPLATE_SECTIONS = sorted(glob.glob("templates/sections/*.tex.j2"))
+# Every file under templates/ (LaTeX, Markdown, the plot style) is part of a report version's hash,
+# so each is an input of render_report: an edit makes a new version.
+TEMPLATES = sorted(p for p in glob.glob("templates/**", recursive=True) if os.path.isfile(p))
+MARKDOWN_PARTIALS = sorted(glob.glob("templates/markdown/*.md.j2"))
+BASELINE = lcfg.report_baseline(CFG)
+# What the report prints as its configuration (and hashes into its version).
+REPORT_CONFIG = json.dumps(CFG)  # in the config file's order
 
 
 wildcard_constraints:
     configuration="|".join(re.escape(c) for c in CONFIGURATIONS),
     kernel="|".join(re.escape(k) for k in CFG["kernels"]) or "(?!)",
+    plan="[A-Za-z0-9][A-Za-z0-9_.-]*",
 
 
 ITL_DEPTH = bool(CFG["protocol"]["itl_depth"]["length"])

@@ -28,7 +28,7 @@ def test_default_config_validates_with_defaults_filled_in():
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (lambda c: c.update(protocl={}), "'protocl' is unknown; allowed keys: configurations, kernels, lengths, model, protocol, server"),
+    (lambda c: c.update(protocl={}), "'protocl' is unknown; allowed keys: configurations, kernels, lengths, model, protocol, report, server"),
     (lambda c: c.update(protocol={"trails": 2}), "'protocol.trails' is unknown; allowed keys: concurrency, flush_cache, itl_depth, needle, output_tokens,"),
     (lambda c: c["configurations"]["a"].update(engine="sglangx"), "'configurations.a.engine': 'sglangx' is not allowed; allowed values: reference"),
     (lambda c: c["configurations"]["a"]["args"].update({"page-sise": 4}), "'configurations.a.args.page-sise' is not a reference flag; allowed keys: attention-backend,"),
@@ -36,6 +36,8 @@ def test_default_config_validates_with_defaults_filled_in():
     (lambda c: c["configurations"]["a"]["args"].update({"port": 1}), "'configurations.a.args.port' is set by longctx itself"),
     (lambda c: c["configurations"]["a"].update(kernel="nope"), "'configurations.a.kernel': 'nope' is not a key of 'kernels'"),
     (lambda c: c.update(lengths=[128, 64]), "'lengths': must be strictly increasing"),
+    (lambda c: c.update(report={"baseline": "b"}), "'report.baseline': 'b' is not a configuration; allowed values: a"),
+    (lambda c: c.update(report={"plans": ["notes/x.md"]}), "'report.plans.0': 'notes/x.md' does not match"),
     (lambda c: c.update(protocol={"trials": 0}), "'protocol.trials': 0 is less than the minimum of 1"),
     (lambda c: c["model"].update(architecture={"torch_dtype": "int8"}) if "model" in c else c.update(model={"architecture": {"torch_dtype": "int8"}}),
      "'model.architecture.torch_dtype': 'int8' is not allowed; allowed values: float32, bfloat16, float16"),

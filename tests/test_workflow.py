@@ -1,5 +1,6 @@
 """The whole workflow, on a tiny config in a temp directory: real Snakemake, real engine, real TeX."""
 
+import json
 import os
 import re
 import shutil
@@ -10,9 +11,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from longctx.report import FORMATS
+from longctx import config as lcfg
+from longctx import plan, report
+from longctx.formats import display
 
 from .conftest import ROOT, TINY, copy_workflow
+from .test_report import md_rows, pdftotext
 
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -37,36 +41,84 @@ def planned_jobs(cwd) -> dict[str, int]:
 def workflow(tmp_path_factory):
     work = copy_workflow(tmp_path_factory.mktemp("wf"))
     shutil.copy(TINY, work / "tiny.yaml")
-    snakemake(work, "--cores", "1", "report/longctx.pdf", "--configfile", "tiny.yaml")
+    snakemake(work, "--cores", "1", "--configfile", "tiny.yaml")  # the default target: the PDF and its twin
     return work
 
 
 def test_pdf_holds_the_medians_of_results_csv(workflow):
-    text = subprocess.run(["pdftotext", "-layout", str(workflow / "report" / "longctx.pdf"), "-"],
-                          capture_output=True, text=True, check=True).stdout
+    text = pdftotext(workflow / "report" / "longctx.pdf")
     rows = {tuple(line.split()) for line in text.splitlines()}
     df = pd.read_csv(workflow / "data" / "results.csv")
     assert len(df) == 3 * 4 * (2 + 2 * 2) and (df["status"] == "ok").all()  # 2 single trials, 2 batches of 2
     df = df[df["concurrency"] == 1]
     for (configuration, length), g in df.groupby(["configuration", "length"]):
-        expected = (configuration, str(length), FORMATS["ttft_ms"](g["ttft_s"].median()),
-                    FORMATS["tpot_ms"](g["tpot_s"].median()), FORMATS["decode_tok_s"](g["decode_tok_s"].median()),
-                    f"{len(g)}/{len(g)}")
+        expected = (configuration, display(length, "int"), display(g["ttft_s"].median(), "ttft_ms"),
+                    display(g["tpot_s"].median(), "tpot_ms"), display(g["decode_tok_s"].median(), "decode_tok_s"),
+                    display(g["e2e_s"].median(), "e2e_s"), f"{len(g)}/{len(g)}")
         assert expected in rows, f"row {expected} not in the PDF"
-    assert "Provenance" in text and "page1" in text
+    assert "Hardware and software" in text and "page1" in text
     assert re.search(r"page16\s+512\s+not applicable", text)  # the needle probe on random weights
     spec = df[df["configuration"] == "page16-ngram"]
     for length, g in spec.groupby("length"):
-        expected = ("page16-ngram", str(length), FORMATS["accept_length"](g["spec_accept_length"].median()),
-                    FORMATS["accept_rate"](g["spec_accept_rate"].median()).replace("%", ""))
-        assert any(r[:3] == expected[:3] for r in rows), f"acceptance row {expected} not in the PDF"
+        expected = ("page16-ngram", str(length), display(g["spec_accept_length"].median(), "accept_length"),
+                    display(g["spec_accept_rate"].median(), "accept_rate"))
+        assert expected in rows, f"acceptance row {expected} not in the PDF"
     assert df[df["configuration"] == "page1"]["spec_accept_length"].isna().all()
+
+
+def test_two_builds_from_the_same_data_are_byte_identical(workflow, tmp_path):
+    """The workflow's PDF, and one built again from its data in another directory: the same bytes."""
+    out = tmp_path / "report"
+    shutil.copytree(workflow / "report" / "figures", out / "figures")
+    data = {k: workflow / "data" / f for k, f in (("results_csv", "results.csv"), ("fits_json", "fits.json"),
+                                                   ("provenance_json", "provenance.json"), ("itl_depth_csv", "itl_depth.csv"))}
+    cfg = lcfg.load(workflow / "tiny.yaml")
+    record = report.render_report(workflow / "templates" / "longctx.tex.j2", out / "longctx.tex", out / "version.json",
+                                  **data, baseline=lcfg.report_baseline(cfg), config=cfg)
+    report.build_pdf(out / "longctx.tex", out / "longctx.pdf", data["provenance_json"], out / "version.json")
+    built = (workflow / "report" / "longctx.pdf").read_bytes()
+    assert (out / "longctx.pdf").read_bytes() == built
+    kept = json.loads((workflow / "report" / "version.json").read_text())
+    assert record["name"] == kept["name"] and kept["n"] == 1
+    assert (workflow / "report" / "versions" / f"{kept['name']}.pdf").read_bytes() == built
+    assert [e["n"] for e in json.loads((workflow / "report" / "versions" / "log.json").read_text())["versions"]] == [1]
+    # the PDF's date is the last measurement's, not the build's
+    info = subprocess.run(["pdfinfo", "-isodates", str(out / "longctx.pdf")], capture_output=True, text=True, check=True).stdout
+    last = max(c["last_finished_at"] for c in json.loads(data["provenance_json"].read_text())["configurations"].values())
+    assert re.search(r"CreationDate:\s+(\S+)", info)[1] == last.replace("+00:00", "Z")
+
+
+def test_the_twin_and_a_plans_results_section_carry_the_pdfs_headline_table(workflow):
+    text = pdftotext(workflow / "report" / "longctx.pdf")
+    pdf_rows = {tuple(line.split()) for line in text.splitlines()}
+    twin = md_rows((workflow / "report" / "longctx.md").read_text(), "configuration | L (tokens) | TTFT (ms) | decode (tok/s)")
+    assert [r[0] for r in twin] == ["page1"] * 4 + ["page16"] * 4 + ["page16-ngram"] * 4  # the baseline first
+    assert all(tuple(r) in pdf_rows for r in twin), "a headline row of the twin is not in the PDF"
+    assert all(r[4:] == ["1.00", "1.00"] for r in twin[:4])  # page1 is the baseline: speedup 1
+    plan_path = workflow / "plans" / "kernel.md"
+    plan_path.parent.mkdir(exist_ok=True)
+    before = b"# Kernel plan\n\n1. Defragment the KV cache.\n2. CUDA graphs.\n"
+    plan_path.write_bytes(before)
+    snakemake(workflow, "--cores", "1", "-f", "plans/kernel.md", "--configfile", "tiny.yaml")
+    after = plan_path.read_bytes()
+    assert after.startswith(before + b"\n" + plan.BEGIN.encode()) and after.endswith(plan.END.encode() + b"\n")
+    section = after.decode()
+    assert md_rows(section, "configuration | L (tokens) | TTFT (ms) | decode (tok/s)") == twin
+    kept = json.loads((workflow / "report" / "version.json").read_text())
+    assert f"](../report/versions/{kept['name']}.pdf)" in section
+    assert (workflow / "plans" / f"../report/versions/{kept['name']}.pdf").is_file()
+    # edits outside the section are kept; running again replaces only the section
+    edited = after.replace(b"2. CUDA graphs.", b"2. CUDA graphs (edited).") + b"\n## Later\n"
+    plan_path.write_bytes(edited.replace(b"| page1 | 64 |", b"| stale | 64 |"))
+    snakemake(workflow, "--cores", "1", "-f", "plans/kernel.md", "--configfile", "tiny.yaml")
+    assert plan_path.read_bytes() == edited
 
 
 def test_every_stage_left_its_outputs_and_logs(workflow):
     for path in ("build/kernels/paged_mla_decode_torch/manifest.json", "data/raw/page16/512.json",
                  "data/fits.json", "data/provenance.json", "report/figures/ttft.png", "report/longctx.tex",
-                 "data/logs/bench/page1.log", "data/logs/server/page16.log", "data/logs/build_pdf.log"):
+                 "report/version.json", "report/longctx.md", "data/logs/bench/page1.log", "data/logs/server/page16.log",
+                 "data/logs/build_pdf.log", "data/logs/render_markdown.log"):
         assert (workflow / path).is_file(), path
 
 
@@ -82,6 +134,18 @@ def test_template_edit_rerenders_without_measuring(workflow):
         assert planned_jobs(workflow) == {"render_report": 1, "build_pdf": 1}
     finally:
         template.write_text(original)
+
+
+def test_plans_named_in_the_config_are_attached_by_the_default_target(workflow):
+    """A plan written after the report (newer than it) and named in report.plans: attached at once."""
+    (workflow / "plans").mkdir(exist_ok=True)
+    (workflow / "plans" / "named.md").write_text("# A plan\n")
+    config = (workflow / "tiny.yaml").read_text() + "report: {plans: [plans/named.md]}\n"
+    (workflow / "tiny-plans.yaml").write_text(config)
+    out = snakemake(workflow, "-n", "--configfile", "tiny-plans.yaml")
+    jobs = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", out.split("Job stats:")[-1], re.M)}
+    assert jobs.get("render_plan_section") == 1 and jobs.get("attach_plan") == 1, out[-3000:]
+    assert "bench_configuration" not in jobs
 
 
 def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream(workflow):
@@ -117,8 +181,7 @@ def test_itl_against_depth_is_measured_plotted_and_reported(workflow):
     plain = df[df["configuration"] == "page1"]
     assert list(plain["depth"]) == list(range(301, 301 + 59)) and (plain["itl_s"] > 0).all()
     assert (workflow / "report" / "figures" / "itl_depth.png").is_file()
-    text = subprocess.run(["pdftotext", "-layout", str(workflow / "report" / "longctx.pdf"), "-"],
-                          capture_output=True, text=True, check=True).stdout
+    text = pdftotext(workflow / "report" / "longctx.pdf")
     assert "Inter-token latency against KV depth" in text
     assert re.search(r"page1\s+301\s+359\s", text)
 
@@ -128,7 +191,6 @@ def test_batches_of_concurrent_requests_are_measured_and_reported(workflow):
     batch = df[(df["configuration"] == "page1") & (df["length"] == 512) & (df["concurrency"] == 2)]
     assert sorted(zip(batch["trial"], batch["request"])) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert (batch["prompt_tokens"] == 512).all() and batch["batch_output_tok_s"].notna().all()
-    text = subprocess.run(["pdftotext", "-layout", str(workflow / "report" / "longctx.pdf"), "-"],
-                          capture_output=True, text=True, check=True).stdout
-    expected = f"{batch['ttft_s'].median() * 1e3:.1f}"
+    text = pdftotext(workflow / "report" / "longctx.pdf")
+    expected = display(batch["ttft_s"].median(), "ttft_ms")
     assert re.search(rf"page1\s+512\s+2\s+4\s+{re.escape(expected)}\s", text), expected

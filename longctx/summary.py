@@ -1,0 +1,61 @@
+"""The headline table: per configuration and length, median TTFT and decode rate, and the speedup
+of each against the baseline configuration at the same length.
+
+`headline` is the one source of that table for the PDF, the Markdown twin and a plan's Results
+section; each renders the same rows and columns, only the markup differs.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .formats import is_number
+
+# (key, header, kind): the table's columns, in order, with the format kind of each (longctx.formats).
+COLUMNS = (
+    ("configuration", "configuration", None),
+    ("length", "L (tokens)", "int"),
+    ("ttft_s", "TTFT (ms)", "ttft_ms"),
+    ("decode_tok_s", "decode (tok/s)", "decode_tok_s"),
+    ("ttft_speedup", "TTFT speedup (×)", "speedup"),
+    ("decode_speedup", "decode speedup (×)", "speedup"),
+)
+
+
+def choose_baseline(names: list[str], wanted: str | None) -> str | None:
+    """The configuration others are compared with: `wanted` when the data has it, else the first name."""
+    if wanted in names:
+        return wanted
+    return names[0] if names else None
+
+
+def headline(med: pd.DataFrame, baseline: str | None, names: list[str] | None = None) -> dict:
+    """Rows of the headline table from the per-length medians (longctx.analysis.medians).
+
+    TTFT speedup is the baseline's TTFT over this configuration's (above 1: faster prefill); decode
+    speedup is this configuration's decode rate over the baseline's, at the same length. A length
+    the baseline did not measure has no speedup. The baseline's rows come first, then the others
+    in `names` order (default: sorted)."""
+    names = list(names) if names is not None else sorted(med["configuration"].unique())
+    base = choose_baseline(names, baseline)
+    order = ([base] if base else []) + [n for n in names if n != base]
+    ref = med[med["configuration"] == base].set_index("length") if base else pd.DataFrame()
+    rows = []
+    for name in order:
+        for r in med[med["configuration"] == name].sort_values("length").to_dict("records"):
+            b = ref.loc[r["length"]] if r["length"] in ref.index else None
+            ttft, rate = r.get("ttft_s"), r.get("decode_tok_s")
+            rows.append({
+                "configuration": name,
+                "length": int(r["length"]),
+                "ttft_s": ttft if is_number(ttft) else None,
+                "decode_tok_s": rate if is_number(rate) else None,
+                "ttft_speedup": _ratio(b["ttft_s"], ttft) if b is not None else None,
+                "decode_speedup": _ratio(rate, b["decode_tok_s"]) if b is not None else None,
+                "is_baseline": name == base,
+            })
+    return {"baseline": base, "requested_baseline": baseline, "columns": [list(c) for c in COLUMNS], "rows": rows}
+
+
+def _ratio(num, den) -> float | None:
+    return float(num) / float(den) if is_number(num) and is_number(den) and float(den) > 0 else None

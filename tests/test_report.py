@@ -1,0 +1,244 @@
+"""The report without the workflow: headline table, versions, plan attachment, bands, template errors,
+and one real PDF (matplotlib, Jinja, latexmk) and its Markdown twin from synthetic data."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shutil
+import subprocess
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+
+from longctx import bands, markdown, plan, report, versions
+from longctx.analysis import fit_prefill, medians
+from longctx.formats import display, group
+from longctx.plots import _length_axis, plot_all, spans_decades
+
+from .conftest import ROOT
+from .report_data import LAWS, NASTY, config, write_data
+
+TEMPLATES = ROOT / "templates"
+LENGTHS = (1000, 4000, 16000, 64000)
+
+
+def pdftotext(pdf) -> str:
+    return subprocess.run(["pdftotext", "-layout", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
+
+
+def md_rows(text: str, first_header: str) -> list[list[str]]:
+    """The body rows of the Markdown table whose header starts with first_header, cells unescaped."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+        rows.append([re.sub(r"\\(.)", r"\1", c.strip()) for c in cells])
+    return rows
+
+
+def test_numbers_group_as_siunitx_does():
+    assert [group(s) for s in ("1234.5", "-12345", "+1234.0", "123", "1.23e-05", "1000000")] == [
+        "1,234.5", "-12,345", "+1,234.0", "123", "1.23e-05", "1,000,000"]
+    assert display(2.9405, "ttft_ms") == "2,940.5" and display(None, "ttft_ms") == "--"
+    assert display(float("nan"), "speedup") == "--" and display(float("inf"), "speedup") == "--"
+
+
+def test_headline_speedups_are_against_the_baseline(tmp_path):
+    paths = write_data(tmp_path)
+    med = medians(pd.read_csv(paths["results_csv"])).set_index(["configuration", "length"])
+    h = report.context(**paths, baseline="base", config=config())["headline"]
+    assert h["baseline"] == "base" and [r["configuration"] for r in h["rows"]][:len(LENGTHS)] == ["base"] * len(LENGTHS)
+    rows = {(r["configuration"], r["length"]): r for r in h["rows"]}
+    for L in LENGTHS:
+        base, fast = med.loc[("base", L)], med.loc[("fast_kv", L)]
+        assert rows[("base", L)]["ttft_speedup"] == 1 and rows[("base", L)]["decode_speedup"] == 1
+        assert rows[("fast_kv", L)]["ttft_speedup"] == pytest.approx(base["ttft_s"] / fast["ttft_s"])
+        assert rows[("fast_kv", L)]["decode_speedup"] == pytest.approx(fast["decode_tok_s"] / base["decode_tok_s"])
+    (_, _, _, t0, beta), (*_, beta_fast) = LAWS["base"], LAWS["fast_kv"]
+    assert rows[("fast_kv", 64000)]["decode_speedup"] == pytest.approx((t0 + beta * 64000) / (t0 + beta_fast * 64000), rel=0.05)
+    # without report.baseline: the first configuration listed in the config
+    h = report.context(**paths, config=config(("fast_kv", "base")))["headline"]
+    assert h["baseline"] == "fast_kv" and h["rows"][0]["configuration"] == "fast_kv"
+
+
+def _build_version(tmp_path, paths, vdir, templates=TEMPLATES):
+    ctx = report.context(**paths, config=config(), template_dir=templates)
+    record = report.version_of(ctx, list(paths.values()), templates, vdir, config())
+    pdf = tmp_path / "fake.pdf"
+    pdf.write_bytes(b"%PDF-1.5 " + record["hash"].encode())  # register copies any file; the PDF itself is tested below
+    versions.register(vdir, record, pdf)
+    return record, ctx
+
+
+def test_versions_count_up_a_rebuild_is_the_same_version_and_the_previous_is_compared(tmp_path):
+    vdir = tmp_path / "versions"
+    d1, d2 = write_data(tmp_path / "d1"), write_data(tmp_path / "d2", scale=0.5)
+    r1, _ = _build_version(tmp_path, d1, vdir)
+    assert (r1["n"], r1["previous"]) == (1, None) and re.fullmatch(r"longctx-v1-[0-9a-f]{12}", r1["name"])
+    assert _build_version(tmp_path, d1, vdir)[0]["name"] == r1["name"]  # same inputs, same version
+    r2, ctx2 = _build_version(tmp_path, d2, vdir)
+    assert r2["n"] == 2 and r2["previous"]["hash"] == r1["hash"]
+    assert [e["n"] for e in versions.read_log(vdir)] == [1, 2]
+    assert (vdir / f"{r1['name']}.pdf").read_bytes().endswith(r1["hash"].encode())
+    cmp = versions.comparison(vdir, r2["previous"], ctx2["snapshot"])
+    row = next(r for r in cmp["rows"] if (r["configuration"], r["length"]) == ("base", 64000))
+    assert row["ttft_ratio"] == pytest.approx(0.5) and row["decode_ratio"] == pytest.approx(2.0)  # same noise, half the time
+    assert row["ttft_diff_s"] == pytest.approx(row["ttft_now_s"] - row["ttft_before_s"])
+    assert len(cmp["rows"]) == len(LAWS) * len(LENGTHS) and not cmp["only_now"] and not cmp["only_before"]
+    # a template edit is a new version as well
+    edited = tmp_path / "templates"
+    shutil.copytree(TEMPLATES, edited)
+    (edited / "sections" / "failures.tex.j2").write_text((edited / "sections" / "failures.tex.j2").read_text() + "%# edit\n")
+    assert _build_version(tmp_path, d2, vdir, edited)[0]["n"] == 3
+
+
+PLAN = "# Kernel plan\r\n\r\nStep 1 \u2014 defragment the KV cache.\r\n\r\n## Notes\r\nkeep \xff this".encode("utf-8", "surrogateescape")
+
+
+def test_plan_section_is_inserted_then_only_it_is_replaced(tmp_path):
+    p = tmp_path / "plan.md"
+    p.write_bytes(PLAN)
+    plan.attach(p, "## Results\n\nv1 table\n")
+    first = p.read_bytes()
+    assert first.startswith(PLAN) and first.count(plan.BEGIN.encode()) == 1
+    assert b"\r\n## Results\r\n\r\nv1 table\r\n" + plan.END.encode() in first  # the plan's own line endings
+    edited = first + b"\r\n## Written after the results\r\nkeep this too\r\n"
+    p.write_bytes(edited)
+    plan.attach(p, "## Results\n\nv2 table\n")
+    assert p.read_bytes() == edited.replace(b"v1 table", b"v2 table")
+    plan.attach(p, "## Results\n\nv2 table\n")
+    assert p.read_bytes() == edited.replace(b"v1 table", b"v2 table")
+    p.write_text(f"# P\n\n{plan.BEGIN}\nhalf a section\n")
+    with pytest.raises(plan.PlanError, match=r"plan\.md line 3: .*without its end marker"):
+        plan.attach(p, "x")
+    new = tmp_path / "new" / "plan.md"
+    plan.attach(new, "## Results\n")
+    assert new.read_text().startswith("# plan\n\n" + plan.BEGIN)
+
+
+def test_covariance_band_covers_the_true_curve_at_its_rate():
+    rng = np.random.default_rng(1)
+    L = np.repeat(np.geomspace(1e3, 1.3e5, 8), 3)
+    true = {"a_s": 0.05, "b_s_per_token": 3e-5, "c_s_per_token2": 5e-10}
+    grid = np.array([2e3, 3.2e4, 1.3e5])
+    covered = []
+    for _ in range(300):
+        y = bands.curve("prefill", true, L) * (1 + rng.normal(0, 0.05, len(L)))
+        lo, hi = bands.band("prefill", fit_prefill(L, y), grid, L, y)
+        covered.append((lo <= bands.curve("prefill", true, grid)) & (bands.curve("prefill", true, grid) <= hi))
+    rate = np.mean(covered, axis=0)
+    assert ((rate > 0.88) & (rate < 0.995)).all(), rate
+
+
+def test_band_uses_the_intervals_fits_json_offers():
+    fit = {"a_s": 1.0, "b_s_per_token": 0.0, "c_s_per_token2": 0.0}
+    grid = np.array([10.0, 100.0])
+    ci = {"a_s": [0.9, 1.1], "b_s_per_token": [0, 0.01], "c_s_per_token2": [0, 0]}
+    lo, hi = bands.band("prefill", {**fit, "ci": ci}, grid)
+    assert lo == pytest.approx([0.9, 0.9]) and hi == pytest.approx([1.2, 2.1])
+    lo, hi = bands.band("prefill", {**fit, "band": {"lengths": [10, 1000], "lower": [0.5, 2.5], "upper": [1, 3]}}, grid)
+    assert lo == pytest.approx([0.5, 1.5]) and hi == pytest.approx([1, 2])
+    samples = [{**fit, "a_s": a} for a in np.linspace(0, 2, 41)]
+    lo, hi = bands.band("prefill", {**fit, "bootstrap": {"samples": samples}}, grid)
+    assert lo == pytest.approx([0.05, 0.05]) and hi == pytest.approx([1.95, 1.95])
+    assert bands.source("prefill", {**fit, "ci": ci}) == "intervals" and bands.source("prefill", fit) == "covariance"
+    assert bands.band("prefill", fit, grid) is None  # no intervals and no data: no band
+
+
+def test_plot_style_reads_in_grayscale_and_lengths_over_decades_get_log_axes():
+    rc = matplotlib.rc_params_from_file(str(TEMPLATES / "plot.mplstyle"), use_default_template=False)
+    cycle = rc["axes.prop_cycle"].by_key()
+    pairs = list(zip(cycle["linestyle"], cycle["marker"]))
+    assert len(set(pairs)) == len(pairs)  # each configuration told apart without colour
+    gray = [np.dot(matplotlib.colors.to_rgb(c), [0.299, 0.587, 0.114]) for c in cycle["color"][:4]]
+    assert min(abs(a - b) for a, b in itertools.combinations(gray, 2)) >= 0.12, gray
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2)
+    _length_axis(a, [1000, 185000])
+    _length_axis(b, [64, 512])
+    assert (a.get_xscale(), b.get_xscale()) == ("log", "linear") and spans_decades([1, 10]) and not spans_decades([2, 19])
+    plt.close(fig)
+
+
+def _break(tmp_path, section: str, line: int, text: str):
+    t = tmp_path / "templates"
+    shutil.copytree(TEMPLATES, t)
+    path = t / "sections" / section
+    lines = path.read_text().splitlines()
+    lines.insert(line - 1, text)
+    path.write_text("\n".join(lines) + "\n")
+    return t
+
+
+@pytest.mark.parametrize("text, what", [(r"\BLOCK{if}", "Expected an expression"),
+                                        (r"\VAR{no_such_value}", "'no_such_value' is undefined")])
+def test_a_broken_template_fails_naming_the_template_and_line(tmp_path, text, what):
+    paths = write_data(tmp_path / "data")
+    t = _break(tmp_path, "prefill.tex.j2", 4, text)
+    with pytest.raises(report.ReportError) as err:
+        report.render_report(t / "longctx.tex.j2", tmp_path / "r" / "longctx.tex", tmp_path / "r" / "version.json",
+                             **paths, config=config())
+    assert "sections/prefill.tex.j2 line 4:" in str(err.value) and what in str(err.value)
+
+
+def test_latex_error_is_traced_to_the_template_line(tmp_path):
+    paths = write_data(tmp_path / "data")
+    t = _break(tmp_path, "summary.tex.j2", 2, r"Measured \nosuchmacro{} here.")
+    out = tmp_path / "r"
+    report.render_report(t / "longctx.tex.j2", out / "longctx.tex", out / "version.json", **paths, config=config())
+    with pytest.raises(report.ReportError) as err:
+        report.build_pdf(out / "longctx.tex", out / "longctx.pdf", paths["provenance_json"])
+    assert "sections/summary.tex.j2 line 2" in str(err.value) and "Undefined control sequence" in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One real report from synthetic data: figures, .tex, PDF, Markdown twin and a plan section."""
+    root = tmp_path_factory.mktemp("built")
+    paths = write_data(root / "data")
+    out = root / "report"
+    plot_all(paths["results_csv"], paths["fits_json"], TEMPLATES / "plot.mplstyle", out / "figures", paths["itl_depth_csv"])
+    report.render_report(TEMPLATES / "longctx.tex.j2", out / "longctx.tex", out / "version.json", **paths, config=config())
+    report.build_pdf(out / "longctx.tex", out / "longctx.pdf", paths["provenance_json"], out / "version.json")
+    markdown.render_twin(TEMPLATES / "longctx.md.j2", out / "longctx.md", out / "version.json", **paths, config=config())
+    section = markdown.plan_section(TEMPLATES / "plan.md.j2", root / "plans" / "p.md", out / "version.json", **paths,
+                                    config=config())
+    return {"out": out, "text": pdftotext(out / "longctx.pdf"), "md": (out / "longctx.md").read_text(), "section": section}
+
+
+def test_every_string_is_escaped_and_secrets_are_not_printed(built):
+    flat = " ".join(built["text"].split())
+    assert f"timeout: {NASTY}" in flat  # a failure's reason
+    assert f"base: {NASTY}" in flat  # a configuration's description
+    assert "hf_secret_value" not in flat and "HF_TOKEN: (hidden)" in flat
+    failures = md_rows(built["md"], "configuration | L | reason")
+    assert failures == [["base", "64,000", f"timeout: {NASTY}"]]
+
+
+def test_the_twin_and_the_plan_section_carry_the_pdfs_headline_table(built):
+    pdf_rows = {tuple(line.split()) for line in built["text"].splitlines()}
+    twin = md_rows(built["md"], "configuration | L (tokens) | TTFT (ms) | decode (tok/s)")
+    assert len(twin) == len(LAWS) * len(LENGTHS)
+    for row in twin:
+        assert tuple(row) in pdf_rows, f"headline row {row} not in the PDF"
+    assert md_rows(built["section"], "configuration | L (tokens) | TTFT (ms) | decode (tok/s)") == twin
+    assert "2,9" in " ".join(c for r in twin for c in r)  # TTFT at 64k: thousands grouped alike in both
+    link = re.search(r"\]\((\S+\.pdf)\)", built["section"])[1]
+    assert link.startswith("../report/versions/longctx-v1-")
+
+
+def test_the_twin_links_its_figures_and_the_pdf_version(built):
+    out = built["out"]
+    for target in re.findall(r"\]\(([^)]+)\)", built["md"]):
+        assert (out / target).is_file(), target
+    assert "figures/ttft.png" in built["md"] and "figures/decode_rate.png" in built["md"]
+    text = built["text"]
+    assert "longctx report v1" in text and "the first version" in text
+    assert re.search(r"Change since the previous version\s+This is the first version", text)
