@@ -4,6 +4,7 @@ import glob
 import re
 
 from longctx import config as lcfg
+from longctx.resources import bench_resources
 from longctx.figures import FIGURES, FORMATS
 
 CFG = lcfg.validate(config)
@@ -12,6 +13,21 @@ LENGTHS = CFG["lengths"]
 ENV = "../envs/longctx.yaml"
 # The report template includes these; an edit to one re-renders the report.
 TEMPLATE_SECTIONS = sorted(glob.glob("templates/sections/*.tex.j2"))
+
+
+# Only the bench jobs (and kernel builds) need a compute node; the rest runs where snakemake runs.
+localrules:
+    aggregate_results,
+    fit_models,
+    plot_figures,
+    render_report,
+    build_pdf,
+    all,
+
+
+# `--resources gpu=N` caps the GPUs all running jobs hold together (the machine's, or a cluster share).
+resource_scopes:
+    gpu="global",
 
 
 wildcard_constraints:
@@ -36,3 +52,8 @@ def kernel_build(wildcards):
 
 def bench_spec(wildcards):
     return lcfg.canonical_json(lcfg.configuration_spec(CFG, wildcards.configuration))
+
+
+def bench_resource(name):
+    """The bench job's Snakemake resource `name` (gpu, mem_mb, runtime) from the config."""
+    return lambda wildcards: bench_resources(CFG, wildcards.configuration)[name]
