@@ -86,6 +86,7 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
 MinJobAge=600
+SchedulerParameters=sched_min_interval=0,batch_sched_delay=0
 ReturnToService=2
 SlurmdParameters=config_overrides
 GresTypes=gpu
@@ -153,7 +154,8 @@ def slurm(tmp_path_factory):
     """A single-node SLURM on localhost: slurm.conf written, munged, slurmctld -D and slurmd -D up."""
     if os.geteuid() != 0:
         if missing_commands():
-            pytest.skip(f"SLURM is not installed; to run this test: {' '.join(['sudo apt-get install --no-install-recommends', PACKAGES])}, then run it as root")
+            pytest.skip(f"SLURM is not installed; to run this test: sudo apt-get install --no-install-recommends {PACKAGES}, "
+                        "then run it as root")
         pytest.skip("the SLURM test writes /etc/slurm/slurm.conf and starts slurmctld and slurmd: run it as root")
     if missing_commands():
         subprocess.run(["bash", str(ROOT / "envs" / "ensure-slurm.sh")], check=True, timeout=600)
@@ -184,13 +186,23 @@ def slurm(tmp_path_factory):
                 time.sleep(0.3)
             yield state
         finally:
-            with contextlib.suppress(Exception):  # nothing of this test's may outlive it
-                jobs = run("squeue", "-h", "-t", "PENDING,RUNNING", "-o", "%i", check=False).stdout.split()
-                if jobs:
-                    run("scancel", *jobs, check=False)
+            with contextlib.suppress(Exception):  # nothing of this test's may outlive it: its jobs first
+                cancel_jobs()
             daemons.stop()
             for name in ("slurm.conf", "gres.conf"):
                 (CONF_DIR / name).unlink(missing_ok=True)
+
+
+def cancel_jobs(timeout_s: float = 30) -> None:
+    """scancel what still runs (after a failed or timed-out run) and wait until slurmd has ended it."""
+    active = "PENDING,RUNNING,COMPLETING,CONFIGURING,SUSPENDED"
+    jobs = run("squeue", "-h", "-t", active, "-o", "%i", check=False).stdout.split()
+    if jobs:
+        run("scancel", *jobs, check=False)
+    deadline = time.monotonic() + timeout_s
+    while jobs and time.monotonic() < deadline:
+        time.sleep(0.5)
+        jobs = run("squeue", "-h", "-t", active, "-o", "%i", check=False).stdout.split()
 
 
 def squeue() -> list[dict]:
@@ -210,8 +222,9 @@ def slurm_run(slurm, tmp_path_factory):
     before = {job["JobID"] for job in squeue()}
     cmd = ["timeout", "-k", "10", str(RUN_TIMEOUT_S), sys.executable, "-m", "snakemake", "--profile", "profiles/slurm",
            "report/longctx.pdf", "--configfile", "tiny.yaml",
-           # the test node's CPUs, no accounting (no slurmdbd), a quick first look, and the jobs' logs
-           "--cores", "1", "--slurm-no-account", "--slurm-init-seconds-before-status-checks", "8",
+           # the test node's CPUs; no accounting (no slurmdbd); status 10 s after a submission (the kernel
+           # build is done by then), then 20 s later (the bench jobs: each wait is 10 s longer); the jobs' logs
+           "--cores", "1", "--slurm-no-account", "--slurm-init-seconds-before-status-checks", "10",
            "--slurm-keep-successful-logs"]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=work, env=ENV, capture_output=True, text=True)
@@ -272,8 +285,9 @@ def structure(work: Path) -> dict:
     }
 
 
-def test_the_slurm_run_gives_what_the_local_run_gives(slurm_run, tiny_workflow):
-    slurm, local = structure(slurm_run["work"]), structure(tiny_workflow)
+def test_the_slurm_run_gives_what_the_local_run_gives(slurm_run, request):
+    local_run = request.getfixturevalue("tiny_workflow")  # only once SLURM ran (session fixtures come first)
+    slurm, local = structure(slurm_run["work"]), structure(local_run)
     assert all(slurm.values()) and all(r.endswith("/ok") for r in slurm["rows"])
     assert "report/figures/ttft.pdf" in slurm["files"] and "longctx.pdf" in slurm["files"]
     for key in local:
