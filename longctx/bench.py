@@ -25,13 +25,14 @@ from .config import digest
 from .engines import EngineAdapter, get_adapter
 from .analysis import fit_prefill, prefill_curve
 from .modelspec import kv_bytes_per_token
-from .process import ExternalServer, ManagedServer, ServerError, free_port
-from .telemetry import Sampler, make_source, summarize
+from .process import ExternalServer, ManagedServer, PortTaken, ServerError, free_port
+from .telemetry import Sampler, make_source, summarize, visible_gpus
 from .needle import probe as needle_probe
 from .workload import prompt_ids
 
 log = logging.getLogger("longctx.bench")
 RAW_FORMAT = "longctx.raw/1"
+PORT_ATTEMPTS = 5  # launches on fresh ports when another process took the chosen one
 # Thread limits a workflow job inherits (Snakemake sets them to the job's threads). The server's
 # threading belongs to its configuration (engine flags or `env`), so they are not passed on.
 THREAD_LIMIT_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -293,10 +294,37 @@ class Session:
 
     def _start(self) -> None:
         a, spec = self.adapter, self.spec
+        timeout = spec.get("startup_timeout_s") or spec["server"]["startup_timeout_s"]
         if a.managed:
-            host = spec["server"]["host"]
-            self.base = f"http://{host}:{free_port(host)}"
-            cmd = a.launch_command(spec, host, int(self.base.rsplit(":", 1)[1]), self.version)
+            cmd, startup_s = self._start_managed(timeout)
+        else:
+            cmd, self.base = None, spec["url"].rstrip("/")
+            self.server = ExternalServer(self.base)
+            startup_s = self.server.wait_healthy(self.base + self.api.health_path, timeout)
+        log.info("%s: server up in %.1f s (pid %s, %s)", spec["name"], startup_s, self.server.pid,
+                 self.log_path if a.managed else self.base)
+        info = fetch_server_info(self.client, self.base, self.api)
+        log_text = self.log_path.read_text(errors="replace") if a.managed else ""
+        telemetry = spec["telemetry"]
+        gpus = telemetry["gpus"] if telemetry["gpus"] is not None else visible_gpus({**os.environ, **(spec.get("env") or {})})
+        self.source = make_source(self.server.pid, gpu_indices=gpus) if telemetry["enabled"] else None
+        self.random_weights = bool(spec["model"].get("random_weights") or info.get("random_weights"))
+        self.prov.update(
+            launch_command=cmd, base_url=self.base, server_pid=self.server.pid, startup_s=startup_s, starts=self.starts,
+            server_info=info, engine_version=info.get("version") or self.version,
+            kv_pool={"tokens": a.pool_tokens(info), "log": a.kv_pool_from_log(log_text)},
+            telemetry=self.source.describe() if self.source else "off",
+        )
+
+    def _start_managed(self, timeout: float) -> tuple[list[str], float]:
+        """Launch on a free port; when another process takes that port first (another bench job
+        on the node), launch again on another, up to PORT_ATTEMPTS times: that is not a restart."""
+        a, spec = self.adapter, self.spec
+        host = spec["server"]["host"]
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = free_port(host)
+            self.base = f"http://{host}:{port}"
+            cmd = a.launch_command(spec, host, port, self.version)
             if not self.preflight_done:
                 problem = a.preflight(spec, cmd)
                 if problem:
@@ -305,24 +333,11 @@ class Session:
             self.server = ManagedServer(cmd, self.log_path, env=spec.get("env"),
                                         stop_timeout_s=spec["server"]["stop_timeout_s"], unset=THREAD_LIMIT_VARS)
             self.server.start()
-        else:
-            cmd, self.base = None, spec["url"].rstrip("/")
-            self.server = ExternalServer(self.base)
-        timeout = spec.get("startup_timeout_s") or spec["server"]["startup_timeout_s"]
-        startup_s = self.server.wait_healthy(self.base + self.api.health_path, timeout)
-        log.info("%s: server up in %.1f s (pid %s, %s)", spec["name"], startup_s, self.server.pid,
-                 self.log_path if a.managed else self.base)
-        info = fetch_server_info(self.client, self.base, self.api)
-        log_text = self.log_path.read_text(errors="replace") if a.managed else ""
-        telemetry = spec["telemetry"]
-        self.source = make_source(self.server.pid, gpu_indices=telemetry["gpus"]) if telemetry["enabled"] else None
-        self.random_weights = bool(spec["model"].get("random_weights") or info.get("random_weights"))
-        self.prov.update(
-            launch_command=cmd, base_url=self.base, server_pid=self.server.pid, startup_s=startup_s, starts=self.starts,
-            server_info=info, engine_version=info.get("version") or self.version,
-            kv_pool={"tokens": a.pool_tokens(info), "log": a.kv_pool_from_log(log_text)},
-            telemetry=self.source.describe() if self.source else "off",
-        )
+            try:
+                return cmd, self.server.wait_healthy(self.base + self.api.health_path, timeout, port=port)
+            except PortTaken as exc:
+                log.warning("%s: %s; launching on another port (%d of %d)", spec["name"], exc, attempt, PORT_ATTEMPTS)
+        raise ServerError(f"every one of {PORT_ATTEMPTS} ports was taken by another process before the server bound it")
 
     def alive(self) -> bool:
         return self.server is not None and self.server.alive()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -10,16 +11,36 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
+
+# How servers (uvicorn, SGLang, vLLM) say that their port was taken.
+ADDRESS_IN_USE_RE = re.compile(r"address already in use|\[Errno 98\]|EADDRINUSE", re.IGNORECASE)
 
 
 class ServerError(RuntimeError):
     """The server did not come up or died; the message carries the log path and its tail."""
 
 
+class PortTaken(ServerError):
+    """Another process had the server's port: the server could not bind it, or someone else answers there."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free at the moment of asking. Another process may take it before the server binds
+    it (two bench jobs on one node): ManagedServer.wait_healthy(port=...) notices, and the caller
+    picks another."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def listening_pids(port: int) -> set[int | None]:
+    """The processes listening on TCP port `port` (None for a socket whose owner this user cannot see)."""
+    try:
+        connections = psutil.net_connections("tcp")
+    except psutil.Error:
+        return set()
+    return {c.pid for c in connections if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
 
 
 def tail(path: str | Path, lines: int = 20) -> str:
@@ -40,6 +61,7 @@ class ManagedServer:
         self.env = {**{k: v for k, v in os.environ.items() if k not in unset}, **(env or {})}
         self.stop_timeout_s = stop_timeout_s
         self.proc: subprocess.Popen | None = None
+        self.log_offset = 0  # where this start's lines begin in the (appended) log
 
     def __enter__(self) -> "ManagedServer":
         self.start()
@@ -51,6 +73,7 @@ class ManagedServer:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            self.log_offset = log.tell()
             log.write(f"$ {' '.join(self.command)}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
@@ -69,13 +92,42 @@ class ManagedServer:
         code = self.proc.returncode if self.proc else None
         return f"{what} (exit code {code}); server log: {self.log_path}\n--- last lines ---\n{tail(self.log_path)}"
 
-    def wait_healthy(self, url: str, timeout_s: float) -> float:
-        """Poll url until it answers 200; return the seconds it took."""
+    def wait_healthy(self, url: str, timeout_s: float, port: int | None = None) -> float:
+        """Poll url until it answers 200; return the seconds it took. With `port`, PortTaken (the
+        server stopped) when the server could not bind it, or when what answers there is another
+        process's server."""
         try:
-            return wait_http_ok(url, timeout_s, self.alive, lambda: self.died_message("the server exited during start-up"))
-        except ServerError:
+            seconds = wait_http_ok(url, timeout_s, self.alive, lambda: self.died_message("the server exited during start-up"))
+        except ServerError as exc:
             self.stop()
+            if port is not None and ADDRESS_IN_USE_RE.search(self.log_since_start()):
+                raise PortTaken(f"the server could not bind port {port}: another process has it") from exc
             raise
+        if port is not None:
+            visible = listening_pids(port) - {None}  # a listener this user cannot see is given the benefit of the doubt
+            if visible and not visible & self.tree_pids():
+                self.stop()
+                raise PortTaken(f"port {port} is answered by another process (pid {', '.join(map(str, sorted(visible)))}), "
+                                "not by this server")
+        return seconds
+
+    def log_since_start(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def tree_pids(self) -> set[int]:
+        """The server's process and its descendants."""
+        if self.proc is None:
+            return set()
+        try:
+            root = psutil.Process(self.proc.pid)
+            return {root.pid, *(p.pid for p in root.children(recursive=True))}
+        except psutil.Error:
+            return set()
 
     def stop(self) -> None:
         """SIGTERM the process group, then SIGKILL what is left after stop_timeout_s."""

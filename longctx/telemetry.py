@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Mapping
 
 import psutil
 
@@ -26,15 +27,17 @@ class NvmlSource:
     kind = "nvml"
     metrics = NVML_METRICS
 
-    def __init__(self, nvml, gpu_indices: list[int] | None = None):
+    def __init__(self, nvml, gpu_indices: list[int | str] | None = None):
+        """gpu_indices: NVML indices, or GPU UUIDs as CUDA_VISIBLE_DEVICES may give them (None: all)."""
         self.nvml = nvml
         nvml.nvmlInit()
         count = nvml.nvmlDeviceGetCount()
-        if count == 0:
+        if count == 0 or gpu_indices == []:
             nvml.nvmlShutdown()
-            raise RuntimeError("NVML sees no GPU")
+            raise RuntimeError("NVML sees no GPU" if count == 0 else "the server is given no GPU")
         self.indices = list(range(count)) if gpu_indices is None else list(gpu_indices)
-        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
+        self.handles = [nvml.nvmlDeviceGetHandleByUUID(i) if isinstance(i, str) else nvml.nvmlDeviceGetHandleByIndex(i)
+                        for i in self.indices]
 
     def sample(self) -> dict:
         n = self.nvml
@@ -90,6 +93,24 @@ class ProcessSource:
 
     def close(self) -> None:
         pass
+
+
+def visible_gpus(environ: Mapping[str, str]) -> list[int | str] | None:
+    """The GPUs a server started with `environ` may use, from CUDA_VISIBLE_DEVICES (indices, or
+    UUIDs: GPU-..., MIG-...); None when it is unset (every GPU). A job scheduler that shares a node
+    between jobs sets it, so that each job's telemetry watches its own GPUs only."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    gpus: list[int | str] = []
+    for item in (v.strip() for v in value.split(",")):
+        if item.isdigit():
+            gpus.append(int(item))
+        elif item.startswith(("GPU-", "MIG-")):
+            gpus.append(item)
+        else:  # CUDA stops at the first invalid entry ("", "-1", "NoDevFiles")
+            break
+    return gpus
 
 
 def make_source(server_pid: int | None, nvml=None, gpu_indices: list[int] | None = None):

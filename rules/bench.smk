@@ -14,6 +14,10 @@ rule bench_configuration:
         outdir=lambda w, output: os.path.dirname(output[0]),
         resume="data/partial/{configuration}",
     threads: workflow.cores
+    resources:
+        gpu=bench_resource("gpu"),
+        mem_mb=bench_resource("mem_mb"),
+        runtime=bench_resource("runtime"),
     conda:
         ENV
     shell:

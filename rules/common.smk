@@ -6,6 +6,7 @@ import os
 import re
 
 from longctx import config as lcfg
+from longctx.resources import bench_resources
 from longctx.figures import FIGURES, FORMATS
 
 CFG = lcfg.validate(config)
@@ -21,6 +22,21 @@ MARKDOWN_PARTIALS = sorted(glob.glob("templates/markdown/*.md.j2"))
 BASELINE = lcfg.report_baseline(CFG)
 # What the report prints as its configuration (and hashes into its version).
 REPORT_CONFIG = json.dumps(CFG)  # in the config file's order
+
+
+# Only the bench jobs (and kernel builds) need a compute node; the rest runs where snakemake runs.
+localrules:
+    aggregate_results,
+    fit_models,
+    plot_figures,
+    render_report,
+    build_pdf,
+    all,
+
+
+# `--resources gpu=N` caps the GPUs all running jobs hold together (the machine's, or a cluster share).
+resource_scopes:
+    gpu="global",
 
 
 wildcard_constraints:
@@ -46,3 +62,8 @@ def kernel_build(wildcards):
 
 def bench_spec(wildcards):
     return lcfg.canonical_json(lcfg.configuration_spec(CFG, wildcards.configuration))
+
+
+def bench_resource(name):
+    """The bench job's Snakemake resource `name` (gpu, mem_mb, runtime) from the config."""
+    return lambda wildcards: bench_resources(CFG, wildcards.configuration)[name]

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -18,7 +20,8 @@ TINY = ROOT / "tests" / "configs" / "tiny.yaml"
 TINY_ARCH = lcfg.load(TINY)["model"]["architecture"]
 
 
-WORKFLOW_FILES = ("Snakefile", "rules", "config", "kernels", "templates", "envs")
+WORKFLOW_FILES = ("Snakefile", "rules", "config", "kernels", "templates", "envs", "profiles")
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
 def copy_workflow(dest: Path) -> Path:
@@ -26,6 +29,25 @@ def copy_workflow(dest: Path) -> Path:
     for name in WORKFLOW_FILES:
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, dest / name)
     return dest
+
+
+def snakemake(cwd, *args, check=True, timeout=600):
+    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{out[-6000:]}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_workflow(tmp_path_factory):
+    """tests/configs/tiny.yaml run locally through the whole workflow, once per session (the
+    workflow tests read it; the SLURM test compares its own run with it)."""
+    work = copy_workflow(tmp_path_factory.mktemp("wf"))
+    shutil.copy(TINY, work / "tiny.yaml")
+    snakemake(work, "--cores", "1", "--configfile", "tiny.yaml")  # the default target: the PDF and its twin
+    return work
 
 
 @contextlib.contextmanager

@@ -1,10 +1,12 @@
 """Faults injected into real sweeps of the reference engine: each leaves a clear message naming the
 configuration, length and log, keeps every measurement taken before it, and leaves no process."""
 
+import http.server
 import json
 import os
 import signal
 import socket
+import threading
 
 import pytest
 
@@ -77,19 +79,55 @@ def test_hung_server_times_out_and_is_replaced(tmp_path, monkeypatch, servers):
     assert len(servers) == 2 and all(gone(s) for s in servers)  # the stopped one was killed
 
 
-def test_port_in_use_is_retried_on_another_port(tmp_path, monkeypatch, servers):
+def taken_ports_first(monkeypatch, *taken: int) -> None:
+    """free_port answers the taken ports first, as when another job took each between choice and bind."""
+    ports = iter(taken)
+    real_free_port = bench.free_port
+    monkeypatch.setattr(bench, "free_port", lambda host: next(ports, None) or real_free_port(host))
+
+
+def test_port_in_use_is_retried_on_another_port(tmp_path, monkeypatch, servers, caplog):
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
-    ports = iter([busy.getsockname()[1]])
-    real_free_port = bench.free_port
-    monkeypatch.setattr(bench, "free_port", lambda host: next(ports, None) or real_free_port(host))
+    taken = busy.getsockname()[1]
+    taken_ports_first(monkeypatch, taken)
     try:
         failed, raws = sweep(tmp_path, lengths=(32,))
     finally:
         busy.close()
-    assert failed == 0 and raws[32]["provenance"]["starts"] == 2
+    assert failed == 0 and len(servers) == 2
+    assert raws[32]["provenance"]["starts"] == 1  # a taken port is not a restart
     assert "address already in use" in (tmp_path / "server.log").read_text().lower()
+    assert f"could not bind port {taken}: another process has it" in caplog.text
+    assert all(gone(s) for s in servers)
+
+
+def test_another_server_answering_on_the_chosen_port_is_not_measured(tmp_path, monkeypatch, servers, caplog):
+    """Another job's server took the port first and answers /health before ours binds: the answer
+    comes from a process outside our server's tree, so ours goes to another port."""
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    taken = other.server_address[1]
+    taken_ports_first(monkeypatch, taken)
+    try:
+        failed, raws = sweep(tmp_path, lengths=(32,))
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert failed == 0 and len(servers) == 2 and raws[32]["provenance"]["starts"] == 1
+    assert f"port {taken} is answered by another process (pid {os.getpid()})" in caplog.text
+    assert not raws[32]["provenance"]["base_url"].endswith(f":{taken}")
+    assert raws[32]["trials"][0]["prompt_tokens"] == 32  # measured on our own server
+    assert all(gone(s) for s in servers)
 
 
 def test_a_server_that_never_starts_names_its_log_for_every_length(tmp_path, monkeypatch, servers):

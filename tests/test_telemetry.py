@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 
 from longctx.bench import run_configuration
-from longctx.telemetry import NvmlSource, ProcessSource, Sampler, make_source, summarize
+from longctx.telemetry import NvmlSource, ProcessSource, Sampler, make_source, summarize, visible_gpus
 
 from .conftest import tiny_spec
 
@@ -62,6 +62,9 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, i):
         return self.gpus[i]
 
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return next(g for g in self.gpus if g.get("uuid") == uuid)
+
     def nvmlDeviceGetUtilizationRates(self, h):
         return SimpleNamespace(gpu=h["sm"], memory=h["mem"])
 
@@ -87,6 +90,19 @@ def test_nvml_source_averages_the_gpus_it_watches():
     source.close()
     assert fake.calls == ["init", "shutdown"]
     assert make_source(os.getpid(), nvml=FakeNvml([])).kind == "psutil"  # NVML without a GPU
+
+
+def test_a_server_given_some_gpus_is_watched_on_those_only():
+    """Two jobs sharing a node each see their own GPUs in CUDA_VISIBLE_DEVICES (indices or UUIDs)."""
+    gpus = [dict(sm=100, mem=40, mw=300_000, sm_mhz=2400, mem_mhz=14000, used=90e9, uuid="GPU-aaaa"),
+            dict(sm=10, mem=20, mw=100_000, sm_mhz=2200, mem_mhz=14000, used=10e9, uuid="GPU-bbbb")]
+    assert visible_gpus({}) is None
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "1"}) == [1]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-bbbb,-1,0"}) == ["GPU-bbbb"]  # CUDA stops at an invalid entry
+    for visible in ("1", "GPU-bbbb"):
+        source = make_source(os.getpid(), nvml=FakeNvml(gpus), gpu_indices=visible_gpus({"CUDA_VISIBLE_DEVICES": visible}))
+        assert source.sample()["sm_util_pct"] == 10
+    assert make_source(os.getpid(), nvml=FakeNvml(gpus), gpu_indices=visible_gpus({"CUDA_VISIBLE_DEVICES": ""})).kind == "psutil"
 
 
 def test_summaries_split_by_window():

@@ -1,12 +1,9 @@
 """The whole workflow, on a tiny config in a temp directory: real Snakemake, real engine, real TeX."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,20 +12,10 @@ from longctx import config as lcfg
 from longctx import plan, report
 from longctx.formats import display
 
-from .conftest import ROOT, TINY, copy_workflow
+from .conftest import ROOT, snakemake
 from .test_report import md_rows, pdftotext
 
 pytestmark = pytest.mark.slow
-ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-
-
-def snakemake(cwd, *args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{out[-6000:]}")
-    return out
 
 
 def planned_jobs(cwd) -> dict[str, int]:
@@ -38,11 +25,8 @@ def planned_jobs(cwd) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def workflow(tmp_path_factory):
-    work = copy_workflow(tmp_path_factory.mktemp("wf"))
-    shutil.copy(TINY, work / "tiny.yaml")
-    snakemake(work, "--cores", "1", "--configfile", "tiny.yaml")  # the default target: the PDF and its twin
-    return work
+def workflow(tiny_workflow):
+    return tiny_workflow
 
 
 def test_pdf_holds_the_medians_of_results_csv(workflow):

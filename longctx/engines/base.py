@@ -25,6 +25,15 @@ class RaisingParser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
+def arg_value(args: dict[str, Any], *names: str, default: Any = None) -> Any:
+    """The value of the first of names (flag aliases, with dashes or underscores) set in args."""
+    by_flag = {key.replace("_", "-"): value for key, value in args.items()}
+    for name in names:
+        if by_flag.get(name) is not None:
+            return by_flag[name]
+    return default
+
+
 def args_to_argv(args: dict[str, Any]) -> list[str]:
     """{'page-size': 1, 'disable-radix-cache': True} -> ['--page-size', '1', '--disable-radix-cache']."""
     argv: list[str] = []
@@ -131,6 +140,10 @@ class EngineAdapter(ABC):
         if value is None and isinstance(server_info.get("internal_states"), list) and server_info["internal_states"]:
             value = server_info["internal_states"][0].get("max_total_num_tokens")
         return int(value) if value is not None else None
+
+    def gpus(self, conf: dict) -> int:
+        """GPUs the configuration's server takes on the machine that runs its bench job."""
+        return 0
 
     def spec_counters(self, client, base: str) -> dict | None:
         """Server-wide speculative counters (for engines that report acceptance only as metrics)."""

@@ -6,7 +6,7 @@ import json
 import sys
 
 from ..refengine.args import build_parser
-from .base import EngineAdapter, RaisingParser, args_to_argv
+from .base import EngineAdapter, RaisingParser, arg_value, args_to_argv
 
 
 class ReferenceAdapter(EngineAdapter):
@@ -23,6 +23,10 @@ class ReferenceAdapter(EngineAdapter):
         from .. import __version__
 
         return __version__
+
+    def gpus(self, conf: dict) -> int:
+        """One GPU where `device` puts the engine on CUDA, else none (it runs on the CPU)."""
+        return 1 if str(arg_value(conf["args"], "device", default="cpu")).startswith("cuda") else 0
 
     def launch_command(self, spec: dict, host: str, port: int, version: str | None) -> list[str]:
         model = spec["model"]

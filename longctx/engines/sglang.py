@@ -8,7 +8,7 @@ from dataclasses import replace
 from packaging.version import InvalidVersion, Version
 
 from .api import SGLANG
-from .base import EngineAdapter, args_to_argv
+from .base import EngineAdapter, arg_value, args_to_argv
 
 # (first version with the new name, old flag, new flag). 0.5.23 split --cuda-graph-max-bs; the old
 # name is then "ambiguous" to argparse. A config may use either name for any installed version.
@@ -68,6 +68,14 @@ class SGLangAdapter(EngineAdapter):
 
         if not config["model"].get("path"):
             raise ConfigError(f"configuration {configuration!r} runs SGLang: set config key 'model.path' to the model directory")
+
+    def gpus(self, conf: dict) -> int:
+        """tp x pp, times dp unless DP attention shares the TP ranks, per node (--nnodes)."""
+        a = conf["args"]
+        tp = int(arg_value(a, "tp-size", "tensor-parallel-size", default=1))
+        pp = int(arg_value(a, "pp-size", "pipeline-parallel-size", default=1))
+        dp = 1 if arg_value(a, "enable-dp-attention") else int(arg_value(a, "dp-size", "data-parallel-size", default=1))
+        return max(1, tp * pp * dp // int(arg_value(a, "nnodes", default=1)))
 
     def engine_argv(self, spec: dict, version: str | None) -> list[str]:
         return args_to_argv(flags_for_version(spec["args"], version)) + list(spec.get("extra_args") or [])

@@ -9,7 +9,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from .api import OPENAI
-from .base import EngineAdapter, args_to_argv
+from .base import EngineAdapter, arg_value, args_to_argv
 from .sglang import run_preflight
 
 VLLM_KV_RE = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
@@ -48,6 +48,15 @@ class VLLMAdapter(EngineAdapter):
 
         if not config["model"].get("path"):
             raise ConfigError(f"configuration {configuration!r} runs vLLM: set config key 'model.path' to the model directory")
+
+    def gpus(self, conf: dict) -> int:
+        """Tensor x pipeline x data-parallel ranks on this node (vLLM's CPU build takes none: set
+        configurations.<name>.resources.gpus to 0)."""
+        a = conf["args"]
+        tp = int(arg_value(a, "tensor-parallel-size", default=1))
+        pp = int(arg_value(a, "pipeline-parallel-size", default=1))
+        dp = int(arg_value(a, "data-parallel-size-local", "data-parallel-size", default=1))
+        return max(1, tp * pp * dp)
 
     def command(self, spec: dict) -> list[str]:
         """`command` as configured; else the OpenAI server module of `python`; else `vllm serve`."""
