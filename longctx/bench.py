@@ -62,6 +62,15 @@ def fetch_server_info(client: httpx.Client, base: str, api) -> dict:
     return info
 
 
+def server_env(spec: dict) -> dict[str, str]:
+    """The configuration's environment variables, plus LONGCTX_KERNEL_DIR (the absolute path of the
+    kernel build it uses) for any engine: a server patched to run the kernel under study finds it there."""
+    env = dict(spec.get("env") or {})
+    if spec.get("kernel_build"):
+        env.setdefault("LONGCTX_KERNEL_DIR", str(Path(spec["kernel_build"]).resolve()))
+    return env
+
+
 def served_model(spec: dict) -> str:
     """The model name an OpenAI server expects in requests."""
     return str(spec["args"].get("served-model-name") or spec["model"].get("path") or spec["model"]["name"])
@@ -330,7 +339,7 @@ class Session:
                 if problem:
                     raise FatalServerError(problem)
                 self.preflight_done = True
-            self.server = ManagedServer(cmd, self.log_path, env=spec.get("env"),
+            self.server = ManagedServer(cmd, self.log_path, env=server_env(spec),
                                         stop_timeout_s=spec["server"]["stop_timeout_s"], unset=THREAD_LIMIT_VARS)
             self.server.start()
             try:

@@ -27,9 +27,9 @@ def _bench(a) -> int:
 
 
 def _build_kernel(a) -> int:
-    from .kernels import build
+    from .kernels import CUDA_ARCHS, build
 
-    m = build(a.name, a.kind, a.sources, a.outdir)
+    m = build(a.name, a.kind, a.sources, a.outdir, tuple(a.cuda_arch) or CUDA_ARCHS)
     print(json.dumps(m, indent=1))
     return 0
 
@@ -142,6 +142,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--name", required=True)
     s.add_argument("--kind", required=True)
     s.add_argument("--outdir", required=True)
+    s.add_argument("--cuda-arch", action="append", default=[], help="sm_120, sm_90, ... (repeat); default: sm_120 and sm_90")
     s.add_argument("sources", nargs="+")
     s.set_defaults(func=_build_kernel)
 

@@ -22,10 +22,10 @@ CFG = ModelConfig.from_overrides(TINY_ARCH)
 MODEL = MLAModel(CFG, seed=0)
 
 
-def run_requests(prompts, max_new, page_size=1, order="random", chunk=8192, **sched_kwargs):
+def run_requests(prompts, max_new, page_size=1, order="random", chunk=8192, kernel=KERNEL, **sched_kwargs):
     """Run requests through a fresh pool and scheduler; returns outputs, final events and the scheduler."""
     pool = KVPool(CFG.num_hidden_layers, CFG.cell_dim, CFG.dtype, 4096, page_size, 4, 2048, order, seed=1)
-    sched = Scheduler(MODEL, pool, KERNEL, chunk, 4, **sched_kwargs)
+    sched = Scheduler(MODEL, pool, kernel, chunk, 4, **sched_kwargs)
     done = [threading.Event() for _ in prompts]
     finals: list[dict | None] = [None] * len(prompts)
     events: list[tuple[int, float, dict]] = []

@@ -236,7 +236,7 @@ def slurm_run(slurm, tmp_path_factory):
 
 def test_bench_jobs_and_kernel_build_went_through_sbatch_and_the_rest_stayed_local(slurm_run):
     jobs = {job["Comment"]: job for job in slurm_run["jobs"]}
-    assert set(jobs) == {"rule_build_kernel_wildcards_paged_mla_decode_torch",
+    assert set(jobs) == {*(f"rule_build_kernel_wildcards_{k}" for k in ("paged_mla_decode_torch", "paged_mla_decode_twin")),
                          *(f"rule_bench_configuration_wildcards_{c}" for c in ("page1", "page16", "page16-ngram"))}, jobs
     assert all(job["State"] == "COMPLETED" and job["NodeList"] == "localhost" for job in jobs.values()), jobs
     for job in jobs.values():  # the plugin's own log of each SLURM job, kept by --slurm-keep-successful-logs

@@ -132,15 +132,22 @@ def test_plans_named_in_the_config_are_attached_by_the_default_target(workflow):
     assert "bench_configuration" not in jobs
 
 
-def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream(workflow):
-    source = workflow / "kernels" / "reference" / "paged_mla_decode.py"
+@pytest.mark.parametrize("source, configurations", [
+    ("kernels/cpu/paged_mla_decode.cpp", ["page16"]),  # the CPU twin: only the configuration running it
+    ("kernels/cuda/paged_mla_decode.cu", ["page16"]),
+    ("kernels/reference/paged_mla_decode.py", ["page1", "page16-ngram"]),
+])
+def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream(workflow, source, configurations):
+    source = workflow / source
     original = source.read_text()
-    source.write_text(original + "\n# edited\n")
+    source.write_text(original + ("\n# edited\n" if source.suffix == ".py" else "\n// edited\n"))
     try:
-        assert planned_jobs(workflow) == {
-            "build_kernel": 1, "bench_configuration": 3, "aggregate_results": 1, "fit_models": 1,
-            "plot_figures": 1, "render_report": 1, "build_pdf": 1,
-        }
+        out = snakemake(workflow, "-n", "report/longctx.pdf", "--configfile", "tiny.yaml")
+        benched = sorted(set(re.findall(r"data/raw/([\w.-]+)/\d+\.json", out)))
+        assert benched == configurations
+        jobs = planned_jobs(workflow)
+        assert jobs.pop("build_kernel") == 1 and jobs.pop("bench_configuration") == len(configurations)
+        assert {"aggregate_results", "fit_models", "render_report", "build_pdf"} <= set(jobs)
     finally:
         source.write_text(original)
 
@@ -154,9 +161,10 @@ def test_the_studys_deployment_config_plans_its_jobs_without_a_gpu(workflow):
     out = snakemake(workflow, "-n", "report/longctx.pdf", "--configfile", "config/examples/kimi-k2.6-rtx-pro-6000.yaml")
     stats = out.split("Job stats:")[-1]
     jobs = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m[1] != "total"}
-    assert jobs == {"bench_configuration": 1, "aggregate_results": 1, "fit_models": 1, "plot_figures": 1,
-                    "render_report": 1, "build_pdf": 1}
-    assert "data/raw/triton-page1/185000.json" in out
+    assert jobs == {"build_kernel": 1, "bench_configuration": 3, "aggregate_results": 1, "fit_models": 1,
+                    "plot_figures": 1, "render_report": 1, "build_pdf": 1}
+    for configuration in ("triton-page1", "sm120-kernel", "sm120-kernel-defrag"):
+        assert f"data/raw/{configuration}/185000.json" in out
 
 
 def test_itl_against_depth_is_measured_plotted_and_reported(workflow):

@@ -16,6 +16,17 @@ class ReferenceAdapter(EngineAdapter):
     def parser(self):
         return build_parser(RaisingParser)
 
+    def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
+        from ..config import ConfigError
+
+        kind = config["kernels"][conf["kernel"]]["kind"] if conf.get("kernel") else "torch"
+        backend = str(conf["args"].get("attention-backend", "torch"))
+        if (kind == "native") != (backend == "native"):
+            raise ConfigError(
+                f"config key 'configurations.{configuration}.args.attention-backend': {backend!r} does not run "
+                f"kernel {conf.get('kernel')!r} of kind {kind!r}; allowed values: "
+                f"{'native' if kind == 'native' else 'torch'} (native runs a native kernel, torch a PyTorch one)")
+
     def python(self, spec: dict) -> str:
         return spec.get("python") or sys.executable
 

@@ -1,0 +1,144 @@
+"""The native kernel: the CPU twin (a real C++ extension, compiled here) against the PyTorch reference,
+the CUDA sources compiled by nvcc for sm_120 and sm_90 (nothing runs them: no GPU here), the engine
+running the twin, and the build's manifest."""
+
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+from longctx import kernels
+from longctx.refengine.speculative import SpecConfig
+
+from .conftest import ROOT
+from .test_refengine import prompt, run_requests
+
+SOURCES = [ROOT / "kernels" / "cpu" / "paged_mla_decode.cpp", ROOT / "kernels" / "cuda" / "paged_mla_decode.cu",
+           ROOT / "kernels" / "cuda" / "paged_mla_decode_binding.cpp"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("twin")
+    manifest = kernels.build("twin", "native", [str(s) for s in SOURCES], out)
+    return out, manifest
+
+
+@pytest.fixture(scope="module")
+def twin(built):
+    return kernels.load_kernel(built[0], "cpu")
+
+
+def test_build_checks_the_twin_in_fp32_and_bf16_and_records_it(built):
+    out, m = built
+    assert {c["dtype"]: c["max_rel_error"] < kernels.TOLERANCE[c["dtype"]] for c in m["checks"]} == {"float32": True, "bfloat16": True}
+    assert any(c[4] > 1 for c in m["checks"][0]["cases"])  # verify cases (several query tokens) are checked too
+    assert (out / m["targets"]["cpu"]["library"]).is_file()
+    assert set(m["sources"]) == {str(s) for s in SOURCES} and len(m["build_hash"]) == 16
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-3), ("bfloat16", 1e-2)])
+@pytest.mark.parametrize("seed", [11, 12])
+def test_twin_matches_the_reference_on_fresh_inputs(twin, dtype, tol, seed):
+    # (batch, heads, page_size, max_len, n_q): lengths, head counts, layouts, decode and verify
+    cases = ((1, 1, 1, 6000, 1), (3, 16, 1, 2000, 1), (2, 4, 64, 3000, 1), (5, 2, 16, 900, 1), (2, 8, 1, 1200, 4))
+    check = kernels.check_attention(twin.verify, dtype, cases=cases, seed=seed, lat=32, rope=16)
+    assert check["max_rel_error"] < tol
+
+
+def test_twin_result_does_not_depend_on_the_split_count(built):
+    out, m = built
+    ext = kernels.load_extension(out / m["targets"]["cpu"]["library"], m["targets"]["cpu"]["module"])
+    g = torch.Generator().manual_seed(5)
+    q, pool, table, lens = kernels._random_case(g, 2, 4, 1, 5000, 2, 64, 16, torch.float32, "cpu")
+    results = [ext.paged_mla_attention(q, pool, table, lens, 1, 64, 0.1, None, splits) for splits in (1, 3, 7, 40)]
+    for r in results[1:]:
+        torch.testing.assert_close(r, results[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ext.paged_mla_attention(q, pool, table, lens, 1, 64, 0.1, None, 3), results[1], rtol=0, atol=0)
+
+
+def test_an_unwritten_output_and_a_wrong_answer_are_caught(twin):
+    def skips_last_request(q, pool, table, lens, page_size, lat, scale, out):
+        full = twin.verify(q, pool, table, lens, page_size, lat, scale)
+        out[:-1] = full[:-1]
+        return out
+
+    assert kernels.check_attention(skips_last_request)["max_rel_error"] == float("inf")
+    with pytest.raises(SystemExit, match="disagrees with the dense reference"):
+        kernels._require("bad", kernels.check_attention(lambda *a, out: out.zero_()))
+
+
+def test_twin_refuses_page_ids_outside_the_pool_and_odd_shapes(twin):
+    pool = torch.randn(100, 48)
+    q = torch.randn(1, 2, 48)
+    with pytest.raises(RuntimeError, match="outside the KV pool"):
+        twin.decode(q, pool, torch.tensor([[5, 500]]), torch.tensor([2]), 1, 32, 0.1)
+    with pytest.raises(RuntimeError, match="multiples of 16"):
+        twin.decode(torch.randn(1, 2, 40), torch.randn(100, 40), torch.tensor([[1]]), torch.tensor([1]), 1, 32, 0.1)
+
+
+def test_engine_on_the_twin_generates_what_it_generates_on_the_reference(twin):
+    prompts = [prompt(300, seed=1), prompt(77, seed=2)]
+    ref, _, _ = run_requests(prompts, 10, page_size=1)
+    out, _, _ = run_requests(prompts, 10, page_size=1, kernel=twin)
+    assert out == ref
+    # speculative decoding verifies drafts through the twin's verify variant
+    rep = prompt(40, seed=3) * 5
+    spec = SpecConfig("NGRAM", 4)
+    ref, rf, _ = run_requests([rep], 16, page_size=16, spec=spec)
+    out, of, _ = run_requests([rep], 16, page_size=16, kernel=twin, spec=spec)
+    assert out == ref and of[0]["meta_info"]["spec_verify_ct"] == rf[0]["meta_info"]["spec_verify_ct"] < 16
+
+
+@pytest.mark.skipif(kernels.nvcc_path() is None, reason="nvcc not installed: the CUDA part of the build is skipped")
+def test_cuda_sources_compile_for_sm120_and_sm90_with_a_resource_report(built):
+    out, m = built
+    assert set(m["cuda"]["archs"]) == {"sm_120", "sm_90"}
+    for arch, info in m["cuda"]["archs"].items():
+        assert (out / info["cubin"]).stat().st_size > 0 and (out / info["report"]).is_file()
+        split = [f for name, f in info["functions"].items() if "paged_mla_split_kernel" in name]
+        assert len(split) == 2  # fp32 and bf16
+        for f in split:
+            assert f["arch"] == arch and 0 < f["registers"] <= 255 and f["spill_stores"] == 0
+    # no CUDA PyTorch here: the extension is not built, and the manifest says why
+    assert "library" not in m["targets"]["cuda"] and "no CUDA GPU" in m["targets"]["cuda"]["skipped"]
+
+
+def test_without_nvcc_the_cuda_part_is_skipped_with_a_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    result = kernels.compile_cubins(SOURCES[1], tmp_path)
+    assert "nvcc not found" in result["skipped"]
+
+
+def test_ptxas_report_is_parsed_per_function():
+    report = """ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_90'
+ptxas info    : Function properties for _Z3fooPf
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 64 registers, used 1 barriers, 2048 bytes smem, 400 bytes cmem[0]
+"""
+    (name, f), = kernels.parse_ptxas(report).items()
+    assert f == {"arch": "sm_90", "stack_bytes": 8, "spill_stores": 4, "spill_loads": 4, "registers": 64, "smem_bytes": 2048}
+    assert name.startswith("foo") or name == "_Z3fooPf"
+
+
+CUDA_INCLUDE = Path("/usr/local/cuda/include")
+
+
+@pytest.mark.skipif(not (CUDA_INCLUDE / "cuda_runtime.h").is_file() or shutil.which("g++") is None,
+                    reason="no CUDA headers: the binding's syntax check needs them")
+def test_the_cuda_binding_compiles_against_pytorchs_headers(tmp_path):
+    """A syntax check only. The CPU wheel of PyTorch leaves out c10/cuda's generated cmake header: an
+    empty one stands in for it here (the GPU machine's CUDA PyTorch has the real one)."""
+    stub = tmp_path / "c10" / "cuda" / "impl"
+    stub.mkdir(parents=True)
+    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
+    inc = Path(torch.__file__).parent / "include"
+    cmd = ["g++", "-fsyntax-only", "-std=c++20", f"-I{tmp_path}", f"-I{inc}", f"-I{inc / 'torch/csrc/api/include'}",
+           f"-I{CUDA_INCLUDE}", f"-I{sysconfig.get_paths()['include']}", "-DTORCH_EXTENSION_NAME=binding", str(SOURCES[2])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
