@@ -17,7 +17,7 @@ def base():
 
 def test_default_config_validates_with_defaults_filled_in():
     c = lcfg.load(ROOT / "config" / "longctx.yaml")
-    assert set(c["configurations"]) == {"page1-scattered", "page64", "page64-ngram"}
+    assert set(c["configurations"]) == {"page1-scattered", "page1-twin", "page64", "page64-ngram"}
     args = {name: conf["args"] for name, conf in c["configurations"].items()}
     assert args["page1-scattered"]["page-size"] == 1 and args["page64"]["page-size"] == 64
     assert {k: v for k, v in args["page64"].items() if k != "page-size"} == {
@@ -59,3 +59,11 @@ def test_workflow_stops_on_a_bad_config_with_the_message(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "'protocol.warmpu' is unknown; allowed keys:" in proc.stdout + proc.stderr
+
+
+def test_a_native_kernel_needs_the_native_attention_backend():
+    raw = yaml.safe_load((ROOT / "tests" / "configs" / "tiny.yaml").read_text())
+    raw["configurations"]["page16"]["args"].pop("attention-backend")
+    with pytest.raises(lcfg.ConfigError, match=r"'configurations.page16.args.attention-backend': 'torch' does not run "
+                                               r"kernel 'paged_mla_decode_twin' of kind 'native'; allowed values: native"):
+        lcfg.validate(raw)

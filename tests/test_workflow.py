@@ -143,7 +143,7 @@ def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream
     source.write_text(original + ("\n# edited\n" if source.suffix == ".py" else "\n// edited\n"))
     try:
         out = snakemake(workflow, "-n", "report/longctx.pdf", "--configfile", "tiny.yaml")
-        benched = sorted(set(re.findall(r"data/raw/([\w.-]+)/\d+\.json", out)))
+        benched = sorted(set(re.findall(r"wildcards: configuration=([\w.-]+)", out)))
         assert benched == configurations
         jobs = planned_jobs(workflow)
         assert jobs.pop("build_kernel") == 1 and jobs.pop("bench_configuration") == len(configurations)
