@@ -166,7 +166,13 @@ void attend_split(const Shape& s, const float* qf, const T* pool, const int64_t*
     part.l[r] = 0.f;
   }
   std::fill(part.acc, part.acc + rows * lat, 0.f);
-  auto slot_of = [&](int64_t t) { return pages[t / s.page_size] * s.page_size + t % s.page_size; };
+  // slot of token t; an integer division per token would cost more than the token's arithmetic, so
+  // page sizes that are powers of two (1 included) shift and mask instead
+  const int64_t ps = s.page_size;
+  const int shift = (ps & (ps - 1)) == 0 ? __builtin_ctzll(static_cast<unsigned long long>(ps)) : -1;
+  auto slot_of = [&](int64_t t) {
+    return shift >= 0 ? (pages[t >> shift] << shift) + (t & (ps - 1)) : pages[t / ps] * ps + t % ps;
+  };
   const int64_t cell_bytes = dim * static_cast<int64_t>(sizeof(T));
   auto prefetch = [&](int64_t from, int64_t to) {
     for (int64_t i = from; i < std::min(to, t1); ++i) {

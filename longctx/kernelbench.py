@@ -1,0 +1,114 @@
+"""Microbenchmark of the decode attention kernels: time and effective KV read bandwidth per length.
+
+One request of L cells (batch 1 by default), one layer, the kernel alone. Variants:
+  gather      the PyTorch reference on a page_size 1 pool with scattered slots (the baseline)
+  contiguous  the PyTorch reference on one run of cells (read in place)
+  twin        the native kernel's CPU twin on the same scattered page_size 1 pool
+  cuda        the native kernel's CUDA build on a GPU, scattered page_size 1 (where one exists)
+Effective GB/s = L x cell bytes / time (the KV cells each step must read). Beside them, the copy
+bandwidth of a buffer of the same size on the same device (bytes read + written / time), so the
+figure reads as a fraction of what the memory system delivers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .kernels import Kernel, load_kernel
+
+REFERENCE_DIR = Path(__file__).resolve().parents[1] / "kernels" / "reference"
+
+
+@dataclass
+class Shape:
+    heads: int = 2
+    kv_lora_rank: int = 64
+    rope: int = 16
+    dtype: str = "float32"
+    batch: int = 1
+    n_q: int = 1  # query tokens per request: 1 decode, K speculative verify
+
+    @property
+    def dim(self) -> int:
+        return self.kv_lora_rank + self.rope
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def best_time(fn, device: str = "cpu", repeats: int = 20, min_total_s: float = 0.2) -> float:
+    """Fastest of at least `repeats` runs (and at least min_total_s of them), after one warm-up."""
+    fn()
+    _sync(device)
+    times: list[float] = []
+    t_start = time.perf_counter()
+    while len(times) < repeats or (time.perf_counter() - t_start < min_total_s and len(times) < 10 * repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def copy_bandwidth(nbytes: int, device: str) -> float:
+    import torch
+
+    src = torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=device).normal_()
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / best_time(lambda: dst.copy_(src), device)
+
+
+def _inputs(shape: Shape, length: int, device: str, contiguous: bool, seed: int = 0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    dtype = getattr(torch, shape.dtype)
+    slots = shape.batch * length
+    pool = torch.randn(slots + 1, shape.dim, generator=g).to(dtype).to(device)
+    order = torch.arange(slots) if contiguous else torch.randperm(slots, generator=g)
+    table = (order + 1).view(shape.batch, length).to(device)  # page_size 1; slot 0 unused
+    lens = torch.full((shape.batch,), length, dtype=torch.int64)
+    q = torch.randn(shape.batch, shape.n_q, shape.heads, shape.dim, generator=g).to(dtype).to(device)
+    return q, pool, table, lens
+
+
+def measure(kernel: Kernel, shape: Shape, length: int, device: str, contiguous: bool) -> float:
+    q, pool, table, lens = _inputs(shape, length, device, contiguous)
+    if shape.n_q == 1:
+        q1 = q[:, 0]
+        return best_time(lambda: kernel.decode(q1, pool, table, lens, 1, shape.kv_lora_rank, 0.1), device)
+    return best_time(lambda: kernel.verify(q, pool, table, lens, 1, shape.kv_lora_rank, 0.1), device)
+
+
+def run(lengths: list[int], shape: Shape, native_dir: str | Path | None, devices: tuple[str, ...] = ("cpu",)) -> list[dict]:
+    """One record per (variant, length): seconds, KV bytes, GB/s, copy GB/s, and the fraction."""
+    import torch
+
+    reference = load_kernel(REFERENCE_DIR)
+    variants: list[tuple[str, Kernel, str, bool]] = [("gather", reference, "cpu", False), ("contiguous", reference, "cpu", True)]
+    if native_dir is not None:
+        variants.append(("twin", load_kernel(native_dir, "cpu"), "cpu", False))
+        if "cuda" in devices and torch.cuda.is_available():
+            variants.append(("cuda", load_kernel(native_dir, "cuda"), "cuda", False))
+    itemsize = torch.empty((), dtype=getattr(torch, shape.dtype)).element_size()
+    records = []
+    copy = {}
+    for length in lengths:
+        nbytes = shape.batch * length * shape.dim * itemsize
+        for name, kernel, device, contiguous in variants:
+            if device not in copy or copy[device][0] != nbytes:
+                copy[device] = (nbytes, copy_bandwidth(nbytes, device))
+            seconds = measure(kernel, shape, length, device, contiguous)
+            records.append({"variant": name, "device": device, "length": length, "seconds": seconds, "kv_bytes": nbytes,
+                            "gb_s": nbytes / seconds / 1e9, "copy_gb_s": copy[device][1] / 1e9,
+                            "fraction_of_copy": nbytes / seconds / copy[device][1],
+                            # absorbed MLA: 2 x heads x (lat + rope + lat) FLOPs per cell per query token
+                            "flops": 2 * shape.batch * shape.n_q * shape.heads * (2 * shape.kv_lora_rank + shape.rope) * length,
+                            "threads": torch.get_num_threads(), **asdict(shape)})
+    return records
