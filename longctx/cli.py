@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from .config import ConfigError
 
@@ -31,6 +32,23 @@ def _build_kernel(a) -> int:
 
     m = build(a.name, a.kind, a.sources, a.outdir, tuple(a.cuda_arch) or CUDA_ARCHS)
     print(json.dumps(m, indent=1))
+    return 0
+
+
+def _bench_kernel(a) -> int:
+    import torch
+
+    from . import kernelbench
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    shape = kernelbench.Shape(a.heads, a.kv_lora_rank, a.rope, a.dtype)
+    records = kernelbench.run(a.lengths, shape, a.kernel_dir, ("cpu", "cuda"))
+    for r in records:
+        print(f"{r['variant']:>10} {r['device']:>5} {r['length']:>7}: {r['seconds'] * 1e3:.3f} ms, {r['gb_s']:.2f} GB/s, "
+              f"{r['fraction_of_copy']:.0%} of copy", flush=True)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"kernel_dir": a.kernel_dir, "records": records}, indent=1) + "\n")
     return 0
 
 
@@ -145,6 +163,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--cuda-arch", action="append", default=[], help="sm_120, sm_90, ... (repeat); default: sm_120 and sm_90")
     s.add_argument("sources", nargs="+")
     s.set_defaults(func=_build_kernel)
+
+    s = sub.add_parser("bench-kernel", help="time a built native kernel against the reference gather (one layer, batch 1)")
+    s.add_argument("--kernel-dir", required=True)
+    s.add_argument("--lengths", type=int, nargs="+", required=True)
+    s.add_argument("--heads", type=int, required=True)
+    s.add_argument("--kv-lora-rank", type=int, required=True)
+    s.add_argument("--rope", type=int, required=True)
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.add_argument("--threads", type=int, default=None)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_bench_kernel)
 
     s = sub.add_parser("aggregate", help="raw JSON files -> results.csv and provenance.json")
     s.add_argument("--out-csv", required=True)

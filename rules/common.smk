@@ -60,6 +60,17 @@ def kernel_build(wildcards):
     return [f"{lcfg.kernel_build_dir(kernel)}/manifest.json"] if kernel else []
 
 
+# Native kernels are also timed alone (rule bench_kernel) at the model's shape, for the roofline.
+NATIVE_KERNELS = sorted(k for k, v in CFG["kernels"].items() if v["kind"] == "native")
+
+
+def kernel_bench_shape(wildcards):
+    arch = CFG["model"]["architecture"]
+    dtype = "bfloat16" if arch.get("torch_dtype") == "bfloat16" else "float32"
+    return (f"--heads {arch['num_attention_heads']} --kv-lora-rank {arch['kv_lora_rank']} "
+            f"--rope {arch['qk_rope_head_dim']} --dtype {dtype}")
+
+
 def bench_spec(wildcards):
     return lcfg.canonical_json(lcfg.configuration_spec(CFG, wildcards.configuration))
 

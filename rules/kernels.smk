@@ -13,3 +13,22 @@ rule build_kernel:
         ENV
     shell:
         "longctx build-kernel --name {wildcards.kernel} --kind {params.kind} --outdir {params.outdir} {params.archs} {input} > {log} 2>&1"
+
+
+rule bench_kernel:
+    input:
+        "build/kernels/{kernel}/manifest.json",
+    output:
+        "data/kernels/{kernel}.json",
+    log:
+        "data/logs/kernels/bench_{kernel}.log",
+    params:
+        outdir=lambda w, input: os.path.dirname(input[0]),
+        lengths=" ".join(map(str, LENGTHS)),
+        shape=kernel_bench_shape,
+    threads: workflow.cores
+    conda:
+        ENV
+    shell:
+        "longctx bench-kernel --kernel-dir {params.outdir} --lengths {params.lengths} {params.shape} "
+        "--threads {threads} --out {output} > {log} 2>&1"
