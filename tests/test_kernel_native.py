@@ -142,3 +142,20 @@ def test_the_cuda_binding_compiles_against_pytorchs_headers(tmp_path):
            f"-I{CUDA_INCLUDE}", f"-I{sysconfig.get_paths()['include']}", "-DTORCH_EXTENSION_NAME=binding", str(SOURCES[2])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_kernel_microbenchmark_records_feed_the_roofline(built, tmp_path):
+    from longctx import kernelbench
+
+    shape = kernelbench.Shape(heads=2, kv_lora_rank=32, rope=16)
+    records = kernelbench.run([256, 1024], shape, built[0])
+    assert {(r["variant"], r["length"]) for r in records} == {(v, n) for v in ("gather", "contiguous", "twin") for n in (256, 1024)}
+    for r in records:
+        assert r["kv_bytes"] == r["length"] * 48 * 4 and r["seconds"] > 0 and r["copy_gb_s"] > 0
+        assert r["flops"] == 2 * 2 * (2 * 32 + 16) * r["length"]
+    (tmp_path / "twin.json").write_text(__import__("json").dumps({"records": records}))
+    points = kernelbench.roofline_points(kernelbench.load_records([tmp_path / "twin.json"]))
+    assert set(points) == {"gather", "contiguous", "twin"}
+    p = points["twin"][0]
+    assert p["intensity"] == pytest.approx(2 * 2 * 80 / (48 * 4)) and p["achieved_flops"] > 0
+    assert set(kernelbench.speedups(records)) == {256, 1024}
