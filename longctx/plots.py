@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .analysis import decode_curve, medians, ok_rows, prefill_curve  # noqa: E402
+from .analysis import decode_curve, medians, ok_rows, prefill_curve, step_seconds  # noqa: E402
 from .figures import FIGURES  # noqa: E402
 
 def _save(fig, outdir: Path, stem: str) -> None:
@@ -70,11 +70,11 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
     for name in names:
         s = sty[name]
         pts = ok[(ok["configuration"] == name) & ok["tpot_s"].notna()]
-        ax.plot(pts["length"], pts["tpot_s"] * 1e3, linestyle="none", marker=s["marker"], color=s["color"], alpha=0.5, label=f"{name}")
+        ax.plot(pts["length"], step_seconds(pts) * 1e3, linestyle="none", marker=s["marker"], color=s["color"], alpha=0.5, label=f"{name}")
         if "decode" in fits.get(name, {}):
             lin = np.linspace(0, df["length"].max(), 50)
             ax.plot(lin, decode_curve(fits[name]["decode"], lin) * 1e3, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
-    ax.set(xlabel="context length L (tokens)", ylabel="time per output token (ms)", title="Decode step time")
+    ax.set(xlabel="context length L (tokens)", ylabel="time per decode step (ms)", title="Decode step time (per output token without speculation)")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.legend()

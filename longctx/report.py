@@ -15,6 +15,7 @@ import pandas as pd
 
 from . import __version__
 from .analysis import concurrency_table, is_number, medians
+from .diagnosis import by_figure, diagnose
 from .provenance import git_info, package_versions
 
 # How numbers appear in the report's tables (tests read them back with pdftotext).
@@ -77,36 +78,6 @@ def environment(template_dir: str | Path) -> jinja2.Environment:
     return env
 
 
-def diagnosis(med: pd.DataFrame, fits: dict) -> list[str]:
-    """Sentences carrying their figures, from the numbers alone."""
-    out = []
-    for name, fit in fits.items():
-        rows = med[(med["configuration"] == name) & med["ttft_s"].notna()]
-        if rows.empty:
-            out.append(f"{name}: no length was measured successfully.")
-            continue
-        top = rows.iloc[-1]
-        L = int(top["length"])
-        p = fit.get("prefill")
-        if p:
-            quad = p["c_s_per_token2"] * L**2
-            share = quad / (p["a_s"] + p["b_s_per_token"] * L + quad) if quad > 0 else 0.0
-            cross = f", attention overtakes the linear work beyond {p['crossover_tokens']:,.0f} tokens" if p.get("crossover_tokens") else ""
-            out.append(f"{name}: prefill of {L:,} tokens takes {top['ttft_s']:.2f} s; the quadratic (attention) term is {share:.0%} of it{cross}.")
-        if is_number(top.get("spec_accept_length")):
-            out.append(
-                f"{name}: speculative decoding produces {top['spec_accept_length']:.2f} tokens per verify step at {L:,} tokens "
-                f"({top['spec_accept_rate']:.0%} of drafts accepted)."
-            )
-        d = fit.get("decode")
-        if d and d.get("bw_eff_GBps"):
-            out.append(
-                f"{name}: decode at {L:,} tokens runs at {top['decode_tok_s']:.1f} tok/s ({top['tpot_s'] * 1e3:.2f} ms per token); "
-                f"each extra KV token costs {d['beta_s_per_token'] * 1e9:.1f} ns, an effective KV read bandwidth of {d['bw_eff_GBps']:.2f} GB/s."
-            )
-    return out
-
-
 def source_date_epoch(provenance: dict) -> int:
     """The time of the last measurement: the report's date, so a rebuild gives the same bytes."""
     stamps = [c.get("last_finished_at") for c in provenance.get("configurations", {}).values()]
@@ -133,9 +104,11 @@ def itl_depth_summary(itl_depth_csv) -> list[dict]:
     return out
 
 
-def context(results_csv, fits_json, provenance_json, itl_depth_csv=None) -> dict:
+def context(results_csv, fits_json, provenance_json, itl_depth_csv=None, planner_json=None) -> dict:
     df = pd.read_csv(results_csv)
-    fits = json.loads(Path(fits_json).read_text())["configurations"]
+    analysis = json.loads(Path(fits_json).read_text())
+    fits = analysis["configurations"]
+    planner = json.loads(Path(planner_json).read_text()) if planner_json else None
     prov = json.loads(Path(provenance_json).read_text())
     med = medians(df)
     configs = []
@@ -172,7 +145,10 @@ def context(results_csv, fits_json, provenance_json, itl_depth_csv=None) -> dict
         "model": first.get("model", {}),
         "protocol": first.get("protocol", {}),
         "configurations": configs,
-        "diagnosis": diagnosis(med, fits),
+        "diagnosis": diagnose(med, fits, planner),
+        "diagnosis_groups": by_figure(diagnose(med, fits, planner)),
+        "analysis": analysis,
+        "planner": planner,
         "failures": failures,
         "telemetry": telemetry,
         "itl_depth": itl_depth_summary(itl_depth_csv),

@@ -4,7 +4,8 @@ import glob
 import re
 
 from longctx import config as lcfg
-from longctx.figures import FIGURES, FORMATS
+from longctx.calibrate import plan as calibration_plan
+from longctx.figures import ANALYSIS_FIGURES, FIGURES, FORMATS
 
 CFG = lcfg.validate(config)
 CONFIGURATIONS = sorted(CFG["configurations"])
