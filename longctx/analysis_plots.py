@@ -19,12 +19,13 @@ from .plots import _save, _styles  # noqa: E402
 
 
 def length_label(n: float) -> str:
+    """185000 -> 185k, 32768 -> 32Ki, 700 -> 700."""
     n = int(n)
-    if n >= 1000 and n % 1000 == 0 or n >= 10000:
-        return f"{n / 1000:.0f}k"
+    if n >= 1000 and n % 1000 == 0:
+        return f"{n // 1000}k"
     if n >= 1024 and n % 1024 == 0:
         return f"{n // 1024}Ki"
-    return str(n)
+    return f"{n / 1000:.0f}k" if n >= 10000 else str(n)
 
 
 def _roofs(fits: dict) -> list[dict]:
@@ -150,7 +151,9 @@ def plot_planner(planner: dict, sty: dict, outdir: Path) -> None:
         if not p["rows"]:
             continue
         # the page size only rounds: configurations that differ in it alone share a curve
-        key = json.dumps({k: mm[k] for k in ("memory_bytes", "weights_bytes", "cell_bytes", "max_total_tokens")}, sort_keys=True)
+        # (and the memory a reference engine finds free differs by a few MB from one start to the next)
+        key = json.dumps({k: float(f"{mm[k]:.2g}") if isinstance(mm[k], (int, float)) else mm[k]
+                          for k in ("memory_bytes", "weights_bytes", "cell_bytes", "max_total_tokens")}, sort_keys=True)
         s = sty[name]
         if key in drawn:
             drawn[key][0].set_label(drawn[key][0].get_label() + f", {name}")
@@ -160,7 +163,7 @@ def plot_planner(planner: dict, sty: dict, outdir: Path) -> None:
             if mm["max_total_tokens"]:
                 free = np.array([pool_tokens(mm, x, capped=False) or np.nan for x in f], float)
                 ax.plot(f, np.where(free > 0, free, np.nan), color=s["color"], linestyle=":", marker="", alpha=0.7,
-                        label=f"without max-total-tokens ({name})")
+                        label="memory alone (without max-total-tokens)")
             drawn[key] = (line,)
         if mm["mem_fraction_static"] and mm["observed_tokens"]:
             ax.plot([mm["mem_fraction_static"]], [mm["observed_tokens"]], marker=s["marker"], color=s["color"], linestyle="none")

@@ -119,7 +119,7 @@ def _regimes(name: str, fit: dict) -> list[tuple[str, str]]:
         rc = (fit.get(kind) or {}).get("regime_change")
         if rc:
             later = len(rc["deviations"])
-            tail = (f", and stays off it at the {later - 1} longer length{'s' if later > 2 else ''} measured" if later > 1
+            tail = (", and at the longer length measured" if later == 2 else f", and at the {later - 1} longer lengths measured" if later > 2
                     else " (the longest length measured: one length, so check it with a longer one)")
             out.append(("residuals", f"{name}: {what} stops following its model beyond {rc['fitted_up_to']:,} tokens: at "
                         f"{rc['from_length']:,} tokens it is {abs(rc['deviation']):.0%} {rc['direction']} than the fit of the "
