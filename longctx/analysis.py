@@ -133,6 +133,7 @@ def fit_prefill(lengths, ttft, n_boot: int = 0, level: float = LEVEL, seed: int 
     out = {"model": "ttft = a + b*L + c*L^2", **f.summary()}
     b, c = f.coef[1], f.coef[2]
     out["crossover_tokens"] = float(b / c) if c > 0 else None
+    out["ci"]["crossover_tokens"] = None
     if f.draws is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
             out["ci"]["crossover_tokens"] = f.interval(np.where(f.draws[:, 2] > 0, f.draws[:, 1] / f.draws[:, 2], np.inf))
@@ -150,6 +151,7 @@ def fit_decode(lengths, tpot, kv_bytes_per_token: float | None, n_boot: int = 0,
     out = {"model": "step = t0 + beta*L", **f.summary(), "kv_bytes_per_token": kv_bytes_per_token,
            "bw_eff_bytes_per_s": bw, "bw_eff_GBps": bw / 1e9 if bw else None}
     ci = out["ci"]["beta_s_per_token"]
+    out["ci"]["bw_eff_GBps"] = None
     if ci and kv_bytes_per_token:  # a monotone map of beta: its interval maps over (reversed)
         out["ci"]["bw_eff_GBps"] = [kv_bytes_per_token / ci[1] / 1e9 if ci[1] else None,
                                     kv_bytes_per_token / ci[0] / 1e9 if ci[0] else None]
@@ -264,6 +266,10 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
         fits["decode"] = holder[0]
         out["decode"]["regime_change"] = regime_change("decode", d["length"], d["step_s"], st["regime_tolerance"],
                                                        min(n_boot, 400), level, seed)
+    if out.get("decode"):
+        out["decode"].update(bw_pct_datasheet=None, bw_pct_measured=None)
+    if out.get("prefill"):
+        out["prefill"].update(attention_flops=None, attention_pct_datasheet=None, attention_pct_measured=None)
     if not entry:
         return out
     dtype = spec.kv_cache_dtype if spec and spec.kv_cache_dtype in ("float32", "bfloat16", "float16") else "bfloat16"
@@ -272,8 +278,6 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     ceil = hardware.ceilings(engine, args, entry.get("hardware") or {}, calibration, dtype)
     out["ceilings"] = ceil
     dec = out.get("decode")
-    if dec:
-        dec.update(bw_pct_datasheet=None, bw_pct_measured=None)
     if dec and dec.get("bw_eff_bytes_per_s"):
         bw, ci = dec["bw_eff_bytes_per_s"], (dec["ci"].get("bw_eff_GBps") or [None, None])
         for which in ("datasheet", "measured"):
@@ -281,8 +285,6 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
             dec[f"bw_pct_{which}"] = _pct(bw, ref)
             dec["ci"][f"bw_pct_{which}"] = [_pct(x * 1e9, ref) if x is not None else None for x in ci] if ref else None
     pre = out.get("prefill")
-    if pre:
-        pre.update(attention_flops=None, attention_pct_datasheet=None, attention_pct_measured=None)
     if pre and spec and pre["c_s_per_token2"] > 0:
         # attention FLOPs of a prompt: L(L+1)/2 pairs x per-pair FLOPs, so c L^2 buys per_pair/2 FLOP per L^2
         rate = spec.prefill_flops_per_pair() / 2 / pre["c_s_per_token2"]

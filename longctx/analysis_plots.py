@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .analysis import decode_curve, ok_rows, prefill_curve, step_seconds  # noqa: E402
+from .diagnosis import _num  # noqa: E402
 from .figures import ANALYSIS_FIGURES  # noqa: E402
 from .planner import pool_tokens  # noqa: E402
 from .plots import _save, _styles  # noqa: E402
@@ -58,7 +59,7 @@ def plot_roofline(fits: dict, sty: dict, outdir: Path) -> None:
         dashed = r["which"] == "measured"
         ridge = r["flops"] / r["bw"]
         label = (f"{'measured' if dashed else 'datasheet'}: {r['name']} "
-                 f"({r['bw'] / 1e9:.3g} GB/s, {r['flops'] / 1e12:.3g} TFLOP/s)")
+                 f"({_num(r['bw'] / 1e9)} GB/s, {_num(r['flops'] / 1e12)} TFLOP/s)")
         ax.plot(x, np.minimum(r["flops"], x * r["bw"]), color="0.2" if not dashed else "0.45",
                 linestyle="--" if dashed else "-", marker="", linewidth=1.4, label=label)
         ax.axvline(ridge, color="0.6", linestyle=":", linewidth=0.8)

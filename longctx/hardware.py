@@ -109,7 +109,7 @@ def ceilings(engine: str | None, args: dict, hardware: dict, calibration: dict |
         elif out["device_name"]:
             out["datasheet_missing"] = f"no datasheet entry for {out['device_name']!r} in {TABLE_PATH.name}"
         else:
-            out["datasheet_missing"] = "no GPU seen by NVML where the server ran"
+            out["datasheet_missing"] = "no GPU seen by NVML on the machine that measured"
     else:
         out["device_name"] = hardware.get("cpu")
         out["datasheet_missing"] = "CPUs have no datasheet entry: only the measured ceilings apply"

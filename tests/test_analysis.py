@@ -1,6 +1,7 @@
 """Fits recover known coefficients; aggregation keeps failures as rows."""
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -158,9 +159,9 @@ def _study(tmp_path):
         "engine": "sglang", "args": {"tp-size": 8, "context-length": 200000, "mem-fraction-static": 0.94, "page-size": 1,
                                      "max-running-requests": 8},
         "model": {"name": "Kimi-K2.6", "architecture": KIMI_ARCH},
-        "hardware": {"cpu": "x", "gpus": [{"name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+        "hardware": {"cpu": "x", "gpus": [{"name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "driver": "580",
                                            "memory_total_bytes": int(95.0 * 2**30)}] * 8},
-        "kv_pool": {"tokens": 240_000}, "server_info": {}}}}
+        "kv_pool": {"tokens": 240_000, "log": None}, "server_info": {}}}}
     return pd.DataFrame(rows), prov
 
 
@@ -198,3 +199,43 @@ def test_diagnosis_names_the_fixed_step_work_when_the_kv_cache_is_a_small_share(
     fits = fit_all(df)["configurations"]
     (sentence,) = [i for i in diagnose(medians(df), fits) if i["figure"] == "step_time"]
     assert "bound by the fixed per-step work (t0 = 20 ms)" in sentence["text"] and "reading 8,192 tokens of it is 0%" in sentence["text"]
+
+
+def test_the_studys_report_renders_with_datasheet_ceilings_and_sources(tmp_path):
+    """The report path a GPU deployment takes (datasheet ceilings, TP8, sources), through real
+    figures and a real latexmk build; the CPU path is the workflow test's."""
+    import subprocess
+
+    from longctx.aggregate import COLUMNS
+    from longctx.analysis import fit_file
+    from longctx.analysis_plots import plot_analysis
+    from longctx.planner import plan_file
+    from longctx.plots import plot_all
+    from longctx.report import build_pdf, context, render
+
+    from .conftest import ROOT
+
+    df, prov = _study(tmp_path)
+    pd.DataFrame(df, columns=COLUMNS).to_csv(tmp_path / "results.csv", index=False)
+    entry = prov["configurations"]["triton-page1"]
+    entry["hardware"].update(usable_cpus=2, memory_total_bytes=2**34)
+    entry.update(protocol={"warmup": 1, "trials": 3, "output_tokens": 64, "flush_cache": True}, spec_hash="x",
+                 last_finished_at="2026-01-01T00:00:00+00:00")
+    entry["model"]["kv_bytes_per_token"] = 70_272
+    (tmp_path / "prov.json").write_text(json.dumps(prov))
+    fit_file(tmp_path / "results.csv", tmp_path / "fits.json", tmp_path / "prov.json", None, {"bootstrap": 100})
+    plan_file(tmp_path / "prov.json", tmp_path / "results.csv", tmp_path / "planner.json", [0.9])
+    report = tmp_path / "report"
+    style = ROOT / "templates" / "plot.mplstyle"
+    plot_all(tmp_path / "results.csv", tmp_path / "fits.json", style, report / "figures")
+    plot_analysis(tmp_path / "results.csv", tmp_path / "fits.json", tmp_path / "planner.json", style, report / "figures")
+    ctx = context(tmp_path / "results.csv", tmp_path / "fits.json", tmp_path / "prov.json", planner_json=tmp_path / "planner.json")
+    render(ROOT / "templates" / "longctx.tex.j2", report / "longctx.tex", ctx)
+    build_pdf(report / "longctx.tex", report / "longctx.pdf", tmp_path / "prov.json")
+    text = subprocess.run(["pdftotext", "-layout", str(report / "longctx.pdf"), "-"], capture_output=True, text=True,
+                          check=True).stdout
+    flat = " ".join(text.split()).replace("\u2019", "'")  # LaTeX sets ' as a right quote
+    assert "0.51% of the datasheet's 1,792 GB/s (NVIDIA RTX PRO 6000 Blackwell Workstation Edition). (Figure 2)" in flat
+    assert "Sources: NVIDIA RTX PRO 6000 Blackwell Workstation Edition: https://www.nvidia.com/en-us/products/" in flat
+    assert "professional-desktop-gpus/rtx-pro-6000/" in text  # \url breaks the line, not the address
+    assert re.search(r"triton-page1\s+MLA\s+bfloat16\s+8\s+70272", text)
