@@ -75,7 +75,9 @@ class Fit:
 
     def __init__(self, kind: str, lengths, y, n_boot: int = 0, level: float = LEVEL, seed: int = 0):
         self.kind, self.names, self.level = kind, self.KINDS[kind], level
-        self.L, self.y = np.asarray(lengths, float), np.asarray(y, float)
+        L, y = np.asarray(lengths, float), np.asarray(y, float)
+        keep = np.isfinite(y) & (y > 0)  # relative residuals need a positive time
+        self.L, self.y = L[keep], y[keep]
         X = self.basis(self.L)
         self.coef = _nnls_relative(list(X.T), self.y)
         self.pred = X @ self.coef

@@ -170,7 +170,9 @@ def test_the_studys_bandwidth_figures_are_reproduced(tmp_path):
     fit = fit_all(df, prov, None, {"bootstrap": 200})["configurations"]["triton-page1"]
     d = fit["decode"]
     assert fit["model_spec"]["kv_bytes_per_token"] == 70_272
-    # 185k tokens x 70,272 B = 13.0 GB read per step; at 0.7 steps/s that is 9.1 GB/s, under 1% of 1792 GB/s
+    # 185k tokens x 70,272 B = 13.0 GB read per step; at 0.7 steps/s that is 9.1 GB/s, under 1% of 1792 GB/s.
+    # (The "0.7 tok/s at 185k is about 13 GB/s" takes the 13.0 GB read per step for the rate:
+    # 13 GB/s would need 1.0 tok/s. Both are under 1% of the datasheet's 1792 GB/s.)
     assert 185_000 * 70_272 / 1e9 == pytest.approx(13.0, abs=0.05)
     assert d["bw_eff_GBps"] == pytest.approx(9.1, rel=0.01)
     assert d["bw_pct_datasheet"] == pytest.approx(100 * 9.1 / 1792, rel=0.01) and d["bw_pct_datasheet"] < 1
