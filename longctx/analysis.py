@@ -67,9 +67,12 @@ def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
 
 
 class Fit:
-    """A model linear in non-negative coefficients, fitted on relative residuals, with a wild
-    bootstrap: y* = fit + (y - fit) / sqrt(1 - h) x v, v = +-1 with equal odds (Rademacher), h the
-    leverage of the weighted design, refitted n_boot times. Intervals are the bootstrap percentiles."""
+    """A model linear in non-negative coefficients, fitted on relative residuals, with a residual
+    bootstrap: y* = fit x (1 + e*), e* drawn with replacement from the relative residuals (centred,
+    divided by sqrt(1 - h), h the leverage of the weighted design), refitted n_boot times; the
+    intervals are the bootstrap percentiles. The relative noise is taken to be alike at every
+    length, as the fit's weighting assumes. (At 95% the intervals cover known coefficients of
+    synthetic data in about 94% of draws: tests/test_analysis.py.)"""
 
     KINDS = {"prefill": ("a_s", "b_s_per_token", "c_s_per_token2"), "decode": ("t0_s", "beta_s_per_token")}
 
@@ -311,7 +314,8 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
             ex[key], ex["ci_" + key] = value, ci
             if kind == "decode":
                 ex["decode_tok_s"] = tokens_per_step / value
-                ex["ci_decode_tok_s"] = [tokens_per_step / ci[1], tokens_per_step / ci[0]] if ci else None
+                ex["ci_decode_tok_s"] = [tokens_per_step / ci[1] if ci[1] else None,
+                                         tokens_per_step / ci[0] if ci[0] else None] if ci else None
                 ex["tokens_per_step"] = tokens_per_step
         out["extrapolation"] = ex
     # the band of each fitted curve, for the extrapolation figure
