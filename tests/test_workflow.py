@@ -55,7 +55,8 @@ def test_two_builds_from_the_same_data_are_byte_identical(workflow, tmp_path):
     out = tmp_path / "report"
     shutil.copytree(workflow / "report" / "figures", out / "figures")
     data = {k: workflow / "data" / f for k, f in (("results_csv", "results.csv"), ("fits_json", "fits.json"),
-                                                   ("provenance_json", "provenance.json"), ("itl_depth_csv", "itl_depth.csv"))}
+                                                   ("provenance_json", "provenance.json"), ("itl_depth_csv", "itl_depth.csv"),
+                                                   ("planner_json", "planner.json"))}
     cfg = lcfg.load(workflow / "tiny.yaml")
     record = report.render_report(workflow / "templates" / "longctx.tex.j2", out / "longctx.tex", out / "version.json",
                                   **data, baseline=lcfg.report_baseline(cfg), config=cfg)
@@ -102,7 +103,9 @@ def test_every_stage_left_its_outputs_and_logs(workflow):
     for path in ("build/kernels/paged_mla_decode_torch/manifest.json", "data/raw/page16/512.json",
                  "data/fits.json", "data/provenance.json", "report/figures/ttft.png", "report/longctx.tex",
                  "report/version.json", "report/longctx.md", "data/logs/bench/page1.log", "data/logs/server/page16.log",
-                 "data/logs/build_pdf.log", "data/logs/render_markdown.log"):
+                 "data/logs/build_pdf.log", "data/logs/render_markdown.log",
+                 "data/calibration.json", "data/logs/calibrate_hardware.log", "data/planner.json", "data/logs/plan_memory.log",
+                 "report/figures/roofline.pdf", "report/figures/planner.png", "data/logs/plot_analysis_figures.log"):
         assert (workflow / path).is_file(), path
 
 
@@ -138,9 +141,9 @@ def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream
     source.write_text(original + "\n# edited\n")
     try:
         assert planned_jobs(workflow) == {
-            "build_kernel": 1, "bench_configuration": 3, "aggregate_results": 1, "fit_models": 1,
-            "plot_figures": 1, "render_report": 1, "build_pdf": 1,
-        }
+            "build_kernel": 1, "bench_configuration": 3, "aggregate_results": 1, "fit_models": 1, "plan_memory": 1,
+            "plot_figures": 1, "plot_analysis_figures": 1, "render_report": 1, "build_pdf": 1,
+        }  # the calibration stands: it measures the machine, not the kernel
     finally:
         source.write_text(original)
 
@@ -154,8 +157,8 @@ def test_the_studys_deployment_config_plans_its_jobs_without_a_gpu(workflow):
     out = snakemake(workflow, "-n", "report/longctx.pdf", "--configfile", "config/examples/kimi-k2.6-rtx-pro-6000.yaml")
     stats = out.split("Job stats:")[-1]
     jobs = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m[1] != "total"}
-    assert jobs == {"bench_configuration": 1, "aggregate_results": 1, "fit_models": 1, "plot_figures": 1,
-                    "render_report": 1, "build_pdf": 1}
+    assert jobs == {"bench_configuration": 1, "calibrate_hardware": 1, "aggregate_results": 1, "fit_models": 1,
+                    "plan_memory": 1, "plot_figures": 1, "plot_analysis_figures": 1, "render_report": 1, "build_pdf": 1}
     assert "data/raw/triton-page1/185000.json" in out
 
 
@@ -178,3 +181,30 @@ def test_batches_of_concurrent_requests_are_measured_and_reported(workflow):
     text = pdftotext(workflow / "report" / "longctx.pdf")
     expected = display(batch["ttft_s"].median(), "ttft_ms")
     assert re.search(rf"page1\s+512\s+2\s+4\s+{re.escape(expected)}\s", text), expected
+
+
+def test_analysis_diagnosis_in_the_summary_roofline_and_planner_in_the_report(workflow):
+    import json
+
+    cal = json.loads((workflow / "data" / "calibration.json").read_text())["devices"]
+    assert list(cal) == ["cpu"] and cal["cpu"]["status"] == "ok" and cal["cpu"]["copy_bytes"] == 16 * 2**20
+    fits = json.loads((workflow / "data" / "fits.json").read_text())["configurations"]
+    for name, fit in fits.items():
+        assert fit["decode"]["ci"]["t0_s"] and fit["prefill"]["ci"]["a_s"], name
+        assert fit["ceilings"]["device"] == "cpu" and fit["ceilings"]["measured"]["bandwidth_Bps"] == cal["cpu"]["copy_Bps"]
+        assert [p["length"] for p in fit["roofline"]["points"]] == [64, 128, 256, 512]
+        assert fit["extrapolation"]["length"] == 2048  # context-length 2048 < the 4096-token pool
+    assert fits["page16-ngram"]["roofline"]["query_tokens"] == 4 and fits["page1"]["roofline"]["query_tokens"] == 1
+    planner = json.loads((workflow / "data" / "planner.json").read_text())["configurations"]
+    assert {p["check"] for p in planner.values()} == {"match"}  # the rule gives the pool each real server allocated
+    text = pdftotext(workflow / "report" / "longctx.pdf")
+    flat = " ".join(text.split())
+    # the diagnosis opens the summary (page one), before the headline table, each sentence naming its figure
+    summary, headline, prefill = flat.index("1 Summary"), flat.index("TTFT speedup"), flat.index("2 Prefill")
+    assert summary < flat.index("KV pool holds 4,096 tokens") < headline < prefill
+    assert summary < flat.index("decode at 512 tokens runs at") < headline
+    assert len(re.findall(r"\(Figure \d+\)", flat[summary:headline])) >= 6 and "Figure ??" not in flat
+    md = (workflow / "report" / "longctx.md").read_text()
+    assert "KV pool holds 4,096 tokens" in md and "(figures/roofline.png)" in md
+    for heading in ("Roofline of decode attention", "KV memory planner", "Model and hardware ceilings", "Regime changes"):
+        assert heading in text, heading
