@@ -24,7 +24,7 @@ from .client import request_body, stream_generate
 from .config import digest
 from .engines import EngineAdapter, get_adapter
 from .analysis import fit_prefill, prefill_curve
-from .modelspec import kv_bytes_per_token
+from .modelspec import ModelSpecError, model_spec
 from .process import ExternalServer, ManagedServer, PortTaken, ServerError, free_port
 from .telemetry import Sampler, make_source, summarize, visible_gpus
 from .needle import probe as needle_probe
@@ -74,6 +74,19 @@ def server_env(spec: dict) -> dict[str, str]:
 def served_model(spec: dict) -> str:
     """The model name an OpenAI server expects in requests."""
     return str(spec["args"].get("served-model-name") or spec["model"].get("path") or spec["model"]["name"])
+
+
+def resolved_model_spec(spec: dict) -> dict | None:
+    """The architecture as this configuration serves it (TP size, KV dtype), for the analysis;
+    None where the config gives kv_bytes_per_token for a model the spec cannot describe."""
+    try:
+        return model_spec(spec["model"], spec["args"], spec["engine"]).to_dict()
+    except ModelSpecError as exc:
+        if spec["model"].get("kv_bytes_per_token"):
+            return None
+        from .config import ConfigError
+
+        raise ConfigError(str(exc)) from None
 
 
 def kernel_manifest(spec: dict) -> dict | None:
@@ -391,9 +404,11 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path, re
     if adapter.managed:
         server_log.parent.mkdir(parents=True, exist_ok=True)
         server_log.unlink(missing_ok=True)
+    mspec = resolved_model_spec(spec)
     prov = {
         "protocol": spec["protocol"],
-        "model": {**spec["model"], "kv_bytes_per_token": kv_bytes_per_token(spec["model"])},
+        "model": {**spec["model"], "kv_bytes_per_token": spec["model"].get("kv_bytes_per_token") or mspec["kv_bytes_per_token"]},
+        "model_spec": mspec,
         "args": spec["args"],
         "git": provenance.git_info(),
         "packages": provenance.package_versions(),

@@ -63,7 +63,34 @@ def _aggregate(a) -> int:
 def _fit(a) -> int:
     from .analysis import fit_file
 
-    print(json.dumps(fit_file(a.results, a.out), indent=1, default=str))
+    settings = json.loads(a.settings) if a.settings else None
+    fits = fit_file(a.results, a.out, a.provenance, a.calibration, settings)
+    print(json.dumps(fits, indent=1, default=str))
+    return 0
+
+
+def _calibrate(a) -> int:
+    from . import config as cfg
+    from .calibrate import calibrate, plan
+
+    p = json.loads(a.plan) if a.plan else plan(cfg.load(a.configfile))
+    doc = calibrate(p, a.out)
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
+def _plan_memory(a) -> int:
+    from .planner import plan_file
+
+    print(json.dumps(plan_file(a.provenance, a.results, a.out, [float(f) for f in a.fractions.split(",")]), indent=1))
+    return 0
+
+
+def _plot_analysis(a) -> int:
+    from .analysis_plots import plot_analysis
+
+    for p in plot_analysis(a.results, a.fits, a.planner, a.style, a.outdir):
+        print(p)
     return 0
 
 
@@ -87,7 +114,7 @@ def _render(a) -> int:
     from .report import render_report
 
     c, baseline = _report_config(a)
-    record = render_report(a.template, a.out, a.version_out, a.results, a.fits, a.provenance, a.itl_depth,
+    record = render_report(a.template, a.out, a.version_out, a.results, a.fits, a.provenance, a.itl_depth, a.planner,
                            baseline=baseline, config=c, versions_dir=a.versions)
     print(f"{a.out}: version {record['n']} ({record['name']})")
     return 0
@@ -105,8 +132,8 @@ def _markdown(a) -> int:
     from .markdown import render_twin
 
     c, baseline = _report_config(a)
-    render_twin(a.template, a.out, a.version, a.results, a.fits, a.provenance, a.itl_depth, baseline=baseline,
-                config=c, versions_dir=a.versions)
+    render_twin(a.template, a.out, a.version, a.results, a.fits, a.provenance, a.itl_depth, a.planner,
+                baseline=baseline, config=c, versions_dir=a.versions)
     print(a.out)
     return 0
 
@@ -117,7 +144,7 @@ def _plan_section(a) -> int:
     from .markdown import plan_section
 
     c, baseline = _report_config(a)
-    section = plan_section(a.template, a.plan, a.version, a.results, a.fits, a.provenance, a.itl_depth,
+    section = plan_section(a.template, a.plan, a.version, a.results, a.fits, a.provenance, a.itl_depth, a.planner,
                            baseline=baseline, config=c, versions_dir=a.versions)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(section)
@@ -182,10 +209,34 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("raw", nargs="+")
     s.set_defaults(func=_aggregate)
 
-    s = sub.add_parser("fit", help="results.csv -> fits.json")
+    s = sub.add_parser("calibrate", help="measure copy bandwidth and matmul rate of the devices the servers compute on")
+    s.add_argument("--plan", help="what to measure, as JSON (what the workflow passes)")
+    s.add_argument("--configfile", help="or: the config file to plan from")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_calibrate)
+
+    s = sub.add_parser("fit", help="results.csv (+ provenance.json, calibration.json) -> fits.json")
     s.add_argument("--results", required=True)
+    s.add_argument("--provenance", help="data/provenance.json: model spec, hardware, KV pool per configuration")
+    s.add_argument("--calibration", help="data/calibration.json: the measured ceilings")
+    s.add_argument("--settings", help="the config's analysis section as JSON (bootstrap, confidence, seed, regime_tolerance)")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_fit)
+
+    s = sub.add_parser("plan-memory", help="provenance.json -> planner.json (KV pool against mem-fraction-static)")
+    s.add_argument("--provenance", required=True)
+    s.add_argument("--results", help="data/results.csv: the longest length measured per configuration")
+    s.add_argument("--fractions", default="0.5,0.6,0.7,0.8,0.85,0.9,0.95", help="comma-separated mem-fraction-static values")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_plan_memory)
+
+    s = sub.add_parser("plot-analysis", help="fits.json + planner.json -> roofline, residual, extrapolation and planner figures")
+    s.add_argument("--results", required=True)
+    s.add_argument("--fits", required=True)
+    s.add_argument("--planner", required=True)
+    s.add_argument("--style", required=True)
+    s.add_argument("--outdir", required=True)
+    s.set_defaults(func=_plot_analysis)
 
     s = sub.add_parser("plot", help="results.csv + fits.json -> figures (PDF and PNG)")
     s.add_argument("--results", required=True)
@@ -201,6 +252,7 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--fits", required=True)
         s.add_argument("--provenance", required=True)
         s.add_argument("--itl-depth", help="data/itl_depth.csv")
+        s.add_argument("--planner", help="data/planner.json (the KV memory planner)")
         s.add_argument("--config-json", help="the validated configuration as JSON (what the workflow passes)")
         s.add_argument("--configfile", help="or: a config file")
         s.add_argument("--baseline", help="the configuration speedups are against (default: report.baseline, else the first one)")

@@ -1,4 +1,6 @@
 """Names of the report's figures (light: the workflow reads them when it parses its rules)."""
 
 FIGURES = ("ttft", "decode_rate", "step_time", "acceptance", "itl_depth")
+# made by `longctx plot-analysis` (the plot_analysis_figures rule)
+ANALYSIS_FIGURES = ("roofline", "residuals", "extrapolation", "planner")
 FORMATS = ("pdf", "png")

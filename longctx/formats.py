@@ -53,6 +53,16 @@ def sig(value, digits: int = 3) -> str | None:
     return f"{float(value):.{digits}g}" if is_number(value) else None
 
 
+def interval(pair, scale: float = 1.0, digits: int = 3) -> tuple[str, str | None] | None:
+    """The ends of a fit's interval [low, high] (fits.json's "ci") times scale, as `sig` prints them;
+    a missing low end is 0 (the quantities are non-negative), a missing high end None (unbounded).
+    None where there is no interval."""
+    if not pair or (pair[0] is None and pair[1] is None):
+        return None
+    lo = sig(pair[0] * scale, digits) if pair[0] is not None else "0"
+    return lo, sig(pair[1] * scale, digits) if pair[1] is not None else None
+
+
 def group(digits: str) -> str:
     """Group the integer part by thousands with commas, as siunitx does with SISETUP."""
     m = _INTEGER_PART.match(digits)

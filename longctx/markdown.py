@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jinja2
 
-from .formats import display
+from .formats import display, group, interval
 from .formats import sig as _sig
 from .report import ReportError, context, data_files, render, render_text, with_version
 
@@ -37,6 +37,14 @@ def _finalize(value):
     return md_escape(value)
 
 
+def _interval(pair, scale: float = 1.0, digits: int = 3) -> Markdown:
+    """[low, high] of a fit's interval (times scale), -- without one: the PDF's, in Markdown."""
+    ends = interval(pair, scale, digits)
+    if ends is None:
+        return Markdown("--")
+    return Markdown(f"[{group(ends[0])}, {group(ends[1]) if ends[1] is not None else '∞'}]")
+
+
 def environment(template_dir: str | Path) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir)), trim_blocks=True, lstrip_blocks=True,
@@ -47,6 +55,7 @@ def environment(template_dir: str | Path) -> jinja2.Environment:
         sig=lambda v, digits=3: _sig(v, digits) or "--",
         num=lambda v: display(v, "int"),
         md=lambda s: Markdown(s),
+        ci=_interval,
     )
     return env
 
@@ -56,33 +65,33 @@ def _link(target: str | Path, start: str | Path) -> str:
     return Path(os.path.relpath(Path(target).resolve(), Path(start).resolve())).as_posix()
 
 
-def markdown_context(results_csv, fits_json, provenance_json, itl_depth_csv, version_json, *, baseline=None,
-                     config=None, versions_dir=None, template_dir=None) -> dict:
+def markdown_context(results_csv, fits_json, provenance_json, itl_depth_csv, version_json, planner_json=None, *,
+                     baseline=None, config=None, versions_dir=None, template_dir=None) -> dict:
     record = json.loads(Path(version_json).read_text())
     versions_dir = Path(versions_dir) if versions_dir else Path(version_json).parent / "versions"
-    ctx = context(*data_files(results_csv, fits_json, provenance_json, itl_depth_csv), baseline=baseline,
+    ctx = context(*data_files(results_csv, fits_json, provenance_json, itl_depth_csv, planner_json), baseline=baseline,
                   config=config, template_dir=template_dir)
     if ctx["baseline"] != record.get("baseline", ctx["baseline"]):
         raise ReportError(f"{version_json} was made with baseline {record['baseline']!r}, not {ctx['baseline']!r}: render the report again")
     return {**with_version(ctx, record, versions_dir), "versions_dir": versions_dir}
 
 
-def render_twin(template, out_md, version_json, results_csv, fits_json, provenance_json, itl_depth_csv=None, *,
-                baseline=None, config=None, versions_dir=None) -> None:
+def render_twin(template, out_md, version_json, results_csv, fits_json, provenance_json, itl_depth_csv=None,
+                planner_json=None, *, baseline=None, config=None, versions_dir=None) -> None:
     """report/longctx.md: links are relative to it (figures/*.png, versions/<name>.pdf)."""
     template, out_md = Path(template), Path(out_md)
-    ctx = markdown_context(results_csv, fits_json, provenance_json, itl_depth_csv, version_json, baseline=baseline,
-                           config=config, versions_dir=versions_dir, template_dir=template.parent)
+    ctx = markdown_context(results_csv, fits_json, provenance_json, itl_depth_csv, version_json, planner_json,
+                           baseline=baseline, config=config, versions_dir=versions_dir, template_dir=template.parent)
     ctx["pdf_link"] = _link(ctx["versions_dir"] / f"{ctx['version']['name']}.pdf", out_md.parent)
     ctx["figures"] = _link(out_md.parent / "figures", out_md.parent)
     render(template, out_md, ctx, environment(template.parent))
 
 
-def plan_section(template, plan, version_json, results_csv, fits_json, provenance_json, itl_depth_csv=None, *,
-                 baseline=None, config=None, versions_dir=None) -> str:
+def plan_section(template, plan, version_json, results_csv, fits_json, provenance_json, itl_depth_csv=None,
+                 planner_json=None, *, baseline=None, config=None, versions_dir=None) -> str:
     """The Results section for the plan document at `plan` (its links relative to the plan)."""
     template = Path(template)
-    ctx = markdown_context(results_csv, fits_json, provenance_json, itl_depth_csv, version_json, baseline=baseline,
-                           config=config, versions_dir=versions_dir, template_dir=template.parent)
+    ctx = markdown_context(results_csv, fits_json, provenance_json, itl_depth_csv, version_json, planner_json,
+                           baseline=baseline, config=config, versions_dir=versions_dir, template_dir=template.parent)
     ctx["pdf_link"] = _link(ctx["versions_dir"] / f"{ctx['version']['name']}.pdf", Path(plan).parent)
     return render_text(template, ctx, environment(template.parent))

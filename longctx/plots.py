@@ -3,7 +3,7 @@
 Every figure takes its look from one style file (templates/plot.mplstyle, an input of the plot
 rule): colours that stay apart in grayscale, each configuration also told apart by line style and
 marker. Length axes are logarithmic where the lengths span a decade or more; fitted curves carry
-their confidence band (longctx.bands).
+their bootstrap band from fits.json (longctx.bands).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from . import bands  # noqa: E402
-from .analysis import decode_curve, medians, ok_rows, prefill_curve  # noqa: E402
+from .analysis import decode_curve, medians, ok_rows, prefill_curve, step_seconds  # noqa: E402
 from .figures import FIGURES  # noqa: E402
 
 BAND_ALPHA = 0.15
@@ -55,6 +55,15 @@ def _shade(ax, x, band, style) -> None:
         ax.fill_between(x, lo, hi, color=style["color"], alpha=BAND_ALPHA, linewidth=0)
 
 
+def _tokens_per_step(med: pd.DataFrame, grid) -> np.ndarray | float:
+    """Tokens one decode step produces at each grid length: the medians' acceptance length under
+    speculative decoding (interpolated on log L, held at the ends), else 1."""
+    m = med[med["spec_accept_length"].notna()].sort_values("length")
+    if m.empty:
+        return 1.0
+    return np.interp(np.log(np.asarray(grid, float)), np.log(m["length"].to_numpy(float)), m["spec_accept_length"].to_numpy(float))
+
+
 def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, outdir: str | Path,
              itl_depth_csv: str | Path | None = None) -> list[Path]:
     plt.style.use(str(style))
@@ -78,14 +87,15 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
         ax.plot(m["length"], m["ttft_s"], linestyle="none", marker=s["marker"], color=s["color"], label=f"{name} (median)")
         if "prefill" in fits.get(name, {}):
             fit = fits[name]["prefill"]
-            _shade(ax, lengths, bands.band("prefill", fit, lengths, pts["length"], pts["ttft_s"]), s)
+            _shade(ax, lengths, bands.band(fits[name], "prefill", lengths), s)
             ax.plot(lengths, prefill_curve(fit, lengths), color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
     ax.set(yscale="log", xlabel="prompt length L (tokens)", ylabel="TTFT (s)", title="Prefill: time to first token")
     _length_axis(ax, df["length"])
     ax.legend()
     _save(fig, outdir, "ttft")
 
-    # decode rate against L: medians, and 1/t(L) from the decode fit with its band
+    # decode rate against L: medians, and k(L)/t(L) from the decode fit with its band (t: the time per
+    # decode step; k: tokens a step produces, the acceptance length interpolated between lengths, else 1)
     fig, ax = plt.subplots()
     top = 0.0
     for name in names:
@@ -94,15 +104,15 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
         top = max(top, float(m["decode_tok_s"].max()) if len(m) else 0.0)
         fit = fits.get(name, {}).get("decode")
         if fit:
-            pts = ok[(ok["configuration"] == name) & ok["tpot_s"].notna()]
+            k = _tokens_per_step(m, lengths)
             step = decode_curve(fit, lengths)
-            band = bands.band("decode", fit, lengths, pts["length"], pts["tpot_s"])
-            if band is not None:  # rate = 1 / step time; a step-time bound at or below 0 leaves the rate unbounded
-                band = (1 / np.maximum(band[1], 1e-300), np.where(band[0] > 0, 1 / np.maximum(band[0], 1e-300), 1e300))
+            band = bands.band(fits[name], "decode", lengths)
+            if band is not None:  # rate = k / step time; a step-time bound at or below 0 leaves the rate unbounded
+                band = (k / np.maximum(band[1], 1e-300), np.where(band[0] > 0, k / np.maximum(band[0], 1e-300), 1e300))
             _shade(ax, lengths, band, s)
             if (step > 0).all():
-                ax.plot(lengths, 1 / step, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
-                top = max(top, float((1 / step).max()))
+                ax.plot(lengths, k / step, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
+                top = max(top, float((k / step).max()))
         ax.plot(m["length"], m["decode_tok_s"], linestyle="none", marker=s["marker"], color=s["color"], label=f"{name} (median)")
     ax.set(xlabel="context length L (tokens)", ylabel="decode (tokens/s)", title="Decode rate (one request)")
     _length_axis(ax, df["length"])
@@ -115,14 +125,15 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
     for name in names:
         s = sty[name]
         pts = ok[(ok["configuration"] == name) & ok["tpot_s"].notna()]
-        ax.plot(pts["length"], pts["tpot_s"] * 1e3, linestyle="none", marker=s["marker"], color=s["color"], alpha=0.5, label=f"{name}")
+        ax.plot(pts["length"], step_seconds(pts) * 1e3, linestyle="none", marker=s["marker"], color=s["color"], alpha=0.5, label=f"{name}")
         if "decode" in fits.get(name, {}):
             fit = fits[name]["decode"]
             grid = lengths if spans_decades(df["length"]) else np.linspace(0, df["length"].max(), 50)
-            band = bands.band("decode", fit, grid, pts["length"], pts["tpot_s"])
+            band = bands.band(fits[name], "decode", grid)
             _shade(ax, grid, None if band is None else (band[0] * 1e3, band[1] * 1e3), s)
             ax.plot(grid, decode_curve(fit, grid) * 1e3, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
-    ax.set(xlabel="context length L (tokens)", ylabel="time per output token (ms)", title="Decode step time")
+    ax.set(xlabel="context length L (tokens)", ylabel="time per decode step (ms)",
+           title="Decode step time (per output token without speculation)")
     _length_axis(ax, df["length"])
     ax.set_ylim(bottom=0)
     ax.legend()

@@ -1,7 +1,8 @@
 """The report: Jinja-templated LaTeX (LaTeX-safe delimiters, every value escaped), built by latexmk.
 
 `context` gathers what every rendering of the report shows (the PDF, its Markdown twin, a plan's
-Results section); `render_report` adds the version (longctx.versions) and writes the .tex;
+Results section): the medians, the fits with their intervals (fits.json), the memory planner
+(planner.json), one diagnosis (longctx.diagnosis) and one headline table (longctx.summary); `render_report` adds the version (longctx.versions) and writes the .tex;
 `build_pdf` runs latexmk with dates taken from the data and keeps the PDF as a version.
 """
 
@@ -22,13 +23,14 @@ import pandas as pd
 import yaml
 
 from . import __version__, bands, versions
-from .analysis import concurrency_table, is_number, medians
-from .formats import FORMATS, SISETUP, plain
+from .analysis import concurrency_table, medians
+from .diagnosis import diagnose
+from .formats import FORMATS, SISETUP, interval, plain
 from .formats import sig as _sig_plain
 from .provenance import git_info, package_versions
 from .summary import choose_baseline, headline
 
-__all__ = ["FORMATS", "context", "render", "render_report", "build_pdf", "diagnosis", "ReportError"]
+__all__ = ["FORMATS", "context", "render", "render_report", "build_pdf", "ReportError"]
 
 _TEX_SPECIALS = {
     "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
@@ -39,8 +41,8 @@ _TEX_SPECIALS = {
 # Front page: the title block and the summary (sections/summary.tex.j2). Then the body sections in
 # this order; a section file not named here (a new analysis) comes after the named ones that precede
 # "comparison". Files named appendix_* make the appendix, in APPENDIX_ORDER, then by name.
-BODY_ORDER = ("prefill", "decode", "roofline", "speculative", "telemetry", "planner", "needle", "concurrency",
-              "itl_depth", "comparison", "failures")
+BODY_ORDER = ("prefill", "decode", "intervals", "roofline", "hardware", "speculative", "telemetry", "planner", "needle",
+              "concurrency", "itl_depth", "comparison", "failures")
 APPENDIX_ORDER = ("appendix_configuration", "appendix_servers", "appendix_hardware", "appendix_results",
                   "appendix_versions")
 FRONT = ("summary",)
@@ -86,6 +88,15 @@ def _sig(value, digits: int = 3):
     return _num(_sig_plain(value, digits))
 
 
+def _interval(pair, scale: float = 1.0, digits: int = 3) -> TeX | str:
+    """[low, high] of a fit's interval (times scale), -- without one."""
+    ends = interval(pair, scale, digits)
+    if ends is None:
+        return "--"
+    high = _num(ends[1]) if ends[1] is not None else r"$\infty$"
+    return TeX(f"[{_num(ends[0])}, {high}]")
+
+
 def _breakable(value) -> TeX:
     """Escaped, with line breaks allowed after / , = (long paths, JSON, command lines)."""
     return TeX(re.sub(r"([/,=])", r"\1\\allowbreak{}", tex_escape(value)))
@@ -120,7 +131,7 @@ def environment(template_dir: str | Path) -> jinja2.Environment:
         undefined=jinja2.StrictUndefined, finalize=_finalize, keep_trailing_newline=True,
     )
     env.filters.update(fmt=_fmt, sig=_sig, tex=lambda s: TeX(s), breakable=_breakable,
-                       num=lambda v: _fmt(v, "int"))
+                       num=lambda v: _fmt(v, "int"), ci=_interval)
     env.globals["SISETUP"] = TeX(SISETUP)
     return env
 
@@ -135,36 +146,6 @@ def template_error(exc: BaseException, offset: int = 0) -> str | None:
         return None
     f = frames[-1]
     return f"template {_shown_path(f.filename)} line {f.lineno - offset}: {type(exc).__name__}: {exc}"
-
-
-def diagnosis(med: pd.DataFrame, fits: dict) -> list[str]:
-    """Sentences carrying their figures, from the numbers alone."""
-    out = []
-    for name, fit in fits.items():
-        rows = med[(med["configuration"] == name) & med["ttft_s"].notna()]
-        if rows.empty:
-            out.append(f"{name}: no length was measured successfully.")
-            continue
-        top = rows.iloc[-1]
-        L = int(top["length"])
-        p = fit.get("prefill")
-        if p:
-            quad = p["c_s_per_token2"] * L**2
-            share = quad / (p["a_s"] + p["b_s_per_token"] * L + quad) if quad > 0 else 0.0
-            cross = f", attention overtakes the linear work beyond {p['crossover_tokens']:,.0f} tokens" if p.get("crossover_tokens") else ""
-            out.append(f"{name}: prefill of {L:,} tokens takes {top['ttft_s']:.2f} s; the quadratic (attention) term is {share:.0%} of it{cross}.")
-        if is_number(top.get("spec_accept_length")):
-            out.append(
-                f"{name}: speculative decoding produces {top['spec_accept_length']:.2f} tokens per verify step at {L:,} tokens "
-                f"({top['spec_accept_rate']:.0%} of drafts accepted)."
-            )
-        d = fit.get("decode")
-        if d and d.get("bw_eff_GBps"):
-            out.append(
-                f"{name}: decode at {L:,} tokens runs at {top['decode_tok_s']:.1f} tok/s ({top['tpot_s'] * 1e3:.2f} ms per token); "
-                f"each extra KV token costs {d['beta_s_per_token'] * 1e9:.1f} ns, an effective KV read bandwidth of {d['bw_eff_GBps']:.2f} GB/s."
-            )
-    return out
 
 
 def source_date_epoch(provenance: dict) -> int:
@@ -238,11 +219,13 @@ def _scalars(info: dict) -> list[tuple[str, str]]:
     return out
 
 
-def context(results_csv, fits_json, provenance_json, itl_depth_csv=None, *, baseline: str | None = None,
+def context(results_csv, fits_json, provenance_json, itl_depth_csv=None, planner_json=None, *, baseline: str | None = None,
             config: dict | None = None, template_dir: str | Path | None = None) -> dict:
     """What the report shows, from the data files; the same for the PDF, the Markdown twin and a plan."""
     df = pd.read_csv(results_csv)
-    fits = json.loads(Path(fits_json).read_text())["configurations"]
+    analysis = json.loads(Path(fits_json).read_text())
+    fits = analysis["configurations"]
+    planner = json.loads(Path(planner_json).read_text()) if planner_json else None
     prov = json.loads(Path(provenance_json).read_text())
     med = medians(df)
     names = sorted(df["configuration"].unique())
@@ -297,8 +280,10 @@ def context(results_csv, fits_json, provenance_json, itl_depth_csv=None, *, base
         "configurations": configs,
         "baseline": base,
         "headline": headline(med, base, [n for n in order if n in names] + [n for n in names if n not in order]),
-        "diagnosis": diagnosis(med, fits),
-        "bands": {kind: bands.describe({bands.source(kind, f.get(kind)) for f in fits.values()}) for kind in bands.MODELS},
+        "diagnosis": diagnose(med, fits, planner),
+        "analysis": analysis,
+        "planner": planner,
+        "bands": {kind: bands.describe(analysis, kind) for kind in bands.KINDS},
         "failures": failures,
         "telemetry": telemetry,
         "itl_depth": itl_depth_summary(itl_depth_csv),
@@ -342,8 +327,9 @@ def render(template: str | Path, out: str | Path, ctx: dict, env: jinja2.Environ
     Path(out).write_text(text)
 
 
-def data_files(results_csv, fits_json, provenance_json, itl_depth_csv=None) -> list:
-    return [results_csv, fits_json, provenance_json, itl_depth_csv]
+def data_files(results_csv, fits_json, provenance_json, itl_depth_csv=None, planner_json=None) -> list:
+    """The data a report is made from, in context's order (a version's hash covers each)."""
+    return [results_csv, fits_json, provenance_json, itl_depth_csv, planner_json]
 
 
 def version_of(ctx: dict, files: list, template_dir: str | Path, versions_dir: str | Path, config: dict | None) -> dict:
@@ -359,12 +345,12 @@ def version_of(ctx: dict, files: list, template_dir: str | Path, versions_dir: s
     return record
 
 
-def render_report(template, out_tex, version_out, results_csv, fits_json, provenance_json, itl_depth_csv=None, *,
-                  baseline: str | None = None, config: dict | None = None, versions_dir=None) -> dict:
+def render_report(template, out_tex, version_out, results_csv, fits_json, provenance_json, itl_depth_csv=None,
+                  planner_json=None, *, baseline: str | None = None, config: dict | None = None, versions_dir=None) -> dict:
     """The .tex and its version record (report/version.json), which the PDF build and the twin read."""
     template = Path(template)
     versions_dir = Path(versions_dir) if versions_dir else Path(out_tex).parent / "versions"
-    files = data_files(results_csv, fits_json, provenance_json, itl_depth_csv)
+    files = data_files(results_csv, fits_json, provenance_json, itl_depth_csv, planner_json)
     ctx = context(*files, baseline=baseline, config=config, template_dir=template.parent)
     record = version_of(ctx, files, template.parent, versions_dir, config)
     render(template, out_tex, with_version(ctx, record, versions_dir))

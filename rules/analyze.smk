@@ -14,14 +14,55 @@ rule aggregate_results:
         "--out-itl-depth {output.itl_depth} {input} > {log} 2>&1"
 
 
+# Measured ceilings of the devices the servers compute on. It takes every core, as a bench job
+# does, so that it never shares the machine with a measurement; on a cluster it is a job of its own
+# on a compute node (with a GPU where a configuration's server computes on one).
+rule calibrate_hardware:
+    output:
+        "data/calibration.json",
+    log:
+        "data/logs/calibrate_hardware.log",
+    params:
+        plan=lambda w: lcfg.canonical_json(calibration_plan(CFG)),
+    threads: workflow.cores
+    resources:
+        gpu=int("cuda" in calibration_plan(CFG)["devices"]),
+    conda:
+        ENV
+    shell:
+        "longctx calibrate --plan {params.plan:q} --out {output} > {log} 2>&1"
+
+
 rule fit_models:
     input:
-        "data/results.csv",
+        results="data/results.csv",
+        provenance="data/provenance.json",
+        calibration="data/calibration.json",
     output:
         "data/fits.json",
     log:
         "data/logs/fit_models.log",
+    params:
+        settings=lambda w: lcfg.canonical_json({k: v for k, v in CFG["analysis"].items() if k != "mem_fractions"}),
     conda:
         ENV
     shell:
-        "longctx fit --results {input} --out {output} > {log} 2>&1"
+        "longctx fit --results {input.results} --provenance {input.provenance} --calibration {input.calibration} "
+        "--settings {params.settings:q} --out {output} > {log} 2>&1"
+
+
+rule plan_memory:
+    input:
+        provenance="data/provenance.json",
+        results="data/results.csv",
+    output:
+        "data/planner.json",
+    log:
+        "data/logs/plan_memory.log",
+    params:
+        fractions=",".join(str(f) for f in CFG["analysis"]["mem_fractions"]),
+    conda:
+        ENV
+    shell:
+        "longctx plan-memory --provenance {input.provenance} --results {input.results} "
+        "--fractions {params.fractions} --out {output} > {log} 2>&1"

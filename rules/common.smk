@@ -6,8 +6,9 @@ import os
 import re
 
 from longctx import config as lcfg
+from longctx.calibrate import plan as calibration_plan
+from longctx.figures import ANALYSIS_FIGURES, FIGURES, FORMATS
 from longctx.resources import bench_resources
-from longctx.figures import FIGURES, FORMATS
 
 CFG = lcfg.validate(config)
 CONFIGURATIONS = sorted(CFG["configurations"])
@@ -24,13 +25,19 @@ BASELINE = lcfg.report_baseline(CFG)
 REPORT_CONFIG = json.dumps(CFG)  # in the config file's order
 
 
-# Only the bench jobs (and kernel builds) need a compute node; the rest runs where snakemake runs.
+# Only the bench jobs, the calibration (the ceilings of the machine the servers run on) and the
+# kernel builds need a compute node; the rest runs where snakemake runs.
 localrules:
     aggregate_results,
     fit_models,
+    plan_memory,
     plot_figures,
+    plot_analysis_figures,
     render_report,
     build_pdf,
+    render_markdown,
+    render_plan_section,
+    attach_plan,
     all,
 
 

@@ -17,6 +17,25 @@ rule plot_figures:
         "--itl-depth {input.itl_depth} --outdir {params.outdir} > {log} 2>&1"
 
 
+rule plot_analysis_figures:
+    input:
+        results="data/results.csv",
+        fits="data/fits.json",
+        planner="data/planner.json",
+        style="templates/plot.mplstyle",
+    output:
+        expand("report/figures/{figure}.{ext}", figure=ANALYSIS_FIGURES, ext=FORMATS),
+    log:
+        "data/logs/plot_analysis_figures.log",
+    params:
+        outdir=lambda w, output: os.path.dirname(output[0]),
+    conda:
+        ENV
+    shell:
+        "longctx plot-analysis --results {input.results} --fits {input.fits} --planner {input.planner} "
+        "--style {input.style} --outdir {params.outdir} > {log} 2>&1"
+
+
 # The .tex and its version record (number, hash, previous version, the medians it keeps); the
 # version is assigned from report/versions/log.json, which build_pdf appends to.
 rule render_report:
@@ -27,6 +46,7 @@ rule render_report:
         fits="data/fits.json",
         provenance="data/provenance.json",
         itl_depth="data/itl_depth.csv",
+        planner="data/planner.json",
     output:
         tex="report/longctx.tex",
         version="report/version.json",
@@ -39,8 +59,8 @@ rule render_report:
         ENV
     shell:
         "longctx render --template {input.template} --results {input.results} --fits {input.fits} "
-        "--provenance {input.provenance} --itl-depth {input.itl_depth} --baseline {params.baseline:q} "
-        "--config-json {params.config:q} --out {output.tex} --version-out {output.version} > {log} 2>&1"
+        "--provenance {input.provenance} --itl-depth {input.itl_depth} --planner {input.planner} "
+        "--baseline {params.baseline:q} --config-json {params.config:q} --out {output.tex} --version-out {output.version} > {log} 2>&1"
 
 
 # Also keeps the PDF as report/versions/longctx-v{N}-{hash}.pdf and logs it.
@@ -49,7 +69,7 @@ rule build_pdf:
         tex="report/longctx.tex",
         version="report/version.json",
         provenance="data/provenance.json",
-        figures=expand("report/figures/{figure}.pdf", figure=FIGURES),
+        figures=expand("report/figures/{figure}.pdf", figure=FIGURES + ANALYSIS_FIGURES),
     output:
         "report/longctx.pdf",
     log:
@@ -67,11 +87,12 @@ rule render_markdown:
         partials=MARKDOWN_PARTIALS,
         version="report/version.json",
         pdf="report/longctx.pdf",
-        figures=expand("report/figures/{figure}.png", figure=FIGURES),
+        figures=expand("report/figures/{figure}.png", figure=FIGURES + ANALYSIS_FIGURES),
         results="data/results.csv",
         fits="data/fits.json",
         provenance="data/provenance.json",
         itl_depth="data/itl_depth.csv",
+        planner="data/planner.json",
     output:
         "report/longctx.md",
     log:
@@ -83,7 +104,7 @@ rule render_markdown:
         ENV
     shell:
         "longctx markdown --template {input.template} --version {input.version} --results {input.results} "
-        "--fits {input.fits} --provenance {input.provenance} --itl-depth {input.itl_depth} "
+        "--fits {input.fits} --provenance {input.provenance} --itl-depth {input.itl_depth} --planner {input.planner} "
         "--baseline {params.baseline:q} --config-json {params.config:q} --out {output} > {log} 2>&1"
 
 
@@ -98,6 +119,7 @@ rule render_plan_section:
         fits="data/fits.json",
         provenance="data/provenance.json",
         itl_depth="data/itl_depth.csv",
+        planner="data/planner.json",
     output:
         "report/plans/{plan}.md",
     log:
@@ -110,7 +132,7 @@ rule render_plan_section:
         ENV
     shell:
         "longctx plan-section --template {input.template} --version {input.version} --results {input.results} "
-        "--fits {input.fits} --provenance {input.provenance} --itl-depth {input.itl_depth} "
+        "--fits {input.fits} --provenance {input.provenance} --itl-depth {input.itl_depth} --planner {input.planner} "
         "--baseline {params.baseline:q} --config-json {params.config:q} --plan {params.plan} --out {output} > {log} 2>&1"
 
 

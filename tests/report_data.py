@@ -1,5 +1,6 @@
-"""Synthetic measurements for the report tests: results.csv, fits.json, provenance.json and
-itl_depth.csv as the workflow writes them, from known scaling laws, with strings that need escaping."""
+"""Synthetic measurements for the report tests: results.csv, fits.json, provenance.json,
+itl_depth.csv and planner.json as the workflow writes them, from known scaling laws, with strings
+that need escaping."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pandas as pd
 
 from longctx.aggregate import COLUMNS, ITL_DEPTH_COLUMNS
 from longctx.analysis import fit_file
+from longctx.planner import plan_file
 
 # Every character TeX or Markdown would read as markup, in the strings a user or a server can write.
 NASTY = r"50% of {pool} & $x_1 #2 ~ ^3 \path <a|b> *c* [d] `e`"
@@ -22,7 +24,7 @@ LAWS = {  # configuration: (a, b, c, t0, beta)
 
 def write_data(out: Path, lengths=(1000, 4000, 16000, 64000), trials: int = 3, seed: int = 0, scale: float = 1.0,
                configs: dict | None = None) -> dict:
-    """Write the four data files under out/ (scale multiplies every time: a slower run); return their paths."""
+    """Write the data files under out/ (scale multiplies every time: a slower run); return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     configs = configs or LAWS
@@ -42,8 +44,6 @@ def write_data(out: Path, lengths=(1000, 4000, 16000, 64000), trials: int = 3, s
                  "request": 0, "status": "failed", "reason": f"timeout: {NASTY}", "kv_bytes_per_token": 160})
     results = out / "results.csv"
     pd.DataFrame(rows, columns=COLUMNS).to_csv(results, index=False)
-    fits = out / "fits.json"
-    fit_file(results, fits)
     hardware = {"host": "host_1", "cpu": "Test CPU (R) @ 3GHz", "logical_cpus": 4, "usable_cpus": 2,
                 "memory_total_bytes": 16 * 2**30, "gpus": [], "os": "Linux-test"}
     prov = {"configurations": {n: {
@@ -51,22 +51,30 @@ def write_data(out: Path, lengths=(1000, 4000, 16000, 64000), trials: int = 3, s
         "args": {"page-size": 1, "weird-flag": NASTY},
         "launch_command": ["python", "-m", "longctx.refengine", "--page-size", "1", "--weird-flag", NASTY],
         "base_url": "http://127.0.0.1:1", "startup_s": 1.5, "starts": 1,
-        "server_info": {"page_size": 1, "note": NASTY, "nested": {"x": 1}},
+        "server_info": {"page_size": 1, "note": NASTY, "nested": {"x": 1}, "mem_fraction_static": 0.5,
+                        "memory_total_bytes": 10**9, "weights_bytes": 468 * 10**6, "context_length": 65536},
         "kv_pool": {"tokens": 200000, "log": {"line": "KV Cache is allocated. #tokens: 200000, KV size: 0.03 GB"}},
         "kernel": {"name": "paged_mla_decode_torch", "build_hash": "feedbeef"},
         "hardware": hardware,
-        "model": {"name": "refmla", "architecture": {"kv_lora_rank": 32, "qk_rope_head_dim": 8}, "kv_bytes_per_token": 160},
+        "model": {"name": "refmla", "architecture": {
+            "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 2, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 16, "v_head_dim": 16, "intermediate_size": 128, "torch_dtype": "float32"}, "kv_bytes_per_token": 160},
         "protocol": {"warmup": 1, "trials": trials, "output_tokens": 32, "flush_cache": True},
         "telemetry": "psutil (server process tree: CPU, RSS)",
         "last_finished_at": "2026-01-02T03:04:05+00:00",
     } for n in configs}}
     provenance = out / "provenance.json"
     provenance.write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
+    fits = out / "fits.json"
+    fit_file(results, fits, provenance, settings={"bootstrap": 200})
+    planner = out / "planner.json"
+    plan_file(provenance, results, planner, [0.5, 0.9])
     depth = out / "itl_depth.csv"
     d = [{"configuration": n, "length": 300, "status": "ok", "token": i + 1, "depth": 300 + i, "itl_s": 1e-3 + 1e-7 * i}
          for n in configs for i in range(40)]
     pd.DataFrame(d, columns=ITL_DEPTH_COLUMNS).to_csv(depth, index=False)
-    return {"results_csv": results, "fits_json": fits, "provenance_json": provenance, "itl_depth_csv": depth}
+    return {"results_csv": results, "fits_json": fits, "provenance_json": provenance, "itl_depth_csv": depth,
+            "planner_json": planner}
 
 
 def config(configs=tuple(LAWS), baseline=None) -> dict:

@@ -28,7 +28,7 @@ def test_default_config_validates_with_defaults_filled_in():
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (lambda c: c.update(protocl={}), "'protocl' is unknown; allowed keys: configurations, kernels, lengths, model, protocol, report, resources, server"),
+    (lambda c: c.update(protocl={}), "'protocl' is unknown; allowed keys: analysis, calibration, configurations, kernels, lengths, model, protocol, report, resources, server"),
     (lambda c: c.update(protocol={"trails": 2}), "'protocol.trails' is unknown; allowed keys: concurrency, flush_cache, itl_depth, needle, output_tokens,"),
     (lambda c: c["configurations"]["a"].update(engine="sglangx"), "'configurations.a.engine': 'sglangx' is not allowed; allowed values: reference"),
     (lambda c: c["configurations"]["a"]["args"].update({"page-sise": 4}), "'configurations.a.args.page-sise' is not a reference flag; allowed keys: attention-backend,"),
@@ -41,6 +41,9 @@ def test_default_config_validates_with_defaults_filled_in():
     (lambda c: c.update(protocol={"trials": 0}), "'protocol.trials': 0 is less than the minimum of 1"),
     (lambda c: c["model"].update(architecture={"torch_dtype": "int8"}) if "model" in c else c.update(model={"architecture": {"torch_dtype": "int8"}}),
      "'model.architecture.torch_dtype': 'int8' is not allowed; allowed values: float32, bfloat16, float16"),
+    (lambda c: c.update(model={"hf_config": "/models/x/config.json"}), "'model.hf_config': configuration 'a' runs the reference engine"),
+    (lambda c: c.update(analysis={"confidence": 1.5}), "'analysis.confidence': 1.5 is greater than or equal to the maximum of 1"),
+    (lambda c: c.update(calibration={"dtype": "int8"}), "'calibration.dtype': 'int8' is not allowed; allowed values: None, float32"),
 ])
 def test_bad_config_names_key_and_allowed_values(mutate, expected):
     c = base()

@@ -14,8 +14,9 @@ import pandas as pd
 import pytest
 
 from longctx import bands, markdown, plan, report, versions
-from longctx.analysis import fit_prefill, medians
+from longctx.analysis import medians
 from longctx.formats import display, group
+from longctx.analysis_plots import plot_analysis
 from longctx.plots import _length_axis, plot_all, spans_decades
 
 from .conftest import ROOT
@@ -122,33 +123,32 @@ def test_plan_section_is_inserted_then_only_it_is_replaced(tmp_path):
     assert new.read_text().startswith("# plan\n\n" + plan.BEGIN)
 
 
-def test_covariance_band_covers_the_true_curve_at_its_rate():
+def test_bands_are_the_bootstrap_intervals_fits_json_carries(tmp_path):
+    from longctx.analysis import Fit, fit_all
+
     rng = np.random.default_rng(1)
     L = np.repeat(np.geomspace(1e3, 1.3e5, 8), 3)
-    true = {"a_s": 0.05, "b_s_per_token": 3e-5, "c_s_per_token2": 5e-10}
-    grid = np.array([2e3, 3.2e4, 1.3e5])
-    covered = []
-    for _ in range(300):
-        y = bands.curve("prefill", true, L) * (1 + rng.normal(0, 0.05, len(L)))
-        lo, hi = bands.band("prefill", fit_prefill(L, y), grid, L, y)
-        covered.append((lo <= bands.curve("prefill", true, grid)) & (bands.curve("prefill", true, grid) <= hi))
-    rate = np.mean(covered, axis=0)
-    assert ((rate > 0.88) & (rate < 0.995)).all(), rate
-
-
-def test_band_uses_the_intervals_fits_json_offers():
-    fit = {"a_s": 1.0, "b_s_per_token": 0.0, "c_s_per_token2": 0.0}
-    grid = np.array([10.0, 100.0])
-    ci = {"a_s": [0.9, 1.1], "b_s_per_token": [0, 0.01], "c_s_per_token2": [0, 0]}
-    lo, hi = bands.band("prefill", {**fit, "ci": ci}, grid)
-    assert lo == pytest.approx([0.9, 0.9]) and hi == pytest.approx([1.2, 2.1])
-    lo, hi = bands.band("prefill", {**fit, "band": {"lengths": [10, 1000], "lower": [0.5, 2.5], "upper": [1, 3]}}, grid)
-    assert lo == pytest.approx([0.5, 1.5]) and hi == pytest.approx([1, 2])
-    samples = [{**fit, "a_s": a} for a in np.linspace(0, 2, 41)]
-    lo, hi = bands.band("prefill", {**fit, "bootstrap": {"samples": samples}}, grid)
-    assert lo == pytest.approx([0.05, 0.05]) and hi == pytest.approx([1.95, 1.95])
-    assert bands.source("prefill", {**fit, "ci": ci}) == "intervals" and bands.source("prefill", fit) == "covariance"
-    assert bands.band("prefill", fit, grid) is None  # no intervals and no data: no band
+    y = 0.05 + 3e-5 * L + 5e-10 * L**2
+    df = pd.DataFrame({"configuration": "c", "length": L, "status": "ok", "concurrency": 1,
+                       "ttft_s": y * (1 + rng.normal(0, 0.05, len(L))), "tpot_s": np.nan})
+    analysis = fit_all(df, settings={"bootstrap": 300})
+    fit = analysis["configurations"]["c"]
+    knots = np.asarray(fit["curves"]["length"])
+    lo, hi = bands.band(fit, "prefill", knots[[5, 30]])  # at the grid: the bootstrap's own percentiles
+    ref = Fit("prefill", df["length"], df["ttft_s"], 300)
+    rlo, rhi = ref.curve_interval(knots[[5, 30]])
+    assert lo == pytest.approx(rlo) and hi == pytest.approx(rhi) and (lo < hi).all()
+    mid = np.sqrt(knots[10] * knots[11])  # between grid lengths: interpolated on log L
+    (m_lo,), (m_hi,) = bands.band(fit, "prefill", [mid])
+    assert min(fit["curves"]["prefill"]["lo"][10:12]) <= m_lo <= max(fit["curves"]["prefill"]["lo"][10:12]) < m_hi
+    outside = bands.band(fit, "prefill", [0.0, knots[-1] * 2])
+    assert np.isnan(outside[0]).all() and np.isnan(outside[1]).all()  # no band where the fit has no interval
+    assert bands.band(fit, "decode", knots) is None  # no decode fit
+    assert bands.describe(analysis, "prefill") == "the fit's 95% bootstrap interval (300 resamples)"
+    assert bands.describe(analysis, "decode") == "no fit, no band"
+    none = fit_all(df, settings={"bootstrap": 0})
+    assert bands.band(none["configurations"]["c"], "prefill", knots) is None
+    assert bands.describe(none, "prefill").startswith("no band")
 
 
 def test_plot_style_reads_in_grayscale_and_lengths_over_decades_get_log_axes():
@@ -205,12 +205,14 @@ def built(tmp_path_factory):
     paths = write_data(root / "data")
     out = root / "report"
     plot_all(paths["results_csv"], paths["fits_json"], TEMPLATES / "plot.mplstyle", out / "figures", paths["itl_depth_csv"])
+    plot_analysis(paths["results_csv"], paths["fits_json"], paths["planner_json"], TEMPLATES / "plot.mplstyle", out / "figures")
     report.render_report(TEMPLATES / "longctx.tex.j2", out / "longctx.tex", out / "version.json", **paths, config=config())
     report.build_pdf(out / "longctx.tex", out / "longctx.pdf", paths["provenance_json"], out / "version.json")
     markdown.render_twin(TEMPLATES / "longctx.md.j2", out / "longctx.md", out / "version.json", **paths, config=config())
     section = markdown.plan_section(TEMPLATES / "plan.md.j2", root / "plans" / "p.md", out / "version.json", **paths,
                                     config=config())
-    return {"out": out, "text": pdftotext(out / "longctx.pdf"), "md": (out / "longctx.md").read_text(), "section": section}
+    return {"out": out, "text": pdftotext(out / "longctx.pdf"), "md": (out / "longctx.md").read_text(), "section": section,
+            "paths": paths}
 
 
 def test_every_string_is_escaped_and_secrets_are_not_printed(built):
@@ -234,11 +236,30 @@ def test_the_twin_and_the_plan_section_carry_the_pdfs_headline_table(built):
     assert link.startswith("../report/versions/longctx-v1-")
 
 
+def test_the_twin_and_the_plan_section_carry_the_pdfs_diagnosis(built):
+    ctx = report.context(*report.data_files(*(built["paths"][k] for k in ("results_csv", "fits_json", "provenance_json",
+                                                                          "itl_depth_csv", "planner_json"))))
+    sentences = [d["text"] for d in ctx["diagnosis"]]
+    assert any("bound by the KV reads" in s for s in sentences) and any("KV pool holds" in s for s in sentences)
+    pdf = " ".join(built["text"].split())
+    twin = [re.sub(r"\\(.)", r"\1", line[2:]) for line in built["md"].splitlines() if line.startswith("- ")]
+    plan_lines = [re.sub(r"\\(.)", r"\1", line[2:]) for line in built["section"].splitlines() if line.startswith("- ")]
+    figure = {d["text"]: d["figure"] for d in ctx["diagnosis"]}
+    for s in sentences:
+        assert " ".join(s.split())[:60] in pdf, s  # the summary's sentence, then "(Figure n)"
+        shown = s + (f" ([figure: {figure[s]}](figures/{figure[s]}.png))" if figure[s] else "")
+        assert shown in twin, s
+        assert s in plan_lines, s
+    assert re.search(r"\(Figure \d+\)", pdf)
+    assert pdf.index("1 Summary") < pdf.index("bound by the KV reads") < pdf.index("2 Prefill")
+
+
 def test_the_twin_links_its_figures_and_the_pdf_version(built):
     out = built["out"]
     for target in re.findall(r"\]\(([^)]+)\)", built["md"]):
         assert (out / target).is_file(), target
-    assert "figures/ttft.png" in built["md"] and "figures/decode_rate.png" in built["md"]
+    for figure in ("ttft", "decode_rate", "step_time", "roofline", "residuals", "extrapolation", "planner"):
+        assert f"figures/{figure}.png" in built["md"], figure
     text = built["text"]
     assert "longctx report v1" in text and "the first version" in text
     assert re.search(r"Change since the previous version\s+This is the first version", text)

@@ -221,7 +221,7 @@ def slurm_run(slurm, tmp_path_factory):
     (work / "tiny.yaml").write_text(yaml.safe_dump(config))
     before = {job["JobID"] for job in squeue()}
     cmd = ["timeout", "-k", "10", str(RUN_TIMEOUT_S), sys.executable, "-m", "snakemake", "--profile", "profiles/slurm",
-           "report/longctx.pdf", "--configfile", "tiny.yaml",
+           "--configfile", "tiny.yaml",  # the default target, as the local run: the PDF and its twin
            # the test node's CPUs; no accounting (no slurmdbd); status 10 s after a submission (the kernel
            # build is done by then), then 20 s later (the bench jobs: each wait is 10 s longer); the jobs' logs
            "--cores", "1", "--slurm-no-account", "--slurm-init-seconds-before-status-checks", "10",
@@ -234,15 +234,18 @@ def slurm_run(slurm, tmp_path_factory):
     return {"work": work, "out": out, "jobs": jobs, "seconds": time.monotonic() - t0, "config": lcfg.validate(config)}
 
 
-def test_bench_jobs_and_kernel_build_went_through_sbatch_and_the_rest_stayed_local(slurm_run):
+def test_bench_jobs_calibration_and_kernel_build_went_through_sbatch_and_the_rest_stayed_local(slurm_run):
     jobs = {job["Comment"]: job for job in slurm_run["jobs"]}
     assert set(jobs) == {*(f"rule_build_kernel_wildcards_{k}" for k in ("paged_mla_decode_torch", "paged_mla_decode_twin")),
+                         "rule_calibrate_hardware",
                          *(f"rule_bench_configuration_wildcards_{c}" for c in ("page1", "page16", "page16-ngram"))}, jobs
+    assert jobs["rule_calibrate_hardware"]["tres-per-job"] == "N/A"  # the reference engine computes on the CPU
     assert all(job["State"] == "COMPLETED" and job["NodeList"] == "localhost" for job in jobs.values()), jobs
     for job in jobs.values():  # the plugin's own log of each SLURM job, kept by --slurm-keep-successful-logs
         rule, _, wildcard = job["Comment"].removeprefix("rule_").partition("_wildcards_")
         assert (slurm_run["work"] / "data" / "logs" / "slurm" / f"rule_{rule}" / wildcard / f"{job['JobID']}.log").is_file()
-    for rule in ("aggregate_results", "fit_models", "plot_figures", "render_report", "build_pdf"):
+    for rule in ("aggregate_results", "fit_models", "plan_memory", "plot_figures", "plot_analysis_figures", "render_report",
+                 "build_pdf", "render_markdown"):
         assert f"localrule {rule}:" in slurm_run["out"]
 
 

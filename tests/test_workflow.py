@@ -55,7 +55,8 @@ def test_two_builds_from_the_same_data_are_byte_identical(workflow, tmp_path):
     out = tmp_path / "report"
     shutil.copytree(workflow / "report" / "figures", out / "figures")
     data = {k: workflow / "data" / f for k, f in (("results_csv", "results.csv"), ("fits_json", "fits.json"),
-                                                   ("provenance_json", "provenance.json"), ("itl_depth_csv", "itl_depth.csv"))}
+                                                   ("provenance_json", "provenance.json"), ("itl_depth_csv", "itl_depth.csv"),
+                                                   ("planner_json", "planner.json"))}
     cfg = lcfg.load(workflow / "tiny.yaml")
     record = report.render_report(workflow / "templates" / "longctx.tex.j2", out / "longctx.tex", out / "version.json",
                                   **data, baseline=lcfg.report_baseline(cfg), config=cfg)
@@ -102,7 +103,9 @@ def test_every_stage_left_its_outputs_and_logs(workflow):
     for path in ("build/kernels/paged_mla_decode_torch/manifest.json", "data/raw/page16/512.json",
                  "data/fits.json", "data/provenance.json", "report/figures/ttft.png", "report/longctx.tex",
                  "report/version.json", "report/longctx.md", "data/logs/bench/page1.log", "data/logs/server/page16.log",
-                 "data/logs/build_pdf.log", "data/logs/render_markdown.log"):
+                 "data/logs/build_pdf.log", "data/logs/render_markdown.log",
+                 "data/calibration.json", "data/logs/calibrate_hardware.log", "data/planner.json", "data/logs/plan_memory.log",
+                 "report/figures/roofline.pdf", "report/figures/planner.png", "data/logs/plot_analysis_figures.log"):
         assert (workflow / path).is_file(), path
 
 
@@ -145,9 +148,12 @@ def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream
         out = snakemake(workflow, "-n", "report/longctx.pdf", "--configfile", "tiny.yaml")
         benched = sorted(set(re.findall(r"wildcards: configuration=([\w.-]+)", out)))
         assert benched == configurations
-        jobs = planned_jobs(workflow)
-        assert jobs.pop("build_kernel") == 1 and jobs.pop("bench_configuration") == len(configurations)
-        assert {"aggregate_results", "fit_models", "render_report", "build_pdf"} <= set(jobs)
+        # the calibration stands: it measures the machine, not the kernel
+        assert planned_jobs(workflow) == {
+            "build_kernel": 1, "bench_configuration": len(configurations), "aggregate_results": 1, "fit_models": 1,
+            "plan_memory": 1, "plot_figures": 1, "plot_analysis_figures": 1, "render_report": 1, "build_pdf": 1,
+            **({"bench_kernel": 1} if "page16" in configurations else {}),  # the native kernel, timed alone
+        }
     finally:
         source.write_text(original)
 
@@ -161,8 +167,9 @@ def test_the_studys_deployment_config_plans_its_jobs_without_a_gpu(workflow):
     out = snakemake(workflow, "-n", "report/longctx.pdf", "--configfile", "config/examples/kimi-k2.6-rtx-pro-6000.yaml")
     stats = out.split("Job stats:")[-1]
     jobs = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m[1] != "total"}
-    assert jobs == {"build_kernel": 1, "bench_configuration": 3, "aggregate_results": 1, "fit_models": 1,
-                    "plot_figures": 1, "render_report": 1, "build_pdf": 1}
+    assert jobs == {"build_kernel": 1, "bench_kernel": 1, "bench_configuration": 3, "calibrate_hardware": 1,
+                    "aggregate_results": 1, "fit_models": 1, "plan_memory": 1, "plot_figures": 1,
+                    "plot_analysis_figures": 1, "render_report": 1, "build_pdf": 1}
     for configuration in ("triton-page1", "sm120-kernel", "sm120-kernel-defrag"):
         assert f"data/raw/{configuration}/185000.json" in out
 
@@ -186,3 +193,30 @@ def test_batches_of_concurrent_requests_are_measured_and_reported(workflow):
     text = pdftotext(workflow / "report" / "longctx.pdf")
     expected = display(batch["ttft_s"].median(), "ttft_ms")
     assert re.search(rf"page1\s+512\s+2\s+4\s+{re.escape(expected)}\s", text), expected
+
+
+def test_analysis_diagnosis_in_the_summary_roofline_and_planner_in_the_report(workflow):
+    import json
+
+    cal = json.loads((workflow / "data" / "calibration.json").read_text())["devices"]
+    assert list(cal) == ["cpu"] and cal["cpu"]["status"] == "ok" and cal["cpu"]["copy_bytes"] == 16 * 2**20
+    fits = json.loads((workflow / "data" / "fits.json").read_text())["configurations"]
+    for name, fit in fits.items():
+        assert fit["decode"]["ci"]["t0_s"] and fit["prefill"]["ci"]["a_s"], name
+        assert fit["ceilings"]["device"] == "cpu" and fit["ceilings"]["measured"]["bandwidth_Bps"] == cal["cpu"]["copy_Bps"]
+        assert [p["length"] for p in fit["roofline"]["points"]] == [64, 128, 256, 512]
+        assert fit["extrapolation"]["length"] == 2048  # context-length 2048 < the 4096-token pool
+    assert fits["page16-ngram"]["roofline"]["query_tokens"] == 4 and fits["page1"]["roofline"]["query_tokens"] == 1
+    planner = json.loads((workflow / "data" / "planner.json").read_text())["configurations"]
+    assert {p["check"] for p in planner.values()} == {"match"}  # the rule gives the pool each real server allocated
+    text = pdftotext(workflow / "report" / "longctx.pdf")
+    flat = " ".join(text.split())
+    # the diagnosis opens the summary (page one), before the headline table, each sentence naming its figure
+    summary, headline, prefill = flat.index("1 Summary"), flat.index("TTFT speedup"), flat.index("2 Prefill")
+    assert summary < flat.index("KV pool holds 4,096 tokens") < headline < prefill
+    assert summary < flat.index("decode at 512 tokens runs at") < headline
+    assert len(re.findall(r"\(Figure \d+\)", flat[summary:headline])) >= 6 and "Figure ??" not in flat
+    md = (workflow / "report" / "longctx.md").read_text()
+    assert "KV pool holds 4,096 tokens" in md and "(figures/roofline.png)" in md
+    for heading in ("Roofline of decode attention", "KV memory planner", "Model and hardware ceilings", "Regime changes"):
+        assert heading in text, heading

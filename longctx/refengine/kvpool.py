@@ -11,48 +11,14 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .args import ALLOC_ORDERS
+from .sizing import PoolError, PoolSizing  # noqa: F401  (the sizing rule lives apart from torch)
 
 log = logging.getLogger("longctx.refengine")
-
-
-class PoolError(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class PoolSizing:
-    """SGLang's rule (ModelRunner.profile_max_num_token): with M the memory free before loading,
-    rest = (M - weights) - M * (1 - mem_fraction_static); tokens = rest // cell bytes, then
-    capped by --max-total-tokens and rounded down to the page size (init_memory_pool)."""
-
-    memory_total_bytes: int
-    mem_fraction_static: float
-    weights_bytes: int
-    cell_bytes: int  # bytes per token over all layers
-    page_size: int
-    max_total_tokens: int | None
-
-    def tokens(self) -> int:
-        m = self.memory_total_bytes
-        rest = (m - self.weights_bytes) - m * (1 - self.mem_fraction_static)
-        tokens = int(rest) // self.cell_bytes
-        if self.max_total_tokens is not None:
-            tokens = min(tokens, self.max_total_tokens)
-        tokens = tokens // self.page_size * self.page_size
-        if tokens <= 0:
-            raise PoolError(
-                "Not enough memory. Please try to increase --mem-fraction-static. "
-                f"({self.mem_fraction_static} of {m / 2**30:.2f} GiB leaves {rest / 2**30:.3f} GiB after "
-                f"{self.weights_bytes / 2**30:.3f} GiB of weights: not one page of {self.page_size} tokens "
-                f"x {self.cell_bytes} bytes)"
-            )
-        return tokens
 
 
 class KVPool:

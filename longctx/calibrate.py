@@ -1,0 +1,95 @@
+"""The calibrate step: measured ceilings (copy bandwidth, matmul rate) of every device the
+configurations' servers compute on, each measured by longctx/microbench.py run with the Python
+that runs that engine, on this machine (the one the servers run on).
+
+data/calibration.json: {"devices": {"cpu": {...}, "cuda": {...}}}, one entry per device kind used;
+a device that could not be measured has status "failed" and the reason, and the analysis then has
+only the datasheet ceiling for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from . import microbench
+from .hardware import compute_device
+from .modelspec import ModelSpecError, model_spec
+
+log = logging.getLogger("longctx.calibrate")
+DEFAULTS = {"cpu": {"copy_mib": 256, "matmul_size": 1024}, "cuda": {"copy_mib": 2048, "matmul_size": 8192}}
+
+
+def _dtype(model: dict, configuration: dict) -> str:
+    try:
+        d = model_spec(model, configuration["args"], configuration["engine"]).weight_dtype
+    except ModelSpecError:
+        d = model.get("architecture", {}).get("torch_dtype", "bfloat16")
+    return d if d in microbench.DTYPES else "bfloat16"
+
+
+def reference_threads(args: dict) -> int:
+    """The reference engine's torch threads: --num-threads, or the usable CPUs but one."""
+    n = args.get("num-threads") or args.get("num_threads")
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return int(n) if n else max(1, usable - 1)
+
+
+def plan(config: dict) -> dict:
+    """What to measure: per device kind used by a configuration, the Python, dtype, sizes, threads.
+    (Run by the workflow when it parses the rules: cheap, and its result is the rule's params.)"""
+    cal = config["calibration"]
+    devices: dict = {}
+    if not cal["enabled"]:
+        return {"enabled": False, "devices": {}}
+    for name in sorted(config["configurations"]):
+        conf = config["configurations"][name]
+        if conf["engine"] == "external":
+            continue  # a server somewhere else: this machine's ceilings say nothing about it
+        kind = "cuda" if compute_device(conf["engine"], conf["args"]) == "gpu" else "cpu"
+        if kind in devices:
+            devices[kind]["configurations"].append(name)
+            continue
+        devices[kind] = {
+            "python": conf.get("python") or sys.executable,  # the engine's Python, as the server runs it
+            "dtype": cal["dtype"] or _dtype(config["model"], conf),
+            "copy_mib": cal["copy_mib"] or DEFAULTS[kind]["copy_mib"],
+            "matmul_size": cal["matmul_size"] or DEFAULTS[kind]["matmul_size"],
+            "repeats": cal["repeats"],
+            "threads": (cal["threads"] or reference_threads(conf["args"])) if kind == "cpu" else None,
+            "configurations": [name],
+        }
+    return {"enabled": True, "devices": devices}
+
+
+def run_device(kind: str, p: dict, timeout_s: float = 600) -> dict:
+    cmd = [p["python"], str(Path(microbench.__file__).resolve()), "--device", kind, "--copy-mib", str(p["copy_mib"]),
+           "--matmul-size", str(p["matmul_size"]), "--dtype", p["dtype"], "--repeats", str(p["repeats"])]
+    if p.get("threads"):
+        cmd += ["--threads", str(p["threads"])]
+    log.info("calibrating %s: %s", kind, " ".join(cmd))
+    # the workflow job's thread limits would cap the measurement below what the server gets
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"status": "failed", "device": kind, "reason": f"{type(exc).__name__}: {exc}", "command": cmd}
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"status": "failed", "device": kind, "reason": f"{p['python']} exited {proc.returncode}: {tail[0]}", "command": cmd}
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    log.info("%s (%s): copy %.1f GB/s, read %.1f GB/s, %s matmul %.1f GFLOP/s", kind, result["name"], result["copy_Bps"] / 1e9,
+             result["read_Bps"] / 1e9, result["dtype"], result["matmul_flops"] / 1e9)
+    return {**result, "command": cmd, "configurations": p["configurations"]}
+
+
+def calibrate(plan_: dict, out: str | Path) -> dict:
+    doc = {"format": "longctx.calibration/1", "enabled": plan_["enabled"],
+           "devices": {kind: run_device(kind, p) for kind, p in sorted(plan_["devices"].items())}}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return doc

@@ -1,0 +1,203 @@
+"""Diagnosis in words: sentences generated from the numbers (medians, fits.json, planner.json),
+each carrying the figure that shows it. The report's summary gives them first, each pointing at its
+figure (the PDF, its Markdown twin and a plan's Results section alike).
+
+What is said, per configuration: what bounds decode at the longest length (the fixed per-step
+work, or reading the KV cache, and then how far from the memory roof), the prefill's attention
+share, crossover and FLOP rate, speculative acceptance, a regime change where the model stops
+fitting, what the fits predict at the longest request the deployment could serve, and, per KV
+pool, what the memory planner says.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .formats import is_number
+
+# The figures (longctx.figures) the sentences point at, in the order the summary gives them.
+ORDER = ("roofline", "step_time", "ttft", "residuals", "extrapolation", "acceptance", "planner")
+ATTENTION_SHARE_BOUND = 0.5  # beta L above this share of the step: the KV cache bounds decode
+
+
+def _ci(ci, scale: float = 1.0, fmt: str = "{:.3g}", unit: str = "") -> str:
+    if not ci or ci[0] is None and ci[1] is None:
+        return ""
+    lo = fmt.format(ci[0] * scale) if ci[0] is not None else "0"
+    hi = fmt.format(ci[1] * scale) if ci[1] is not None else "unbounded"
+    return f" (interval {lo} to {hi}{unit})"
+
+
+def _num(x: float) -> str:
+    """3 significant digits, with thousands separators from 1,000 up."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def _rate(bps: float) -> str:
+    return f"{_num(bps / 1e9)} GB/s"
+
+
+def _flops(f: float) -> str:
+    return f"{f / 1e12:.3g} TFLOP/s" if f >= 1e12 else f"{f / 1e9:.3g} GFLOP/s"
+
+
+def _decode(name: str, top, L: int, fit: dict) -> list[tuple[str, str]]:
+    d = fit.get("decode")
+    if not d or not is_number(top.get("tpot_s")):
+        return []
+    out = []
+    step = d["t0_s"] + d["beta_s_per_token"] * L
+    share = d["beta_s_per_token"] * L / step if step > 0 else 0.0
+    ceil = fit.get("ceilings") or {}
+    roof = fit.get("roofline") or {}
+    head = f"{name}: decode at {L:,} tokens runs at {_num(top['decode_tok_s'])} tok/s ({_num(step * 1e3)} ms per step)"
+    if share < ATTENTION_SHARE_BOUND:
+        out.append(("step_time", f"{head}; it is bound by the fixed per-step work (t0 = {d['t0_s'] * 1e3:.3g} ms), "
+                                 f"not by the KV cache: reading {L:,} tokens of it is {share:.0%} of the step."))
+        return out
+    text = f"{head}; reading the KV cache is {share:.0%} of the step, so decode is bound by the KV reads"
+    if d.get("bw_eff_bytes_per_s"):
+        text += f": {_rate(d['bw_eff_bytes_per_s'])} effective{_ci(d['ci'].get('bw_eff_GBps'), unit=' GB/s')}"
+        parts = []
+        ds, ms = ceil.get("datasheet"), ceil.get("measured")
+        if ds and d.get("bw_pct_datasheet") is not None:
+            parts.append(f"{d['bw_pct_datasheet']:.2g}% of the datasheet's {_rate(ds['bandwidth_Bps'])} ({ds['name']})")
+        if ms and d.get("bw_pct_measured") is not None:
+            parts.append(f"{d['bw_pct_measured']:.2g}% of the {_rate(ms['bandwidth_Bps'])} copy bandwidth measured on this device")
+        if parts:
+            text += ", " + " and ".join(parts)
+    text += "."
+    out.append(("step_time", text))
+    for which in ("datasheet", "measured"):
+        bound = roof.get(f"bound_{which}")
+        if not bound:
+            continue
+        last = roof["points"][-1]
+        width = f" (verify width {roof['query_tokens']})" if roof["query_tokens"] > 1 else ""
+        text = (f"{name}: the decode attention's intensity is {roof['intensity']:.3g} FLOP/byte{width}, "
+                f"{'below' if bound == 'memory' else 'above'} the {which} ridge of {roof[f'ridge_{which}']:.3g} FLOP/byte: "
+                f"{bound}-bound on this hardware; at {last['length']:,} tokens it achieves {_flops(last['achieved_flops'])}")
+        frac = last.get(f"fraction_of_{which}")
+        if frac is not None:
+            text += f", {100 * frac:.2g}% of the {which} roof at that intensity"
+        out.append(("roofline", text + "."))
+        break  # the datasheet roof where there is one, else the measured one
+    return out
+
+
+def _prefill(name: str, top, L: int, fit: dict) -> list[tuple[str, str]]:
+    p = fit.get("prefill")
+    if not p:
+        return []
+    quad = p["c_s_per_token2"] * L**2
+    total = p["a_s"] + p["b_s_per_token"] * L + quad
+    share = quad / total if quad > 0 and total > 0 else 0.0
+    text = f"{name}: prefill of {L:,} tokens takes {top['ttft_s']:.3g} s; the quadratic (attention) term is {share:.0%} of it"
+    if p.get("crossover_tokens"):
+        text += (f"; attention overtakes the linear work beyond {p['crossover_tokens']:,.0f} tokens"
+                 f"{_ci(p['ci'].get('crossover_tokens'), fmt='{:,.0f}')}")
+    if p.get("attention_flops"):
+        text += f"; the attention runs at {_flops(p['attention_flops'])}"
+        ceil = fit.get("ceilings") or {}
+        pcts = [f"{p[f'attention_pct_{w}']:.2g}% of the {w} peak" for w in ("datasheet", "measured")
+                if p.get(f"attention_pct_{w}") is not None and ceil.get(w)]
+        if pcts:
+            text += " (" + ", ".join(pcts) + ")"
+    return [("ttft", text + ".")]
+
+
+def _regimes(name: str, fit: dict) -> list[tuple[str, str]]:
+    out = []
+    for kind, what in (("prefill", "TTFT"), ("decode", "the decode step")):
+        rc = (fit.get(kind) or {}).get("regime_change")
+        if rc:
+            later = len(rc["deviations"])
+            tail = (", and at the longer length measured" if later == 2 else f", and at the {later - 1} longer lengths measured" if later > 2
+                    else " (the longest length measured: one length, so check it with a longer one)")
+            out.append(("residuals", f"{name}: {what} stops following its model beyond {rc['fitted_up_to']:,} tokens: at "
+                        f"{rc['from_length']:,} tokens it is {abs(rc['deviation']):.0%} {rc['direction']} than the fit of the "
+                        f"shorter lengths predicts{tail}."))
+    return out
+
+
+def _extrapolation(name: str, fit: dict) -> list[tuple[str, str]]:
+    ex = fit.get("extrapolation")
+    if not ex or not ("ttft_s" in ex or "step_s" in ex):
+        return []
+    where = f"at {ex['length']:,} tokens ({ex['why']})"
+    parts = []
+    if "ttft_s" in ex:
+        parts.append(f"a prefill of {ex['ttft_s']:.3g} s{_ci(ex.get('ci_ttft_s'), unit=' s')}")
+    if "step_s" in ex:
+        parts.append(f"decode at {_num(ex['decode_tok_s'])} tok/s{_ci(ex.get('ci_decode_tok_s'), unit=' tok/s')}")
+    verb = "the fits predict" if ex["beyond_measured"] else "within the measured range, the fits give"
+    tail = (f", extrapolated beyond the longest length measured ({ex['longest_measured']:,})" if ex["beyond_measured"] else "")
+    return [("extrapolation", f"{name}: {where} {verb} " + " and ".join(parts) + tail + ".")]
+
+
+def _speculative(name: str, top, L: int) -> list[tuple[str, str]]:
+    if not is_number(top.get("spec_accept_length")):
+        return []
+    rate = f" ({top['spec_accept_rate']:.0%} of drafts accepted)" if is_number(top.get("spec_accept_rate")) else ""
+    return [("acceptance", f"{name}: speculative decoding produces {top['spec_accept_length']:.3g} tokens per verify step "
+                           f"at {L:,} tokens{rate}.")]
+
+
+def _planner(planner: dict | None) -> list[tuple[str, str]]:
+    if not planner:
+        return []
+    groups: dict = {}
+    for name, p in planner.get("configurations", {}).items():
+        mm = p["memory"]
+        key = (mm.get("memory_bytes"), mm.get("weights_bytes"), mm.get("cell_bytes"), mm.get("page_size"),
+               mm.get("max_total_tokens"), mm.get("mem_fraction_static"), mm.get("context_length"), mm.get("max_running_requests"))
+        groups.setdefault(key, []).append((name, p))
+    out = []
+    for members in groups.values():
+        names = ", ".join(n for n, _ in members)
+        name, p = members[0]
+        mm = p["memory"]
+        row = next((r for r in p["rows"] if r["configured"]), None)
+        if row is None:
+            if p.get("reason"):
+                out.append(("planner", f"{names}: {p['reason']}."))
+            continue
+        text = (f"{names}: at mem-fraction-static {row['mem_fraction_static']:g} the KV pool holds {row['pool_tokens']:,} tokens "
+                f"({row['kv_bytes'] / 1e9:.3g} GB at {mm['cell_bytes']:,} bytes per token)")
+        if p.get("check") == "match":
+            text += ", as the server allocated"
+        elif p.get("check") == "mismatch":
+            text += f", but the server allocated {mm['observed_tokens']:,}"
+        if mm.get("max_total_tokens") and row["pool_tokens_uncapped"] and row["pool_tokens_uncapped"] > row["pool_tokens"]:
+            text += f" (max-total-tokens caps it; memory alone would give {row['pool_tokens_uncapped']:,})"
+        if row.get("concurrency_at_context_length") is not None:
+            n = row["concurrency_at_context_length"]
+            text += (f"; {n:,} request{'' if n == 1 else 's'} of the full context length "
+                     f"({int(mm['context_length']):,}) fit{'s' if n == 1 else ''} at once")
+        if mm.get("req_to_token_bytes") and p.get("req_to_token_tokens_equivalent") is not None:
+            text += (f"; the req-to-token table of {mm['max_running_requests']} running requests costs "
+                     f"{mm['req_to_token_bytes'] / 1e6:.3g} MB, as much as {p['req_to_token_tokens_equivalent']:,.0f} tokens of KV cache")
+        out.append(("planner", text + "."))
+    return out
+
+
+def diagnose(med: pd.DataFrame, fits: dict, planner: dict | None = None) -> list[dict]:
+    """[{text, figure, configuration}], in report order: by figure (ORDER), then configuration."""
+    items: list[tuple[str, str, str]] = []
+    for name, fit in sorted(fits.items()):
+        rows = med[(med["configuration"] == name) & med["ttft_s"].notna()]
+        if rows.empty:
+            items.append(("", name, f"{name}: no length was measured successfully."))
+            continue
+        top = rows.iloc[-1]
+        L = int(top["length"])
+        for figure, text in (_decode(name, top, L, fit) + _prefill(name, top, L, fit) + _speculative(name, top, L)
+                             + _regimes(name, fit) + _extrapolation(name, fit)):
+            items.append((figure, name, text))
+    for name in sorted(set(med["configuration"]) - set(fits)):
+        items.append(("", name, f"{name}: no length was measured successfully."))
+    for figure, text in _planner(planner):
+        items.append((figure, "", text))
+    rank = {f: i for i, f in enumerate(ORDER)}
+    items.sort(key=lambda t: (rank.get(t[0], -1), t[1]))
+    return [{"text": text, "figure": figure or None, "configuration": name or None} for figure, name, text in items]

@@ -1,0 +1,152 @@
+"""KV memory planner: how many tokens the KV pool holds as mem-fraction-static varies, the largest
+context and the concurrency that fit, and what the req-to-token table of max-running-requests
+costs, per configuration, from what its server reported (data/provenance.json).
+
+The pool follows SGLang's sizing rule (longctx.refengine.sizing.PoolSizing, which the reference
+engine itself allocates by), per GPU: tokens = ((M - weights) - M (1 - f)) // cell bytes, capped
+by max-total-tokens and rounded down to the page size. M and the weights come from the server
+where it reports them (the reference engine); otherwise M is the GPU's memory as NVML reports it
+and the weights (everything SGLang subtracts before the pool) are backed out of the pool the
+server allocated at its mem-fraction-static.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .modelspec import ModelSpec, ModelSpecError, model_spec
+from .refengine.sizing import PoolError, PoolSizing
+
+SGLANG_REQ_TO_TOKEN_BYTES = 4  # int32 entries, max_context_len = context_len + 4 (SGLang ReqToTokenPool)
+
+
+def _first(*values):
+    for v in values:
+        if v is not None:
+            return v
+    return None
+
+
+def _arg(args: dict, info: dict, name: str):
+    return _first(args.get(name), args.get(name.replace("-", "_")), info.get(name.replace("-", "_")))
+
+
+def spec_of(entry: dict) -> ModelSpec | None:
+    if entry.get("model_spec"):
+        return ModelSpec.from_dict(entry["model_spec"])
+    try:
+        return model_spec(entry.get("model") or {}, entry.get("args") or {}, entry.get("engine"))
+    except (ModelSpecError, KeyError, TypeError):
+        return None
+
+
+def memory_model(entry: dict) -> dict:
+    """What the pool size depends on, for one configuration, with where each figure came from."""
+    info = entry.get("server_info") or {}
+    args = entry.get("args") or {}
+    spec = spec_of(entry)
+    cell = _first(info.get("kv_bytes_per_token"), spec.kv_bytes_per_token() if spec else None,
+                  (entry.get("model") or {}).get("kv_bytes_per_token"))
+    mm = {
+        "cell_bytes": int(cell) if cell else None,
+        "page_size": int(_arg(args, info, "page-size") or 1),
+        "max_total_tokens": _arg(args, info, "max-total-tokens"),
+        "context_length": _arg(args, info, "context-length"),
+        "max_running_requests": _arg(args, info, "max-running-requests"),
+        "mem_fraction_static": _arg(args, info, "mem-fraction-static"),
+        "observed_tokens": (entry.get("kv_pool") or {}).get("tokens"),
+        "memory_bytes": None, "memory_source": None, "weights_bytes": None, "weights_source": None,
+    }
+    gpus = (entry.get("hardware") or {}).get("gpus") or []
+    if info.get("memory_total_bytes"):
+        mm["memory_bytes"], mm["memory_source"] = int(info["memory_total_bytes"]), "the server (memory free before loading)"
+    elif gpus and entry.get("engine") != "reference":
+        mm["memory_bytes"], mm["memory_source"] = int(gpus[0]["memory_total_bytes"]), f"NVML: {gpus[0]['name']}, GPU 0"
+    if info.get("weights_bytes") is not None:
+        mm["weights_bytes"], mm["weights_source"] = int(info["weights_bytes"]), "the server"
+    elif mm["memory_bytes"] and mm["observed_tokens"] and mm["cell_bytes"] and mm["mem_fraction_static"] \
+            and mm["observed_tokens"] != mm["max_total_tokens"]:
+        m, f = mm["memory_bytes"], float(mm["mem_fraction_static"])
+        mm["weights_bytes"] = int(m * f - mm["observed_tokens"] * mm["cell_bytes"])
+        mm["weights_source"] = "backed out of the pool the server allocated (weights, activations and all else SGLang sets aside)"
+    if entry.get("engine") == "reference" and info.get("req_to_token_bytes") is not None:
+        mm["req_to_token_bytes"], mm["req_to_token_source"] = int(info["req_to_token_bytes"]), "the server (int64 table)"
+    elif mm["max_running_requests"] and mm["context_length"]:
+        mm["req_to_token_bytes"] = int(mm["max_running_requests"]) * (int(mm["context_length"]) + 4) * SGLANG_REQ_TO_TOKEN_BYTES
+        mm["req_to_token_source"] = "SGLang's int32 table of max-running-requests x (context-length + 4)"
+    else:
+        mm["req_to_token_bytes"], mm["req_to_token_source"] = None, None
+    return mm
+
+
+def pool_tokens(mm: dict, fraction: float, capped: bool = True) -> int | None:
+    """Tokens the pool holds at this mem-fraction-static (0 when not one page fits)."""
+    if not (mm["memory_bytes"] and mm["weights_bytes"] is not None and mm["cell_bytes"]):
+        return None
+    sizing = PoolSizing(memory_total_bytes=mm["memory_bytes"], mem_fraction_static=fraction, weights_bytes=mm["weights_bytes"],
+                        cell_bytes=mm["cell_bytes"], page_size=mm["page_size"],
+                        max_total_tokens=int(mm["max_total_tokens"]) if capped and mm["max_total_tokens"] else None)
+    try:
+        return sizing.tokens()
+    except PoolError:
+        return 0
+
+
+def plan_configuration(entry: dict, fractions: list[float], longest: int | None) -> dict:
+    mm = memory_model(entry)
+    configured = mm["mem_fraction_static"]
+    fracs = sorted({round(float(f), 4) for f in fractions} | ({round(float(configured), 4)} if configured else set()))
+    rows = []
+    for f in fracs:
+        uncapped, tokens = pool_tokens(mm, f, capped=False), pool_tokens(mm, f)
+        if tokens is None:
+            continue
+        ctx = mm["context_length"]
+        rows.append({
+            "mem_fraction_static": f, "configured": configured is not None and abs(f - float(configured)) < 1e-9,
+            "pool_tokens": tokens, "pool_tokens_uncapped": uncapped, "kv_bytes": tokens * mm["cell_bytes"],
+            "largest_context": min(tokens, int(ctx)) if ctx else tokens,
+            "concurrency_at_context_length": tokens // int(ctx) if ctx else None,
+            "concurrency_at_longest": tokens // longest if longest else None,
+        })
+    out = {"memory": mm, "rows": rows, "longest_measured": longest}
+    if configured and mm["observed_tokens"] is not None and rows:
+        predicted = pool_tokens(mm, float(configured))
+        out["predicted_tokens_at_configured"] = predicted
+        out["check"] = ("calibrated" if mm["weights_source"] and mm["weights_source"].startswith("backed out")
+                        else ("match" if predicted == mm["observed_tokens"] else "mismatch"))
+    if mm["req_to_token_bytes"] is not None and mm["cell_bytes"]:
+        out["req_to_token_tokens_equivalent"] = mm["req_to_token_bytes"] / mm["cell_bytes"]
+    spec = spec_of(entry)
+    if spec:
+        out["kv_bytes_per_token"] = {
+            "served": spec.kv_bytes_per_token(), "served_dtype": spec.kv_cache_dtype, "attention": spec.attention,
+            "tp_size": spec.tp_size, "all_ranks": spec.kv_bytes_per_token_all_ranks(),
+            "fp8": ModelSpec.from_dict({**spec.to_dict(), "kv_cache_dtype": "fp8_e4m3"}).kv_bytes_per_token(),
+            "mha_equivalent": spec.mha_equivalent_kv_bytes_per_token() if spec.attention == "mla" else None,
+        }
+    if not rows:
+        missing = [k for k in ("memory_bytes", "weights_bytes", "cell_bytes") if mm[k] is None]
+        out["reason"] = f"the pool cannot be modelled: unknown {', '.join(missing)}"
+    return out
+
+
+def plan(provenance: dict, fractions: list[float], longest: dict[str, int] | None = None) -> dict:
+    return {"configurations": {name: plan_configuration(entry, fractions, (longest or {}).get(name))
+                               for name, entry in sorted(provenance.get("configurations", {}).items())}}
+
+
+def plan_file(provenance_json: str | Path, results_csv: str | Path | None, out_json: str | Path,
+              fractions: list[float]) -> dict:
+    prov = json.loads(Path(provenance_json).read_text())
+    longest = None
+    if results_csv:
+        import pandas as pd
+
+        df = pd.read_csv(results_csv)
+        ok = df[df["status"] == "ok"]
+        longest = {str(k): int(v) for k, v in ok.groupby("configuration")["length"].max().items()}
+    doc = plan(prov, fractions, longest)
+    Path(out_json).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return doc
