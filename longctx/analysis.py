@@ -357,12 +357,20 @@ def fit_all(df: pd.DataFrame, provenance: dict | None = None, calibration: dict 
 
 
 def fit_file(results_csv: str | Path, out_json: str | Path, provenance_json: str | Path | None = None,
-             calibration_json: str | Path | None = None, settings: dict | None = None) -> dict:
+             calibration_json: str | Path | None = None, settings: dict | None = None,
+             kernel_bench: list[str | Path] | None = None) -> dict:
     prov = json.loads(Path(provenance_json).read_text()) if provenance_json else None
     cal = json.loads(Path(calibration_json).read_text()) if calibration_json else None
     fits = fit_all(pd.read_csv(results_csv), prov, cal, settings)
     if cal is not None:
         fits["calibration"] = cal
+    if kernel_bench:  # the native kernels timed alone (rule bench_kernel): points for the roofline
+        from . import kernelbench
+
+        records = kernelbench.load_records(kernel_bench)
+        fits["kernels"] = {"records": records, "roofline": kernelbench.roofline_points(records),
+                           "speedups": {k: sorted(kernelbench.speedups([r for r in records if r["kernel"] == k]).items())
+                                        for k in sorted({r["kernel"] for r in records})}}  # [length, x] pairs
     Path(out_json).write_text(json.dumps(fits, indent=1, sort_keys=True, default=_json_default) + "\n")
     return fits
 

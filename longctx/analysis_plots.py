@@ -46,11 +46,15 @@ def _roofs(fits: dict) -> list[dict]:
     return out
 
 
-def plot_roofline(fits: dict, sty: dict, outdir: Path) -> None:
+KERNEL_MARKERS = {"gather": "v", "contiguous": "^", "twin": "D", "cuda": "*"}
+
+
+def plot_roofline(fits: dict, sty: dict, outdir: Path, kernels: dict | None = None) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 5.2))
     points = {n: f["roofline"] for n, f in fits.items() if f.get("roofline", {}).get("points")}
     roofs = _roofs(fits)
-    xs = [r["flops"] / r["bw"] for r in roofs] + [p["intensity"] for r in points.values() for p in r["points"]]
+    xs = ([r["flops"] / r["bw"] for r in roofs] + [p["intensity"] for r in points.values() for p in r["points"]]
+          + [p["intensity"] for pts in (kernels or {}).values() for p in pts])
     if not xs:
         ax.text(0.5, 0.5, "no decode measurement or model spec", transform=ax.transAxes, ha="center", va="center")
         _save(fig, outdir, "roofline")
@@ -77,6 +81,13 @@ def plot_roofline(fits: dict, sty: dict, outdir: Path) -> None:
             left = i % 2 == 1  # configurations that share an intensity label on alternate sides
             ax.annotate(length_label(p["length"]), (p["intensity"], p["achieved_flops"]), textcoords="offset points",
                         xytext=(-5 if left else 5, -2), ha="right" if left else "left", fontsize=6, color=s["color"])
+    for variant, pts in sorted((kernels or {}).items()):  # the kernels timed alone (bench_kernel), hollow markers
+        marker = KERNEL_MARKERS.get(variant, "x")
+        ax.plot([p["intensity"] for p in pts], [p["achieved_flops"] for p in pts], linestyle="none", marker=marker,
+                markerfacecolor="none", color="0.35", label=f"kernel alone: {variant} ({pts[0]['device']})")
+        for p in pts:
+            ax.annotate(length_label(p["length"]), (p["intensity"], p["achieved_flops"]), textcoords="offset points",
+                        xytext=(5, 2), fontsize=5, color="0.35")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per KV byte)", ylabel="attention FLOP/s achieved",
            title="Decode attention on the roofline (one step, one device)")
     ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
@@ -187,12 +198,13 @@ def plot_analysis(results_csv: str | Path, fits_json: str | Path, planner_json: 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     df = pd.read_csv(results_csv)
-    fits = json.loads(Path(fits_json).read_text())["configurations"]
+    analysis = json.loads(Path(fits_json).read_text())
+    fits = analysis["configurations"]
     planner = json.loads(Path(planner_json).read_text())
     ok = ok_rows(df).copy()
     ok["step_s"] = step_seconds(ok)
     sty = _styles(sorted(set(df["configuration"]) | set(fits) | set(planner["configurations"])))
-    plot_roofline(fits, sty, outdir)
+    plot_roofline(fits, sty, outdir, (analysis.get("kernels") or {}).get("roofline"))
     plot_residuals(ok, fits, sty, outdir)
     plot_extrapolation(ok, fits, sty, outdir)
     plot_planner(planner, sty, outdir)

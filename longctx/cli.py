@@ -64,7 +64,7 @@ def _fit(a) -> int:
     from .analysis import fit_file
 
     settings = json.loads(a.settings) if a.settings else None
-    fits = fit_file(a.results, a.out, a.provenance, a.calibration, settings)
+    fits = fit_file(a.results, a.out, a.provenance, a.calibration, settings, a.kernel_bench)
     print(json.dumps(fits, indent=1, default=str))
     return 0
 
@@ -220,6 +220,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--provenance", help="data/provenance.json: model spec, hardware, KV pool per configuration")
     s.add_argument("--calibration", help="data/calibration.json: the measured ceilings")
     s.add_argument("--settings", help="the config's analysis section as JSON (bootstrap, confidence, seed, regime_tolerance)")
+    s.add_argument("--kernel-bench", nargs="*", default=[], help="data/kernels/<kernel>.json: kernels timed alone")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_fit)
 

@@ -38,6 +38,7 @@ rule fit_models:
         results="data/results.csv",
         provenance="data/provenance.json",
         calibration="data/calibration.json",
+        kernels=expand("data/kernels/{kernel}.json", kernel=NATIVE_KERNELS),
     output:
         "data/fits.json",
     log:
@@ -48,7 +49,7 @@ rule fit_models:
         ENV
     shell:
         "longctx fit --results {input.results} --provenance {input.provenance} --calibration {input.calibration} "
-        "--settings {params.settings:q} --out {output} > {log} 2>&1"
+        "--settings {params.settings:q} --kernel-bench {input.kernels} --out {output} > {log} 2>&1"
 
 
 rule plan_memory:
