@@ -19,6 +19,9 @@ class ReferenceAdapter(EngineAdapter):
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
         from ..config import ConfigError
 
+        if config["model"].get("hf_config"):
+            raise ConfigError(f"config key 'model.hf_config': configuration {configuration!r} runs the reference engine, "
+                              "which is built from model.architecture; remove model.hf_config (it describes a real model)")
         kind = config["kernels"][conf["kernel"]]["kind"] if conf.get("kernel") else "torch"
         backend = str(conf["args"].get("attention-backend", "torch"))
         if (kind == "native") != (backend == "native"):
@@ -38,13 +41,6 @@ class ReferenceAdapter(EngineAdapter):
     def gpus(self, conf: dict) -> int:
         """One GPU where `device` puts the engine on CUDA, else none (it runs on the CPU)."""
         return 1 if str(arg_value(conf["args"], "device", default="cpu")).startswith("cuda") else 0
-
-    def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
-        from ..config import ConfigError
-
-        if config["model"].get("hf_config"):
-            raise ConfigError(f"config key 'model.hf_config': configuration {configuration!r} runs the reference engine, "
-                              "which is built from model.architecture; remove model.hf_config (it describes a real model)")
 
     def launch_command(self, spec: dict, host: str, port: int, version: str | None) -> list[str]:
         model = spec["model"]
