@@ -77,7 +77,7 @@ class VLLMAdapter(EngineAdapter):
 
     def preflight(self, spec: dict, command: list[str]) -> str | None:
         argv = ["--model", spec["model"]["path"], *command[len(self.command(spec)) + (1 if self.command(spec)[-1] == "serve" else 2):]]
-        return run_preflight(self.python(spec), _PREFLIGHT, argv, "vLLM")
+        return run_preflight(self.python(spec), _PREFLIGHT, argv, "vLLM", self.run_env(spec))
 
     def kv_pool_from_log(self, text: str) -> dict | None:
         matches = list(VLLM_KV_RE.finditer(text))
