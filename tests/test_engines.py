@@ -15,7 +15,7 @@ from longctx import config as lcfg
 from longctx.bench import _spec_from_counters, run_configuration
 from longctx.client import normalize_spec_fields
 from longctx.engines import get_adapter
-from longctx.engines.sglang import flags_for_version
+from longctx.engines.sglang import flags_for_version, run_preflight
 from longctx.engines.vllm import parse_spec_counters
 from longctx.process import ManagedServer, free_port
 
@@ -129,6 +129,12 @@ def test_preflight_names_a_missing_engine(tmp_path):
     spec["python"] = sys.executable
     problem = get_adapter("sglang").preflight({**spec, "python": str(tmp_path / "no-python")}, ["x", "-m", "y"])
     assert problem and "cannot run" in problem
+    # An engine whose parser module fails on import is not said to reject the command line
+    problem = run_preflight(sys.executable, "raise RuntimeError('operator torchvision::nms does not exist')", [], "SGLang")
+    assert problem == (f"SGLang's argument parser failed in {sys.executable} before it read the command line: "
+                       "RuntimeError: operator torchvision::nms does not exist")
+    problem = run_preflight(sys.executable, "import longctx_no_such_engine", [], "vLLM")
+    assert problem == f"vLLM cannot be imported by {sys.executable}: ModuleNotFoundError: No module named 'longctx_no_such_engine'"
 
 
 # Real log lines (public logs of SGLang before and after 0.5.x's dtype field, MLA pools, and vLLM v1).
@@ -173,6 +179,24 @@ def test_vllm_command_line():
     assert cmd[cmd.index("--max-model-len") + 1] == "200000"
     api = get_adapter("vllm").api(spec)
     assert api.generate_path == "/v1/completions" and api.flush_path is None
+
+
+def test_vllm_version_and_parser_are_looked_up_in_the_python_that_runs_vllm(tmp_path):
+    config = lcfg.validate({"lengths": [1], "model": {"path": "/models/m"}, "configurations": {"v": {"engine": "vllm"}}})
+    spec = lcfg.configuration_spec(config, "v")
+    adapter = get_adapter("vllm")
+    bin_dir = tmp_path / "vllm-env" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "vllm").write_text(f"#!{sys.executable}\nimport sys\n")  # what pip writes into a venv
+    (bin_dir / "vllm").chmod(0o755)
+    spec["env"] = {"PATH": f"{bin_dir}:/usr/bin:/bin"}  # `vllm serve` is found on the server's PATH
+    assert adapter.python(spec) == sys.executable
+    (bin_dir / "vllm").write_text("#!/usr/bin/env python3\n")
+    assert adapter.python(spec) == "python3"
+    assert adapter.python({**spec, "env": {"PATH": str(tmp_path)}}) == "python3"  # no vllm there
+    command = ["/opt/vllm/bin/python3.12", "-m", "vllm.entrypoints.openai.api_server"]
+    assert adapter.python({**spec, "command": command}) == command[0]
+    assert adapter.python({**spec, "command": command, "python": "/other/python"}) == "/other/python"
 
 
 def test_vllm_spec_counters_from_metrics_text():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import replace
 
@@ -43,6 +44,9 @@ def flags_for_version(args: dict, version: str | None) -> dict:
     return out
 
 
+_ARGPARSE_ERROR = re.compile(r"^\S.*?: error: (.+)$")
+
+
 def run_preflight(python: str, script: str, argv: list[str], what: str, env: dict[str, str] | None = None) -> str | None:
     """Run an engine's own argument parser over argv in the engine's Python (and the server's
     environment); its error, or None."""
@@ -53,9 +57,13 @@ def run_preflight(python: str, script: str, argv: list[str], what: str, env: dic
     if proc.returncode == 0:
         return None
     err = proc.stderr.strip().splitlines()
+    rejected = [m[1] for m in map(_ARGPARSE_ERROR.match, err) if m]
+    if rejected:  # argparse's "<prog>: error: <message>"
+        return f"{what} rejects the command line: {rejected[-1]}"
+    last = err[-1] if err else f"exit {proc.returncode}"
     if any("ModuleNotFoundError" in line or "ImportError" in line for line in err):
-        return f"{what} cannot be imported by {python}: {err[-1] if err else ''}"
-    return f"{what} rejects the command line: {err[-1] if err else f'exit {proc.returncode}'}"
+        return f"{what} cannot be imported by {python}: {last}"
+    return f"{what}'s argument parser failed in {python} before it read the command line: {last}"
 
 
 class SGLangAdapter(EngineAdapter):
