@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.longctx-installed
 PARSERS := $(VENV)/.longctx-parsers
+SGLANG_0_5_9 := $(VENV)/parsers/sglang-0.5.9
 VLLM_VENV ?= .venv-vllm
 VLLM := $(VLLM_VENV)/.longctx-installed
 RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
@@ -24,12 +25,15 @@ $(STAMP): envs/requirements.txt pyproject.toml
 	$(BIN)/pip install --no-deps --no-build-isolation -e .
 	touch $@
 
-# SGLang's own argument parser (no GPU stack) for the tests that check our command lines with it
+# SGLang's own argument parsers (no GPU stack) for the tests that check our command lines with them:
+# 0.5.23 in the venv, 0.5.9 in a directory of its own that the tests put on PYTHONPATH
 parsers: $(PARSERS)
 
-$(PARSERS): $(STAMP) envs/parsers.txt envs/parsers-deps.txt
+$(PARSERS): $(STAMP) envs/parsers.txt envs/parsers-deps.txt envs/parsers-sglang-0.5.9.txt
 	$(BIN)/pip install -r envs/parsers-deps.txt
 	$(BIN)/pip install --no-deps -r envs/parsers.txt
+	rm -rf $(SGLANG_0_5_9)
+	$(BIN)/pip install --no-deps --target $(SGLANG_0_5_9) -r envs/parsers-sglang-0.5.9.txt
 	touch $@
 
 # vLLM's CPU build in its own environment: a real third-party server (and vLLM's parser) for the tests

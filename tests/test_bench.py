@@ -38,7 +38,7 @@ def test_bench_measures_every_length_and_records_provenance(tmp_path):
         assert prov["server_info"]["max_total_num_tokens"] == prov["kv_pool"]["tokens"] == 4096
         assert prov["kv_pool"]["log"]["tokens"] == 4096
         assert prov["server_info"]["page_size"] == 1 and prov["engine_version"]
-        assert prov["model"]["kv_bytes_per_token"] == (32 + 8) * 1 * 4
+        assert prov["model"]["kv_bytes_per_token"] == (32 + 16) * 1 * 4  # tiny.yaml: (kv_lora_rank + rope) x layers x fp32
         assert prov["packages"]["torch"] and prov["hardware"]["logical_cpus"] >= 1
         assert prov["protocol"]["trials"] == 2 and raw["started_at"] <= raw["finished_at"]
     assert _group_gone(prov["server_pid"])

@@ -4,6 +4,8 @@ the OpenAI path and an external server (the reference engine, started here as so
 import importlib.util
 import json
 import os
+import re
+import shlex
 import sys
 
 import httpx
@@ -13,11 +15,12 @@ from longctx import config as lcfg
 from longctx.bench import _spec_from_counters, run_configuration
 from longctx.client import normalize_spec_fields
 from longctx.engines import get_adapter
-from longctx.engines.sglang import flags_for_version
+from longctx.engines.sglang import flags_for_version, run_preflight
 from longctx.engines.vllm import parse_spec_counters
 from longctx.process import ManagedServer, free_port
 
-from .conftest import ROOT, refengine_command
+from . import sglang_parsers
+from .conftest import ROOT, copy_workflow, refengine_command, snakemake
 
 HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
 needs_sglang = pytest.mark.skipif(
@@ -40,14 +43,16 @@ def test_sglang_flags_follow_the_installed_version():
     assert flags_for_version(args, "0.5.23") == {"cuda-graph-max-bs-decode": 8, "page-size": 1}
     assert flags_for_version(args, "0.5.9") == args
     assert flags_for_version({"cuda-graph-max-bs-decode": 8}, "0.5.9") == {"cuda-graph-max-bs": 8}
+    assert flags_for_version({"cuda_graph_bs": [1, 2]}, "0.5.23.post1") == {"cuda-graph-bs-decode": [1, 2]}
     assert flags_for_version(args, None) == args
 
 
 def test_sglang_command_line():
-    spec = sglang_spec(**{"tp-size": 8, "enable-metrics": True, "disable-radix-cache": False})
+    spec = sglang_spec(**{"tp-size": 8, "enable-metrics": True, "disable-radix-cache": False, "cuda-graph-bs": [1, 2]})
     cmd = get_adapter("sglang").launch_command(spec, "127.0.0.1", 30000, "0.5.23")
     assert cmd[:5] == [sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/Kimi-K2.6"]
-    assert cmd[5:] == ["--host", "127.0.0.1", "--port", "30000", "--tp-size", "8", "--enable-metrics"]
+    assert cmd[5:] == ["--host", "127.0.0.1", "--port", "30000", "--tp-size", "8", "--enable-metrics",
+                       "--cuda-graph-bs-decode", "1", "2"]
 
 
 def test_engines_need_a_model_path_and_refuse_flags_longctx_sets():
@@ -59,30 +64,64 @@ def test_engines_need_a_model_path_and_refuse_flags_longctx_sets():
         sglang_spec(port=1)
 
 
-@needs_sglang
-def test_sglang_own_parser_accepts_our_command_lines():
+# Command lines of both eras: every configuration of the study's deployment; one flag of each kind the
+# configs use, with the CUDA-graph flags under their 0.5.9 names; the same under their 0.5.23 names.
+EVERY_KIND = {"tp-size": 8, "context-length": 200000, "mem-fraction-static": 0.9, "max-running-requests": 8,
+              "chunked-prefill-size": 8192, "page-size": 64, "attention-backend": "triton", "disable-radix-cache": True,
+              "enable-metrics": True, "speculative-algorithm": "NGRAM", "speculative-num-draft-tokens": 4,
+              "cuda-graph-max-bs": 8, "cuda-graph-bs": [1, 2, 4, 8]}
+NEW_NAMES = {"cuda-graph-max-bs-decode": 8, "cuda-graph-bs-decode": [1, 2, 4, 8], "page-size": 1}
+# What each era's parser says to a flag named for the other era
+WRONG_ERA = {"0.5.23": "ambiguous option: --cuda-graph-", "0.5.9": "unrecognized arguments: --cuda-graph-"}
+
+
+@pytest.fixture(scope="module")
+def kimi_bench_specs(tmp_path_factory) -> dict[str, dict]:
+    """The specs `snakemake -n -p` on the study's deployment hands to its bench jobs (`longctx bench --spec`)."""
+    work = copy_workflow(tmp_path_factory.mktemp("kimi"))
+    plan = snakemake(work, "-n", "-p", "report/longctx.pdf", "--configfile", str(KIMI.relative_to(ROOT)))
+    specs = {}
+    for line in re.findall(r"^Shell command: (longctx bench .*)$", plan, re.M):
+        words = shlex.split(line)
+        spec = json.loads(words[words.index("--spec") + 1])
+        specs[spec["name"]] = spec
+    assert sorted(specs) == ["sm120-kernel", "sm120-kernel-defrag", "triton-page1"]
+    return specs
+
+
+@pytest.mark.parametrize("parser", sglang_parsers.ERAS)
+def test_each_sglang_parser_accepts_the_command_lines_made_for_its_version_only(parser, kimi_bench_specs):
+    sglang_parsers.require(parser)
     adapter = get_adapter("sglang")
-    version = adapter.installed_version({"python": sys.executable})
-    assert version, "sglang is not installed for this Python"
+    specs = {**kimi_bench_specs, "every-kind": sglang_spec(**EVERY_KIND), "new-names": sglang_spec(**NEW_NAMES)}
+    # The version is read as the bench reads it: in the server's environment (configurations.<name>.env)
+    version = adapter.installed_version({"python": sys.executable, "env": sglang_parsers.env(parser)})
+    assert version == parser
+    cases = [(era, name, adapter.launch_command(spec, "127.0.0.1", 30000, era)[3:])
+             for era in sglang_parsers.ERAS for name, spec in specs.items()]
+    typo = adapter.launch_command(sglang_spec(**{"page-sise": 1}), "127.0.0.1", 1, version)[3:]
+    verdicts = sglang_parsers.parse(parser, [argv for _, _, argv in cases] + [typo])
+    mine = {name: argv for era, name, argv in cases if era == parser}
+    for (era, name, argv), verdict in zip(cases, verdicts):
+        if argv == mine[name]:  # made for this version, or the same line for both
+            assert verdict is None, (era, name, argv, verdict)
+        else:  # made for the other version: a flag wrong for this one (what an adapter ignoring versions emits)
+            assert verdict and verdict.startswith(WRONG_ERA[parser]), (era, name, argv, verdict)
+    assert sum(argv != mine[name] for _, name, argv in cases) == 2  # every-kind and new-names made for the other
+    assert verdicts[-1] == "unrecognized arguments: --page-sise 1"
+
+
+@needs_sglang
+def test_sglang_preflight_runs_the_servers_own_parser():
+    """The bench's check before a bring-up, with the SGLang installed in the test venv (0.5.23)."""
+    adapter = get_adapter("sglang")
     config = lcfg.load(KIMI)
-    for name, conf in config["configurations"].items():
-        spec = {**lcfg.configuration_spec(config, name), "python": sys.executable}
-        cmd = adapter.launch_command(spec, "127.0.0.1", 30000, version)
-        assert adapter.preflight(spec, cmd) is None, (name, cmd)
-    spec = sglang_spec(**{"cuda-graph-max-bs": 8, "speculative-algorithm": "NGRAM", "speculative-num-draft-tokens": 4,
-                          "chunked-prefill-size": 8192, "max-running-requests": 8, "page-size": 64})
-    assert adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 1, version)) is None
-
-
-@needs_sglang
-def test_sglang_own_parser_rejects_the_old_flag_on_a_new_version():
-    adapter = get_adapter("sglang")
+    spec = {**lcfg.configuration_spec(config, "sm120-kernel-defrag"), "python": sys.executable}
+    version = adapter.installed_version(spec)
+    assert adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 30000, version)) is None
     spec = sglang_spec(**{"cuda-graph-max-bs": 8})
-    as_old = adapter.launch_command(spec, "127.0.0.1", 1, "0.5.9")  # what 0.5.9 wanted
-    problem = adapter.preflight(spec, as_old)
-    assert problem and "ambiguous option: --cuda-graph-max-bs" in problem
-    problem = adapter.preflight(sglang_spec(**{"page-sise": 1}), adapter.launch_command(sglang_spec(**{"page-sise": 1}), "h", 1, None))
-    assert problem and "unrecognized arguments: --page-sise" in problem
+    problem = adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 1, "0.5.9"))  # what 0.5.9 wanted
+    assert problem and problem.startswith("SGLang rejects the command line: ") and "ambiguous option: --cuda-graph-max-bs" in problem
 
 
 def test_preflight_names_a_missing_engine(tmp_path):
@@ -90,6 +129,12 @@ def test_preflight_names_a_missing_engine(tmp_path):
     spec["python"] = sys.executable
     problem = get_adapter("sglang").preflight({**spec, "python": str(tmp_path / "no-python")}, ["x", "-m", "y"])
     assert problem and "cannot run" in problem
+    # An engine whose parser module fails on import is not said to reject the command line
+    problem = run_preflight(sys.executable, "raise RuntimeError('operator torchvision::nms does not exist')", [], "SGLang")
+    assert problem == (f"SGLang's argument parser failed in {sys.executable} before it read the command line: "
+                       "RuntimeError: operator torchvision::nms does not exist")
+    problem = run_preflight(sys.executable, "import longctx_no_such_engine", [], "vLLM")
+    assert problem == f"vLLM cannot be imported by {sys.executable}: ModuleNotFoundError: No module named 'longctx_no_such_engine'"
 
 
 # Real log lines (public logs of SGLang before and after 0.5.x's dtype field, MLA pools, and vLLM v1).
@@ -134,6 +179,24 @@ def test_vllm_command_line():
     assert cmd[cmd.index("--max-model-len") + 1] == "200000"
     api = get_adapter("vllm").api(spec)
     assert api.generate_path == "/v1/completions" and api.flush_path is None
+
+
+def test_vllm_version_and_parser_are_looked_up_in_the_python_that_runs_vllm(tmp_path):
+    config = lcfg.validate({"lengths": [1], "model": {"path": "/models/m"}, "configurations": {"v": {"engine": "vllm"}}})
+    spec = lcfg.configuration_spec(config, "v")
+    adapter = get_adapter("vllm")
+    bin_dir = tmp_path / "vllm-env" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "vllm").write_text(f"#!{sys.executable}\nimport sys\n")  # what pip writes into a venv
+    (bin_dir / "vllm").chmod(0o755)
+    spec["env"] = {"PATH": f"{bin_dir}:/usr/bin:/bin"}  # `vllm serve` is found on the server's PATH
+    assert adapter.python(spec) == sys.executable
+    (bin_dir / "vllm").write_text("#!/usr/bin/env python3\n")
+    assert adapter.python(spec) == "python3"
+    assert adapter.python({**spec, "env": {"PATH": str(tmp_path)}}) == "python3"  # no vllm there
+    command = ["/opt/vllm/bin/python3.12", "-m", "vllm.entrypoints.openai.api_server"]
+    assert adapter.python({**spec, "command": command}) == command[0]
+    assert adapter.python({**spec, "command": command, "python": "/other/python"}) == "/other/python"
 
 
 def test_vllm_spec_counters_from_metrics_text():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 from abc import ABC, abstractmethod
@@ -35,7 +36,8 @@ def arg_value(args: dict[str, Any], *names: str, default: Any = None) -> Any:
 
 
 def args_to_argv(args: dict[str, Any]) -> list[str]:
-    """{'page-size': 1, 'disable-radix-cache': True} -> ['--page-size', '1', '--disable-radix-cache']."""
+    """{'page-size': 1, 'disable-radix-cache': True, 'cuda-graph-bs': [1, 2]}
+    -> ['--page-size', '1', '--disable-radix-cache', '--cuda-graph-bs', '1', '2']."""
     argv: list[str] = []
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
@@ -43,6 +45,8 @@ def args_to_argv(args: dict[str, Any]) -> list[str]:
             argv.append(flag)
         elif value is False or value is None:
             continue
+        elif isinstance(value, list):  # a flag that takes several values (nargs)
+            argv += [flag, *map(str, value)]
         else:
             argv += [flag, str(value)]
     return argv
@@ -67,6 +71,12 @@ class EngineAdapter(ABC):
     def python(self, spec: dict) -> str:
         return spec.get("python") or "python3"
 
+    @staticmethod
+    def run_env(spec: dict) -> dict[str, str]:
+        """The environment the server runs in (ours plus configurations.<name>.env), where its version
+        is read and its command line checked too: an env such as PYTHONPATH can choose the engine."""
+        return {**os.environ, **{k: str(v) for k, v in (spec.get("env") or {}).items()}}
+
     def installed_version(self, spec: dict) -> str | None:
         """The engine's version in the environment that will run it (None when not installed)."""
         if not self.package:
@@ -76,7 +86,8 @@ class EngineAdapter(ABC):
                 "    try: print(m.version(d)); break\n"
                 "    except m.PackageNotFoundError: pass\n")
         try:
-            out = subprocess.run([self.python(spec), "-c", code], capture_output=True, text=True, timeout=60)
+            out = subprocess.run([self.python(spec), "-c", code], capture_output=True, text=True, timeout=60,
+                                 env=self.run_env(spec))
         except (OSError, subprocess.SubprocessError):
             return None
         return out.stdout.strip() or None

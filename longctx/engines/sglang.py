@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import replace
 
@@ -10,9 +11,11 @@ from packaging.version import InvalidVersion, Version
 from .api import SGLANG
 from .base import EngineAdapter, arg_value, args_to_argv
 
-# (first version with the new name, old flag, new flag). 0.5.23 split --cuda-graph-max-bs; the old
-# name is then "ambiguous" to argparse. A config may use either name for any installed version.
-RENAMED_FLAGS = (("0.5.23", "cuda-graph-max-bs", "cuda-graph-max-bs-decode"),)
+# (first version with the new name, old flag, new flag). 0.5.23 split --cuda-graph-max-bs and
+# --cuda-graph-bs into -decode and -prefill flags; the old names are then "ambiguous" to argparse, and
+# 0.5.9 does not know the new ones. A config may use either name for any installed version.
+RENAMED_FLAGS = (("0.5.23", "cuda-graph-max-bs", "cuda-graph-max-bs-decode"),
+                 ("0.5.23", "cuda-graph-bs", "cuda-graph-bs-decode"))
 
 _PREFLIGHT = """\
 import argparse, sys
@@ -41,18 +44,26 @@ def flags_for_version(args: dict, version: str | None) -> dict:
     return out
 
 
-def run_preflight(python: str, script: str, argv: list[str], what: str) -> str | None:
-    """Run an engine's own argument parser over argv in the engine's Python; its error, or None."""
+_ARGPARSE_ERROR = re.compile(r"^\S.*?: error: (.+)$")
+
+
+def run_preflight(python: str, script: str, argv: list[str], what: str, env: dict[str, str] | None = None) -> str | None:
+    """Run an engine's own argument parser over argv in the engine's Python (and the server's
+    environment); its error, or None."""
     try:
-        proc = subprocess.run([python, "-c", script, *argv], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([python, "-c", script, *argv], capture_output=True, text=True, timeout=300, env=env)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"cannot run {python} to check the {what} command line: {exc}"
     if proc.returncode == 0:
         return None
     err = proc.stderr.strip().splitlines()
+    rejected = [m[1] for m in map(_ARGPARSE_ERROR.match, err) if m]
+    if rejected:  # argparse's "<prog>: error: <message>"
+        return f"{what} rejects the command line: {rejected[-1]}"
+    last = err[-1] if err else f"exit {proc.returncode}"
     if any("ModuleNotFoundError" in line or "ImportError" in line for line in err):
-        return f"{what} cannot be imported by {python}: {err[-1] if err else ''}"
-    return f"{what} rejects the command line: {err[-1] if err else f'exit {proc.returncode}'}"
+        return f"{what} cannot be imported by {python}: {last}"
+    return f"{what}'s argument parser failed in {python} before it read the command line: {last}"
 
 
 class SGLangAdapter(EngineAdapter):
@@ -85,4 +96,4 @@ class SGLangAdapter(EngineAdapter):
                 "--host", host, "--port", str(port), *self.engine_argv(spec, version)]
 
     def preflight(self, spec: dict, command: list[str]) -> str | None:
-        return run_preflight(self.python(spec), _PREFLIGHT, command[3:], "SGLang")
+        return run_preflight(self.python(spec), _PREFLIGHT, command[3:], "SGLang", self.run_env(spec))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -58,6 +60,26 @@ class VLLMAdapter(EngineAdapter):
         dp = int(arg_value(a, "data-parallel-size-local", "data-parallel-size", default=1))
         return max(1, tp * pp * dp)
 
+    def python(self, spec: dict) -> str:
+        """The Python of vLLM's environment, where its version is read and its parser run: `python`;
+        else the one `command` starts with; else the one the `vllm` script on the server's PATH
+        names in its #! line (pip writes it); else python3."""
+        if spec.get("python"):
+            return spec["python"]
+        first = self.command(spec)[0]
+        if Path(first).name.startswith("python"):
+            return first
+        script = shutil.which(first, path=self.run_env(spec).get("PATH"))
+        try:
+            with open(script or "", "rb") as f:
+                line = f.readline(4096).decode(errors="replace")
+        except OSError:
+            return "python3"
+        words = line[2:].split() if line.startswith("#!") else []
+        if len(words) == 1 and Path(words[0]).name.startswith("python"):  # not `#!/usr/bin/env python3`
+            return words[0]
+        return "python3"
+
     def command(self, spec: dict) -> list[str]:
         """`command` as configured; else the OpenAI server module of `python`; else `vllm serve`."""
         if spec.get("command"):
@@ -77,7 +99,7 @@ class VLLMAdapter(EngineAdapter):
 
     def preflight(self, spec: dict, command: list[str]) -> str | None:
         argv = ["--model", spec["model"]["path"], *command[len(self.command(spec)) + (1 if self.command(spec)[-1] == "serve" else 2):]]
-        return run_preflight(self.python(spec), _PREFLIGHT, argv, "vLLM")
+        return run_preflight(self.python(spec), _PREFLIGHT, argv, "vLLM", self.run_env(spec))
 
     def kv_pool_from_log(self, text: str) -> dict | None:
         matches = list(VLLM_KV_RE.finditer(text))
