@@ -182,22 +182,26 @@ def _planner(planner: dict | None) -> list[tuple[str, str]]:
 
 
 def diagnose(med: pd.DataFrame, fits: dict, planner: dict | None = None) -> list[dict]:
-    """[{text, figure, configuration}], in report order: by figure (ORDER), then configuration."""
+    """[{text, figure, configuration, headline}], in report order: by figure (ORDER), then configuration.
+    headline marks each configuration's decode sentence (what bounds it, how far from the ceiling): the
+    front-page summary shows those, the diagnosis section all of them."""
     items: list[tuple[str, str, str]] = []
     for name, fit in sorted(fits.items()):
         rows = med[(med["configuration"] == name) & med["ttft_s"].notna()]
         if rows.empty:
-            items.append(("", name, f"{name}: no length was measured successfully."))
+            items.append(("", name, f"{name}: no length was measured successfully.", True))
             continue
         top = rows.iloc[-1]
         L = int(top["length"])
-        for figure, text in (_decode(name, top, L, fit) + _prefill(name, top, L, fit) + _speculative(name, top, L)
-                             + _regimes(name, fit) + _extrapolation(name, fit)):
-            items.append((figure, name, text))
+        decode = _decode(name, top, L, fit)
+        for i, (figure, text) in enumerate(decode + _prefill(name, top, L, fit) + _speculative(name, top, L)
+                                           + _regimes(name, fit) + _extrapolation(name, fit)):
+            items.append((figure, name, text, i == 0 and bool(decode)))
     for name in sorted(set(med["configuration"]) - set(fits)):
-        items.append(("", name, f"{name}: no length was measured successfully."))
+        items.append(("", name, f"{name}: no length was measured successfully.", True))
     for figure, text in _planner(planner):
-        items.append((figure, "", text))
+        items.append((figure, "", text, False))
     rank = {f: i for i, f in enumerate(ORDER)}
     items.sort(key=lambda t: (rank.get(t[0], -1), t[1]))
-    return [{"text": text, "figure": figure or None, "configuration": name or None} for figure, name, text in items]
+    return [{"text": text, "figure": figure or None, "configuration": name or None, "headline": headline}
+            for figure, name, text, headline in items]

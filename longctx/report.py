@@ -41,7 +41,7 @@ _TEX_SPECIALS = {
 # Front page: the title block and the summary (sections/summary.tex.j2). Then the body sections in
 # this order; a section file not named here (a new analysis) comes after the named ones that precede
 # "comparison". Files named appendix_* make the appendix, in APPENDIX_ORDER, then by name.
-BODY_ORDER = ("prefill", "decode", "intervals", "roofline", "hardware", "speculative", "telemetry", "planner", "needle",
+BODY_ORDER = ("diagnosis", "prefill", "decode", "intervals", "roofline", "hardware", "speculative", "telemetry", "planner", "needle",
               "concurrency", "itl_depth", "comparison", "failures")
 APPENDIX_ORDER = ("appendix_configuration", "appendix_servers", "appendix_hardware", "appendix_results",
                   "appendix_versions")

@@ -251,7 +251,16 @@ def test_the_twin_and_the_plan_section_carry_the_pdfs_diagnosis(built):
         assert shown in twin, s
         assert s in plan_lines, s
     assert re.search(r"\(Figure \d+\)", pdf)
-    assert pdf.index("1 Summary") < pdf.index("bound by the KV reads") < pdf.index("2 Prefill")
+    # the front page carries each configuration's decode sentence; the Diagnosis section all of them
+    assert pdf.index("1 Summary") < pdf.index("bound by the KV reads") < pdf.index("2 Diagnosis") < pdf.index("3 Prefill")
+    full = pdf[pdf.index("2 Diagnosis"):pdf.index("3 Prefill")]
+    for s in sentences:
+        assert " ".join(s.split())[:60] in full, s
+    lead = [d["text"] for d in ctx["diagnosis"] if d["headline"]]
+    assert lead and all(d["configuration"] for d in ctx["diagnosis"] if d["headline"])
+    summary = pdf[:pdf.index("2 Diagnosis")]
+    assert all(" ".join(s.split())[:60] in summary for s in lead)
+    assert not any(" ".join(d["text"].split())[:60] in summary for d in ctx["diagnosis"] if not d["headline"])
 
 
 def test_the_twin_links_its_figures_and_the_pdf_version(built):
