@@ -25,6 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from longctx import microbench  # noqa: E402
 from longctx.kernels import load_module  # noqa: E402
 from longctx.refengine.kvpool import KVPool  # noqa: E402
 from longctx.refengine.model import MLAModel  # noqa: E402
@@ -63,10 +64,10 @@ def main() -> None:
           f"{'copy GB/s':>9} {'read GB/s':>9} {'attn/copy':>9}")
     for length in a.lengths:
         nbytes = length * kv_bytes
+        # the calibrate step's measurements (longctx.microbench), on a buffer of the KV read's size
+        copy_bw = 2 * nbytes / statistics.median(microbench.copy_seconds(nbytes, "cpu", lambda: None, a.steps)) / 1e9
         src = torch.randn(nbytes // 4)
-        dst = torch.empty_like(src)
-        copy_bw = 2 * nbytes / median_time(lambda: dst.copy_(src), a.steps) / 1e9  # bytes read + written
-        read_bw = nbytes / median_time(lambda: src.sum(), a.steps) / 1e9
+        read_bw = nbytes / statistics.median(microbench._timed(lambda: src.sum(), lambda: None, a.steps)) / 1e9
         for name, (page_size, order, defrag) in LAYOUTS.items():
             pool = KVPool(cfg.num_hidden_layers, cfg.cell_dim, cfg.dtype, length + 1024, page_size, 1, length + 1024, order, seed=0)
             row, pages = pool.alloc_row(), []

@@ -12,10 +12,10 @@ figure reads as a fraction of what the memory system delivers.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import microbench
 from .kernels import Kernel, load_kernel
 
 REFERENCE_DIR = Path(__file__).resolve().parents[1] / "kernels" / "reference"
@@ -35,33 +35,20 @@ class Shape:
         return self.kv_lora_rank + self.rope
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
-
-
-def best_time(fn, device: str = "cpu", repeats: int = 20, min_total_s: float = 0.2) -> float:
-    """Fastest of at least `repeats` runs (and at least min_total_s of them), after one warm-up."""
-    fn()
-    _sync(device)
-    times: list[float] = []
-    t_start = time.perf_counter()
-    while len(times) < repeats or (time.perf_counter() - t_start < min_total_s and len(times) < 10 * repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def copy_bandwidth(nbytes: int, device: str) -> float:
+def _sync(device: str):
     import torch
 
-    src = torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=device).normal_()
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / best_time(lambda: dst.copy_(src), device)
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def best_time(fn, device: str = "cpu", repeats: int = 20) -> float:
+    """Fastest of `repeats` runs after a warm-up (the device synchronised around each)."""
+    return min(microbench._timed(fn, _sync(device), repeats))
+
+
+def copy_bandwidth(nbytes: int, device: str, repeats: int = 20) -> float:
+    """Bytes read + written per second copying a buffer of nbytes on device (the calibrate step's copy)."""
+    return 2 * max(4, nbytes // 4 * 4) / min(microbench.copy_seconds(nbytes, device, _sync(device), repeats))
 
 
 def _inputs(shape: Shape, length: int, device: str, contiguous: bool, seed: int = 0):

@@ -47,6 +47,15 @@ def _timed(fn, sync, repeats: int) -> list[float]:
     return out
 
 
+def copy_seconds(n_bytes: int, dev, sync, repeats: int) -> list[float]:
+    """Times of dst.copy_(src) for a float32 buffer of n_bytes on dev (STREAM copy: 2 n_bytes move)."""
+    import torch
+
+    src = torch.ones(max(1, n_bytes // 4), dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    return _timed(lambda: dst.copy_(src), sync, repeats)
+
+
 def measure(device: str = "cpu", copy_mib: int = 256, matmul_size: int = 1024, dtype: str = "float32",
             repeats: int = 5, threads: int | None = None) -> dict:
     import torch
@@ -68,11 +77,10 @@ def measure(device: str = "cpu", copy_mib: int = 256, matmul_size: int = 1024, d
     else:
         raise ValueError(f"device {device!r}; allowed: cpu, cuda")
     n_bytes = copy_mib * 2**20
+    copy = copy_seconds(n_bytes, dev, sync, repeats)
     src = torch.ones(n_bytes // 4, dtype=torch.float32, device=dev)
-    dst = torch.empty_like(src)
-    copy = _timed(lambda: dst.copy_(src), sync, repeats)
     read = _timed(lambda: src.sum(), sync, repeats)
-    del src, dst
+    del src
     tdtype = getattr(torch, dtype)
     a = torch.randn(matmul_size, matmul_size, device=dev).to(tdtype)
     b = torch.randn(matmul_size, matmul_size, device=dev).to(tdtype)
