@@ -211,11 +211,15 @@ def test_analysis_diagnosis_in_the_summary_roofline_and_planner_in_the_report(wo
     assert {p["check"] for p in planner.values()} == {"match"}  # the rule gives the pool each real server allocated
     text = pdftotext(workflow / "report" / "longctx.pdf")
     flat = " ".join(text.split())
-    # the diagnosis opens the summary (page one), before the headline table, each sentence naming its figure
-    summary, headline, prefill = flat.index("1 Summary"), flat.index("TTFT speedup"), flat.index("2 Prefill")
-    assert summary < flat.index("KV pool holds 4,096 tokens") < headline < prefill
-    assert summary < flat.index("decode at 512 tokens runs at") < headline
-    assert len(re.findall(r"\(Figure \d+\)", flat[summary:headline])) >= 6 and "Figure ??" not in flat
+    # each configuration's decode sentence opens the summary (page one), before the headline table; the whole
+    # diagnosis, each sentence naming its figure, is the next section
+    summary, headline = flat.index("1 Summary"), flat.index("TTFT speedup")
+    diagnosis, prefill = flat.index("2 Diagnosis"), flat.index("3 Prefill")
+    assert summary < flat.index("decode at 512 tokens runs at") < headline < diagnosis
+    assert len(re.findall(r"decode at 512 tokens runs at", flat[summary:headline])) == 3
+    assert diagnosis < flat.index("KV pool holds 4,096 tokens", diagnosis) < prefill
+    assert len(re.findall(r"\(Figure \d+\)", flat[diagnosis:prefill])) >= 6 and "Figure ??" not in flat
+    assert "kernels timed alone" in flat and "CPU twin over the PyTorch gather" in flat
     md = (workflow / "report" / "longctx.md").read_text()
     assert "KV pool holds 4,096 tokens" in md and "(figures/roofline.png)" in md
     for heading in ("Roofline of decode attention", "KV memory planner", "Model and hardware ceilings", "Regime changes"):
