@@ -10,6 +10,7 @@ import os
 import threading
 import time
 import uuid
+from collections import deque
 
 import psutil
 import torch
@@ -29,6 +30,7 @@ from .modelconfig import ModelConfig
 from .metrics import EngineMetrics
 from .scheduler import Req, Scheduler
 from .speculative import SpecConfig
+from .wire import PLACEHOLDER, WireH11Protocol, WireLog, request_log
 
 log = logging.getLogger("longctx.refengine")
 
@@ -151,6 +153,9 @@ def _sse(obj) -> bytes:
 
 
 def make_app(engine: Engine) -> Starlette:
+    # the last requests' timestamps, for GET /request_timestamps: (endpoint, request, its socket times)
+    recent: deque[tuple[str, Req, WireLog | None]] = deque(maxlen=256)
+
     def submit(input_ids, max_new: int, ignore_eos: bool, rid: str | None, received: float) -> tuple[Req, asyncio.Queue]:
         """Validate and queue a request; its events arrive on the returned queue."""
         if not isinstance(input_ids, list) or not all(isinstance(i, int) for i in input_ids):
@@ -171,17 +176,28 @@ def make_app(engine: Engine) -> Starlette:
         engine.scheduler.submit(req)
         return req, queue
 
-    async def events(req: Req, queue: asyncio.Queue):
-        """The request's events until the final one; the final one carries the server's timestamps."""
+    async def events(req: Req, queue: asyncio.Queue, wire: WireLog | None = None):
+        """The request's events until the final one; the final one carries the server's timestamps.
+
+        Each event says when it was sent (meta_info.sent_ts) so that a client on this machine can
+        time its own lag. Streamed through the stamping protocol (`wire`), that is the moment its
+        bytes reach the socket (the protocol writes it over PLACEHOLDER; see wire.py), and the
+        request's "received" is when its first bytes were read; otherwise both are taken here.
+        """
         try:
             while True:
                 event = await queue.get()
-                final = event["meta_info"]["finish_reason"] is not None
-                if "first_token_sent" not in req.timestamps:
-                    req.timestamps["first_token_sent"] = time.perf_counter()
+                meta = event["meta_info"]
+                final = meta["finish_reason"] is not None
+                req.event_tokens.append(len(event["output_ids"]))
+                if wire is not None:
+                    req.timestamps["first_token_sent"] = wire.first_sent or PLACEHOLDER  # PLACEHOLDER: this event is the first
+                    meta["sent_ts"] = PLACEHOLDER
+                else:
+                    req.timestamps.setdefault("first_token_sent", time.perf_counter())
+                    meta["sent_ts"] = time.perf_counter()
                 if final:
-                    event["meta_info"]["timestamps"] = {"clock": "CLOCK_MONOTONIC", "received": req.received, **req.timestamps}
-                event["meta_info"]["sent_ts"] = time.perf_counter()  # lets a client on this machine time its own lag
+                    meta["timestamps"] = {"clock": "CLOCK_MONOTONIC", "received": req.received, **req.timestamps}
                 yield event
                 if final:
                     return
@@ -192,7 +208,8 @@ def make_app(engine: Engine) -> Starlette:
         return Response(status_code=200)
 
     async def generate(request: Request) -> Response:
-        received = time.perf_counter()  # before the body is read and parsed
+        wire = request_log(request.scope)
+        received = wire.received if wire else time.perf_counter()  # before the body is read and parsed
         try:
             body = await request.json()
             if "input_ids" in body:
@@ -208,10 +225,12 @@ def make_app(engine: Engine) -> Starlette:
             return _error(f"request body is not JSON: {exc}")
         except BadRequest as exc:
             return _error(str(exc))
+        streamed = bool(body.get("stream"))
+        recent.append(("/generate", req, wire if streamed else None))
 
-        if body.get("stream"):
+        if streamed:
             async def stream():
-                async for event in events(req, queue):
+                async for event in events(req, queue, wire):
                     yield _sse(event)
                 yield _sse(b"[DONE]")
 
@@ -222,8 +241,11 @@ def make_app(engine: Engine) -> Starlette:
         return JSONResponse(last)
 
     async def completions(request: Request) -> Response:
-        """OpenAI /v1/completions: prompt as text or token ids; usage on request (stream_options)."""
-        received = time.perf_counter()
+        """OpenAI /v1/completions: prompt as text or token ids; usage on request (stream_options).
+
+        Streamed chunks carry one field beyond OpenAI's, sent_ts, as /generate's events do."""
+        wire = request_log(request.scope)
+        received = wire.received if wire else time.perf_counter()
         try:
             body = await request.json()
             prompt = body.get("prompt")
@@ -238,10 +260,15 @@ def make_app(engine: Engine) -> Starlette:
         except BadRequest as exc:
             return _error(str(exc))
         cid, created, model = f"cmpl-{req.rid}", int(time.time()), engine.args.model_path
+        streamed = bool(body.get("stream"))
+        recent.append(("/v1/completions", req, wire if streamed else None))
 
-        def chunk(text: str, finish: str | None) -> dict:
-            return {"id": cid, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+        def chunk(text: str, finish: str | None, meta: dict | None = None) -> dict:
+            out = {"id": cid, "object": "text_completion", "created": created, "model": model,
+                   "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+            if meta is not None:
+                out["sent_ts"] = meta["sent_ts"]
+            return out
 
         def usage(meta: dict) -> dict:
             return {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
@@ -251,13 +278,13 @@ def make_app(engine: Engine) -> Starlette:
             reason = meta["finish_reason"]
             return None if reason is None else {"length": "length", "stop": "stop"}.get(reason["type"], "abort")
 
-        if body.get("stream"):
+        if streamed:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
             async def stream():
-                async for event in events(req, queue):
+                async for event in events(req, queue, wire):
                     meta = event["meta_info"]
-                    yield _sse(chunk(tokenizer.decode(event["output_ids"]), finish_name(meta)))
+                    yield _sse(chunk(tokenizer.decode(event["output_ids"]), finish_name(meta), meta))
                     if include_usage and meta["finish_reason"] is not None:
                         yield _sse({**chunk("", None), "choices": [], "usage": usage(meta)})
                 yield _sse(b"[DONE]")
@@ -281,6 +308,19 @@ def make_app(engine: Engine) -> Starlette:
 
     async def server_info(_: Request) -> Response:
         return JSONResponse(engine.server_info())
+
+    async def request_timestamps(_: Request) -> Response:
+        """The last requests' timestamps (CLOCK_MONOTONIC seconds): when each arrived, the scheduler's
+        steps, and for streams the send time of every event with the tokens it carried. A client
+        that does not read our meta_info (vLLM's or GuideLLM's benchmark) is checked against these."""
+        out = []
+        for endpoint, req, wire in list(recent):
+            out.append({"rid": req.rid, "endpoint": endpoint, "prompt_tokens": len(req.input_ids),
+                        "completion_tokens": len(req.output_ids), "received": req.received, **req.timestamps,
+                        "event_tokens": list(req.event_tokens)})
+            if wire is not None:
+                out[-1].update(first_token_sent=wire.first_sent, sent=list(wire.sent))
+        return JSONResponse({"clock": "CLOCK_MONOTONIC", "requests": out})
 
     async def model_info(_: Request) -> Response:
         return JSONResponse({"model_path": engine.args.model_path, "is_generation": True, "model_config": engine.cfg.to_dict()})
@@ -311,6 +351,7 @@ def make_app(engine: Engine) -> Starlette:
             Route("/v1/models", models, methods=["GET"]),
             Route("/version", version, methods=["GET"]),
             Route("/server_info", server_info, methods=["GET"]),
+            Route("/request_timestamps", request_timestamps, methods=["GET"]),
             Route("/get_server_info", server_info, methods=["GET"]),
             Route("/model_info", model_info, methods=["GET"]),
             Route("/get_model_info", model_info, methods=["GET"]),
@@ -331,7 +372,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {exc}") from exc
     log.info("server_args=%s", json.dumps(vars(args), sort_keys=True))
     engine.scheduler.start()
-    config = uvicorn.Config(make_app(engine), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    config = uvicorn.Config(make_app(engine), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                            http=WireH11Protocol)
     server = uvicorn.Server(config)
 
     def announce_ready() -> None:
