@@ -1,0 +1,55 @@
+"""Third-party benchmark clients' figures against the server's records (bench/client_overhead.py)."""
+
+import pytest
+
+from longctx import clientcheck as cc
+from longctx.client import StreamRecord
+
+
+def server_record(rid, received, sent, endpoint="/v1/completions"):
+    return {"rid": rid, "endpoint": endpoint, "prompt_tokens": 100, "received": received, "sent": sent,
+            "event_tokens": [1] * len(sent)}
+
+
+RECORDS = [server_record("b", 20.0, [20.5, 20.6, 20.8]), server_record("a", 10.0, [10.5, 10.6, 10.7]),
+           server_record("g", 15.0, [15.1], endpoint="/generate")]
+
+
+def test_vllm_results_are_matched_by_start_time_and_rebuilt_into_arrivals():
+    # vLLM keeps each request's perf_counter start, TTFT and the gaps between chunks
+    result = {"start_times": [9.999, 19.998], "ttfts": [0.502, 0.5025], "itls": [[0.1, 0.1], [0.1, 0.2]], "errors": ["", ""]}
+    a, b = cc.vllm_checks(result, RECORDS, 100, set())
+    assert a.ttft_error_s == pytest.approx(0.502 - 0.5) and b.ttft_error_s == pytest.approx(0.5025 - 0.5)
+    assert a.lags_s == pytest.approx([0.001] * 3)  # 9.999 + 0.502 = 10.501 against 10.5, and so on
+    assert b.lags_s == pytest.approx([0.0005] * 3) and b.itl_errors_s == pytest.approx([0.0, 0.0])
+    s = cc.summarize([a, b])
+    assert s["requests"] == 2 and s["ttft_error_s_max"] == pytest.approx(0.0025) and s["prompt_tokens"] == [100]
+    with pytest.raises(ValueError, match="failed a request"):
+        cc.vllm_checks({**result, "errors": ["boom", ""]}, RECORDS, 100, set())
+    with pytest.raises(ValueError, match="no streamed /v1/completions request received after"):
+        cc.vllm_checks({**result, "start_times": [30.0, 31.0]}, RECORDS, 100, set())
+
+
+def test_guidellm_wall_clock_times_are_moved_onto_the_monotonic_clock():
+    offset = 1_700_000_000.0  # wall - monotonic
+    req = {"info": {"timings": {"request_start": offset + 9.99, "first_token_iteration": offset + 10.503,
+                                "last_token_iteration": offset + 10.706}}}
+    report = {"benchmarks": [{"requests": {"successful": [req], "errored": []}}]}
+    (c,) = cc.guidellm_checks(report, RECORDS, 100, offset, set())
+    assert c.ttft_s == pytest.approx(0.513, abs=1e-6) and c.server_ttft_s == pytest.approx(0.5)
+    assert c.lags_s == pytest.approx([0.003, 0.006], abs=1e-6)
+    assert c.itl_errors_s == pytest.approx([(0.203 - 0.2) / 2], abs=1e-6)  # of the mean gap
+    assert cc.wall_minus_mono() > 0
+
+
+def test_our_record_gives_socket_level_and_httpx_level_checks():
+    rec = StreamRecord(t_sent=1.001, t_call=1.0, arrival_clock="kernel", event_times=[2.0001, 2.1001],
+                       event_seen=[2.0005, 2.1002], event_tokens=[1, 1], event_sent=[2.0, 2.1], t_done=2.2,
+                       meta={"prompt_tokens": 50, "completion_tokens": 2,
+                             "timestamps": {"received": 1.0015, "first_token_sent": 2.0}})
+    sock, api = cc.own_checks(rec, 50)
+    assert sock.ttft_error_s == pytest.approx((2.0001 - 1.001) - (2.0 - 1.0015))
+    assert api.ttft_error_s == pytest.approx((2.0005 - 1.0) - (2.0 - 1.0015))
+    assert sock.lags_s == pytest.approx([1e-4, 1e-4]) and api.itl_errors_s == pytest.approx([-3e-4])
+    with pytest.raises(ValueError, match="no server timestamps"):
+        cc.own_checks(StreamRecord(event_times=[1.0], event_seen=[1.0], event_tokens=[1], event_sent=[None], t_done=1.0), 50)
