@@ -187,7 +187,7 @@ class StreamRecord:
     t_call: float = 0.0  # the httpx call made
     arrival_clock: str = "call"  # "kernel", "socket" (timed_client) or "call": where arrival times come from
     event_times: list[float] = field(default_factory=list)  # arrival of each token-carrying event
-    event_seen: list[float] = field(default_factory=list)  # when the client had parsed it
+    event_seen: list[float] = field(default_factory=list)  # when httpx handed its bytes over
     event_tokens: list[int] = field(default_factory=list)  # tokens each of those events carried
     event_sent: list[float | None] = field(default_factory=list)  # the server's send time of each, where it says
     t_done: float | None = None
@@ -221,8 +221,9 @@ class StreamRecord:
         if lags:  # same-machine servers that stamp their events (CLOCK_MONOTONIC): the client's own delay
             out.update(recv_lag_mean_s=statistics.fmean(lags), recv_lag_median_s=statistics.median(lags),
                        recv_lag_max_s=max(lags), send_lag_s=ts["received"] - self.t_sent if "received" in ts else None)
+        # the client's own costs: httpx's request set-up, and events waiting for httpx to hand them over
         out.update(arrival_clock=self.arrival_clock, send_setup_s=self.t_sent - self.t_call,
-                   parse_delay_mean_s=statistics.fmean(s - t for s, t in zip(self.event_seen, self.event_times))
+                   read_delay_mean_s=statistics.fmean(s - t for s, t in zip(self.event_seen, self.event_times))
                    if self.event_seen else None)
         if not self.event_times:
             return out
@@ -310,7 +311,7 @@ def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: floa
                         total = _sglang_event(rec, obj) if api == "sglang" else _openai_event(rec, obj, seen_tokens)
                         if total is not None and total > seen_tokens:
                             rec.event_times.append(now)
-                            rec.event_seen.append(time.perf_counter())
+                            rec.event_seen.append(seen)
                             rec.event_tokens.append(total - seen_tokens)
                             rec.event_sent.append((obj.get("meta_info") or obj).get("sent_ts"))  # SGLang-style or top level
                             seen_tokens = total

@@ -1,9 +1,15 @@
 """Third-party benchmark clients' figures against the server's records (bench/client_overhead.py)."""
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from longctx import clientcheck as cc
 from longctx.client import StreamRecord
+
+from .conftest import ROOT
 
 
 def server_record(rid, received, sent, endpoint="/v1/completions"):
@@ -53,3 +59,21 @@ def test_our_record_gives_socket_level_and_httpx_level_checks():
     assert sock.lags_s == pytest.approx([1e-4, 1e-4]) and api.itl_errors_s == pytest.approx([-3e-4])
     with pytest.raises(ValueError, match="no server timestamps"):
         cc.own_checks(StreamRecord(event_times=[1.0], event_seen=[1.0], event_tokens=[1], event_sent=[None], t_done=1.0), 50)
+
+
+def run_bench(tmp_path, *args):
+    out = tmp_path / "figures.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "client_overhead.py"), "--lengths", "300", "--trials", "2",
+                           "--tokens", "8", "--json", str(out), *args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout, {(row["client"], row["length"]): row for row in json.loads(out.read_text())}
+
+
+def test_the_bench_script_checks_our_client_against_the_engine(tmp_path):
+    stdout, rows = run_bench(tmp_path, "--vllm-python", "", "--guidellm", "")
+    ours, httpx_level = rows[("longctx", 300)], rows[("longctx, httpx-level", 300)]
+    assert ours["requests"] == httpx_level["requests"] == 2 and ours["prompt_tokens"] == [300]
+    # the same requests: timed at the socket, the client's own costs drop out
+    assert 0 < ours["ttft_error_s_median"] < httpx_level["ttft_error_s_median"]
+    assert 0 < ours["lag_s_median"] < httpx_level["lag_s_median"]
+    assert "skipped vllm bench serve: not installed here" in stdout and "skipped GuideLLM" in stdout
