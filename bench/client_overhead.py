@@ -59,12 +59,13 @@ def _ms(x: float | None) -> str:
 
 
 def print_table(rows: list[tuple[str, int, dict]]) -> None:
-    print(f"{'client':<22} {'L':>7} {'n':>2} {'prompt':>7} {'TTFT s':>8} {'TTFT err ms':>11} {'(max)':>7} "
+    print(f"{'client':<22} {'L':>7} {'n':>2} {'prompt':>7} {'TTFT s':>8} {'TTFT err ms':>11} {'(max)':>7} {'send ms':>7} "
           f"{'lag us mean':>11} {'median':>7} {'max':>8} {'|ITL err| us':>12}")
     for client, length, s in rows:
         prompt = ",".join(str(p) for p in s["prompt_tokens"])
         print(f"{client:<22} {length:>7} {s['requests']:>2} {prompt:>7} {s['ttft_s_median']:>8.3f} "
-              f"{_ms(s['ttft_error_s_median']):>11} {_ms(s['ttft_error_s_max']):>7} {_us(s['lag_s_mean']):>11} "
+              f"{_ms(s['ttft_error_s_median']):>11} {_ms(s['ttft_error_s_max']):>7} {_ms(s['send_lag_s_median']):>7} "
+              f"{_us(s['lag_s_mean']):>11} "
               f"{_us(s['lag_s_median']):>7} {_us(s['lag_s_max']):>8} {_us(s['itl_abs_error_s_mean']):>12}")
 
 
@@ -99,7 +100,9 @@ def main() -> None:
                 if not rec.ok:
                     sys.exit(f"request failed: {rec.error} (server log {log})")
                 own += cc.own_checks(rec, length)
-                print(f"L={length} trial {trial}: arrival clock {rec.arrival_clock}, TTFT {own[-2].ttft_s:.3f} s", flush=True)
+                c = own[-2]
+                print(f"L={length} trial {trial}: arrival clock {rec.arrival_clock}, TTFT {c.ttft_s:.3f} s, error "
+                      f"{_ms(c.ttft_error_s)} ms (send {_ms(c.send_lag_s)} ms, first event {_ms(c.lags_s[0])} ms)", flush=True)
             for name in ("longctx", "longctx, httpx-level"):
                 rows.append((name, length, cc.summarize([c for c in own if c.client == name])))
         tokenizer = None
@@ -127,6 +130,8 @@ def main() -> None:
     own_rows = [s for client, _, s in rows if client == "longctx"]
     print(f"\nlongctx client: worst TTFT error {_ms(max(s['ttft_error_s_max'] for s in own_rows))} ms [goal < 1 ms]; "
           f"worst mean per-token lag {_us(max(s['lag_s_mean'] for s in own_rows))} us [goal < 50 us]")
+    print("TTFT err: median of the requests (and the largest); send: the part of it before the server read the request "
+          "(median); lag: over every event of the requests")
     print("lag for GuideLLM: first and last token only (its report keeps no per-token times); "
           "|ITL err| for GuideLLM: of the mean gap")
     for line in skipped:

@@ -10,6 +10,7 @@ clocks, read together (NTP slews both alike, so the offset only moves if the wal
 
 Per request:
     TTFT error   = the client's TTFT - (first event sent - request received)
+                 = send lag (request start to the server reading it) + the first event's lag
     per-token lag = an event's arrival at the client - its send time at the server
     ITL error     = a gap between two events at the client - the same gap at the server
 """
@@ -37,6 +38,7 @@ class Check:
     prompt_tokens: int | None
     ttft_s: float
     server_ttft_s: float
+    send_lag_s: float  # from the client's request start to the server's reading it: the part of the TTFT error before the server's clock
     lags_s: list[float] = field(default_factory=list)  # where the client gives each event's arrival
     itl_errors_s: list[float] = field(default_factory=list)
 
@@ -55,7 +57,7 @@ def own_checks(rec: StreamRecord, length: int) -> list[Check]:
     sent = rec.event_sent
     out = []
     for name, t0, times in (("longctx", rec.t_sent, rec.event_times), ("longctx, httpx-level", rec.t_call, rec.event_seen)):
-        out.append(Check(name, length, s["prompt_tokens"], times[0] - t0, server_ttft,
+        out.append(Check(name, length, s["prompt_tokens"], times[0] - t0, server_ttft, s["server_timestamps"]["received"] - t0,
                          lags_s=[t - u for t, u in zip(times, sent)], itl_errors_s=_gap_errors(times, sent)))
     return out
 
@@ -95,7 +97,7 @@ def vllm_checks(result: dict, records: list[dict], length: int, taken: set[str])
             raise ValueError(f"vLLM's benchmark client failed a request: {error[:300]}")
         rec = match(records, start, "/v1/completions", taken)
         arrivals = [start + ttft + t for t in itertools.accumulate([0.0, *itls])]
-        out.append(Check("vllm bench serve", length, rec["prompt_tokens"], ttft, _server_ttft(rec),
+        out.append(Check("vllm bench serve", length, rec["prompt_tokens"], ttft, _server_ttft(rec), rec["received"] - start,
                          lags_s=[a - s for a, s in zip(arrivals, rec["sent"])], itl_errors_s=_gap_errors(arrivals, rec["sent"])))
     return out
 
@@ -118,7 +120,7 @@ def guidellm_checks(report: dict, records: list[dict], length: int, wall_minus_m
             sent = rec["sent"]
             gaps = len(sent) - 1
             itl_error = [(last - first) / gaps - (sent[-1] - sent[0]) / gaps] if gaps else []
-            out.append(Check("GuideLLM", length, rec["prompt_tokens"], first - start, _server_ttft(rec),
+            out.append(Check("GuideLLM", length, rec["prompt_tokens"], first - start, _server_ttft(rec), rec["received"] - start,
                              lags_s=[first - sent[0], last - sent[-1]], itl_errors_s=itl_error))
     return out
 
@@ -139,6 +141,7 @@ def summarize(checks: list[Check]) -> dict:
         "ttft_s_median": statistics.median(c.ttft_s for c in checks),
         "ttft_error_s_median": statistics.median(ttft_err),
         "ttft_error_s_max": max(ttft_err),
+        "send_lag_s_median": statistics.median(c.send_lag_s for c in checks),
         "lag_s_mean": statistics.fmean(lags) if lags else None,
         "lag_s_median": statistics.median(lags) if lags else None,
         "lag_s_max": max(lags) if lags else None,

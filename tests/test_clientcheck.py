@@ -26,6 +26,7 @@ def test_vllm_results_are_matched_by_start_time_and_rebuilt_into_arrivals():
     result = {"start_times": [9.999, 19.998], "ttfts": [0.502, 0.5025], "itls": [[0.1, 0.1], [0.1, 0.2]], "errors": ["", ""]}
     a, b = cc.vllm_checks(result, RECORDS, 100, set())
     assert a.ttft_error_s == pytest.approx(0.502 - 0.5) and b.ttft_error_s == pytest.approx(0.5025 - 0.5)
+    assert a.send_lag_s == pytest.approx(0.001) and b.send_lag_s == pytest.approx(0.002)
     assert a.lags_s == pytest.approx([0.001] * 3)  # 9.999 + 0.502 = 10.501 against 10.5, and so on
     assert b.lags_s == pytest.approx([0.0005] * 3) and b.itl_errors_s == pytest.approx([0.0, 0.0])
     s = cc.summarize([a, b])
@@ -43,6 +44,7 @@ def test_guidellm_wall_clock_times_are_moved_onto_the_monotonic_clock():
     report = {"benchmarks": [{"requests": {"successful": [req], "errored": []}}]}
     (c,) = cc.guidellm_checks(report, RECORDS, 100, offset, set())
     assert c.ttft_s == pytest.approx(0.513, abs=1e-6) and c.server_ttft_s == pytest.approx(0.5)
+    assert c.send_lag_s == pytest.approx(0.01, abs=1e-6)
     assert c.lags_s == pytest.approx([0.003, 0.006], abs=1e-6)
     assert c.itl_errors_s == pytest.approx([(0.203 - 0.2) / 2], abs=1e-6)  # of the mean gap
     assert cc.wall_minus_mono() > 0
@@ -56,6 +58,7 @@ def test_our_record_gives_socket_level_and_httpx_level_checks():
     sock, api = cc.own_checks(rec, 50)
     assert sock.ttft_error_s == pytest.approx((2.0001 - 1.001) - (2.0 - 1.0015))
     assert api.ttft_error_s == pytest.approx((2.0005 - 1.0) - (2.0 - 1.0015))
+    assert sock.send_lag_s == pytest.approx(0.0005) and api.send_lag_s == pytest.approx(0.0015)
     assert sock.lags_s == pytest.approx([1e-4, 1e-4]) and api.itl_errors_s == pytest.approx([-3e-4])
     with pytest.raises(ValueError, match="no server timestamps"):
         cc.own_checks(StreamRecord(event_times=[1.0], event_seen=[1.0], event_tokens=[1], event_sent=[None], t_done=1.0), 50)
