@@ -10,7 +10,9 @@ CLOCK_MONOTONIC (time.perf_counter), the clock of a client on the same machine. 
     per-token lag = an event's arrival at the client - its send time at the server
     ITL error     = |a gap between events at the client - the same gap at the server|
 Our client (longctx.client.timed_client) times at its socket too: the request's first byte
-written, each event's arrival by the kernel's receive timestamp. The "httpx-level" row is the
+written, each event's arrival by the kernel's receive timestamp (so the client being scheduled
+late does not count; where it falls behind by more than an event, the kernel may merge the
+waiting bytes and keep the newest time, and those events count late). The "httpx-level" row is the
 same requests timed around the httpx calls, as the client did before (that row's TTFT error
 includes httpx's request set-up and parsing and the client being scheduled late).
 
