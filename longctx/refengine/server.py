@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from dataclasses import dataclass
 
 import psutil
 import torch
@@ -152,9 +153,33 @@ def _sse(obj) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
 
 
+@dataclass
+class _Record:
+    """What GET /request_timestamps says about one request (not the request itself: its prompt may be 200k ids)."""
+    endpoint: str
+    rid: str
+    prompt_tokens: int
+    received: float
+    timestamps: dict  # the request's own, filled in as it runs
+    event_tokens: list[int]
+    output_ids: list[int]
+    wire: WireLog | None  # streams: the socket times
+
+    def to_json(self) -> dict:
+        out = {"rid": self.rid, "endpoint": self.endpoint, "prompt_tokens": self.prompt_tokens,
+               "completion_tokens": len(self.output_ids), "received": self.received, **self.timestamps,
+               "event_tokens": list(self.event_tokens)}
+        if self.wire is not None:
+            out.update(first_token_sent=self.wire.first_sent, sent=list(self.wire.sent))
+        return out
+
+
 def make_app(engine: Engine) -> Starlette:
-    # the last requests' timestamps, for GET /request_timestamps: (endpoint, request, its socket times)
-    recent: deque[tuple[str, Req, WireLog | None]] = deque(maxlen=256)
+    recent: deque[_Record] = deque(maxlen=256)  # the last requests, for GET /request_timestamps
+
+    def remember(endpoint: str, req: Req, wire: WireLog | None) -> None:
+        recent.append(_Record(endpoint, req.rid, len(req.input_ids), req.received, req.timestamps, req.event_tokens,
+                              req.output_ids, wire))
 
     def submit(input_ids, max_new: int, ignore_eos: bool, rid: str | None, received: float) -> tuple[Req, asyncio.Queue]:
         """Validate and queue a request; its events arrive on the returned queue."""
@@ -226,7 +251,7 @@ def make_app(engine: Engine) -> Starlette:
         except BadRequest as exc:
             return _error(str(exc))
         streamed = bool(body.get("stream"))
-        recent.append(("/generate", req, wire if streamed else None))
+        remember("/generate", req, wire if streamed else None)
 
         if streamed:
             async def stream():
@@ -261,7 +286,7 @@ def make_app(engine: Engine) -> Starlette:
             return _error(str(exc))
         cid, created, model = f"cmpl-{req.rid}", int(time.time()), engine.args.model_path
         streamed = bool(body.get("stream"))
-        recent.append(("/v1/completions", req, wire if streamed else None))
+        remember("/v1/completions", req, wire if streamed else None)
 
         def chunk(text: str, finish: str | None, meta: dict | None = None) -> dict:
             out = {"id": cid, "object": "text_completion", "created": created, "model": model,
@@ -313,14 +338,7 @@ def make_app(engine: Engine) -> Starlette:
         """The last requests' timestamps (CLOCK_MONOTONIC seconds): when each arrived, the scheduler's
         steps, and for streams the send time of every event with the tokens it carried. A client
         that does not read our meta_info (vLLM's or GuideLLM's benchmark) is checked against these."""
-        out = []
-        for endpoint, req, wire in list(recent):
-            out.append({"rid": req.rid, "endpoint": endpoint, "prompt_tokens": len(req.input_ids),
-                        "completion_tokens": len(req.output_ids), "received": req.received, **req.timestamps,
-                        "event_tokens": list(req.event_tokens)})
-            if wire is not None:
-                out[-1].update(first_token_sent=wire.first_sent, sent=list(wire.sent))
-        return JSONResponse({"clock": "CLOCK_MONOTONIC", "requests": out})
+        return JSONResponse({"clock": "CLOCK_MONOTONIC", "requests": [r.to_json() for r in list(recent)]})
 
     async def model_info(_: Request) -> Response:
         return JSONResponse({"model_path": engine.args.model_path, "is_generation": True, "model_config": engine.cfg.to_dict()})

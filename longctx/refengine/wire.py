@@ -44,14 +44,31 @@ class WireLog:
         return self.sent[0] if self.sent else None
 
 
+def placeholders(data: bytes) -> list[int]:
+    """Where the placeholder numbers in data start (those under a key of STAMPED_KEYS)."""
+    found = []
+    for key in STAMPED_KEYS:
+        i = data.find(key + _PLACEHOLDER)
+        if i >= 0:
+            found.append(i + len(key))
+    return sorted(found)
+
+
+def fill(data: bytes, at: list[int], t: float) -> bytes:
+    """data with t written over the placeholders at `at`, in the same width."""
+    text = (b"%19.9f" % t)[: len(_PLACEHOLDER)]  # up to 1e9 s of uptime at ns resolution, then shorter
+    parts, last = [], 0
+    for i in at:
+        parts += [data[last:i], text]
+        last = i + len(_PLACEHOLDER)
+    parts.append(data[last:])
+    return b"".join(parts)
+
+
 def stamp(data: bytes, t: float) -> bytes | None:
     """data with t written over each placeholder, or None when data has none."""
-    if _PLACEHOLDER not in data:
-        return None
-    text = (b"%19.9f" % t)[: len(_PLACEHOLDER)]  # up to 1e9 s of uptime at ns resolution, then shorter
-    for key in STAMPED_KEYS:
-        data = data.replace(key + _PLACEHOLDER, key + text, 1)
-    return data
+    at = placeholders(data)
+    return fill(data, at, t) if at else None
 
 
 class _StampingTransport:
@@ -64,10 +81,11 @@ class _StampingTransport:
     def write(self, data: bytes) -> None:
         log = self._protocol.wire
         if log is not None:
-            t = time.perf_counter()
-            stamped = stamp(bytes(data), t)
-            if stamped is not None:
-                data = stamped
+            data = bytes(data)
+            at = placeholders(data)
+            if at:  # the time is taken last, just before the bytes go out
+                t = time.perf_counter()
+                data = fill(data, at, t)
                 log.sent.append(t)
         self._transport.write(data)
 
