@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from . import provenance
-from .client import request_body, stream_generate
+from .client import request_body, stream_generate, timed_client
 from .config import digest
 from .engines import EngineAdapter, get_adapter
 from .analysis import fit_prefill, prefill_curve
@@ -291,7 +291,7 @@ class Session:
         self.random_weights = bool(spec["model"].get("random_weights"))
         self.starts = 0
         self.preflight_done = False
-        self.client = httpx.Client()
+        self.client = timed_client()
         self.prov.update(installed_version=self.version, api=self.api.kind,
                          server_log=str(server_log) if adapter.managed else None, starts=0)
 

@@ -2,15 +2,26 @@
 
 The request body is serialised before the clock starts; bytes are read as the network hands
 them over (no small fixed read buffer), and events are split on the SSE blank line.
+
+With a client from ``timed_client()`` the times are taken at the socket, not where the code that
+parses the stream happens to run: a request starts when its first byte is written, and an event
+arrives when the kernel received its bytes (Linux's receive timestamp, SO_TIMESTAMPNS), so that
+neither httpx's request set-up (about 0.5 ms on a busy 2-core machine), nor its HTTP parsing,
+nor the client being scheduled late counts. Any other httpx.Client works too, timed around the
+httpx calls.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import statistics
+import struct
+import sys
 import time
 from dataclasses import dataclass, field
 
+import httpcore
 import httpx
 
 
@@ -58,10 +69,125 @@ def normalize_spec_fields(meta: dict) -> dict:
     return meta
 
 
+# Linux's SO_TIMESTAMPNS (the asm-generic value, x86 and arm alike); Python's socket module does not name it
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
+_TIMESPEC = struct.Struct("@ll")  # SCM_TIMESTAMPNS: struct timespec, CLOCK_REALTIME
+_CMSG_BYTES = 64
+
+
+def read_clocks(tries: int = 5) -> tuple[float, int]:
+    """perf_counter and the wall clock (ns) read together: the wall clock between two perf_counter
+    reads, the closest pair of a few, so that a preemption between the reads does not shift one."""
+    best = None
+    for _ in range(tries):
+        a, real, b = time.perf_counter(), time.time_ns(), time.perf_counter()
+        if best is None or b - a < best[0]:
+            best = (b - a, (a + b) / 2, real)
+        if b - a < 2e-6:
+            break
+    return best[1], best[2]
+
+
+class WireStream(httpcore.NetworkStream):
+    """A connection's socket that notes when a request's first byte was written (``request_sent``)
+    and when the bytes of the latest read arrived (``read_at``), both on time.perf_counter's clock.
+
+    Arrival is the kernel's receive timestamp of the newest bytes in the read where the socket
+    gives one (``arrival_clock == "kernel"``), converted from CLOCK_REALTIME by how long ago it
+    was; otherwise the moment the read returned ("socket").
+    """
+
+    def __init__(self, inner: httpcore.NetworkStream):
+        self._inner = inner
+        self._sock = inner.get_extra_info("socket")
+        self.arrival_clock = "socket"
+        if _SO_TIMESTAMPNS is not None and type(self._sock) is socket.socket:  # not through TLS
+            try:
+                self._sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                self.arrival_clock = "kernel"
+            except OSError:
+                pass
+        self.request_sent: float | None = None
+        self.read_at: float | None = None
+        self._after_read = True  # HTTP/1.1 without pipelining: the first write after a read starts a request
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if buffer and self._after_read:
+            self.request_sent = time.perf_counter()
+            self._after_read = False
+        self._inner.write(buffer, timeout)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self.arrival_clock != "kernel":
+            data = self._inner.read(max_bytes, timeout)
+            self.read_at = time.perf_counter()
+        else:
+            try:
+                self._sock.settimeout(timeout)
+                # The timestamp is that of the newest bytes read: read one stream event at a time
+                # (up to its blank line), so that events waiting together keep their own where the
+                # kernel kept them apart (it may merge waiting bytes and keep the newest time).
+                waiting = self._sock.recv(max_bytes, socket.MSG_PEEK)
+                cut = waiting.find(b"\n\n")
+                data, ancillary, _, _ = self._sock.recvmsg(cut + 2 if cut >= 0 else max_bytes, _CMSG_BYTES)
+            except socket.timeout as exc:
+                raise httpcore.ReadTimeout(str(exc)) from exc
+            except OSError as exc:
+                raise httpcore.ReadError(str(exc)) from exc
+            self.read_at = time.perf_counter()
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
+                    sec, nsec = _TIMESPEC.unpack_from(payload)
+                    now, now_real_ns = read_clocks()
+                    age = (now_real_ns - (sec * 1_000_000_000 + nsec)) * 1e-9
+                    if age >= 0:  # else the wall clock was stepped: keep the read's own time
+                        self.read_at = max(now - age, self.request_sent or 0.0)
+        self._after_read = True
+        return data
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None) -> "WireStream":
+        return WireStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str):
+        return self._inner.get_extra_info(info)
+
+
+class _WireBackend(httpcore.SyncBackend):
+    def connect_tcp(self, *args, **kwargs) -> WireStream:
+        return WireStream(super().connect_tcp(*args, **kwargs))
+
+    def connect_unix_socket(self, *args, **kwargs) -> WireStream:
+        return WireStream(super().connect_unix_socket(*args, **kwargs))
+
+
+class WireTransport(httpx.HTTPTransport):
+    """httpx's transport over connections that are WireStreams."""
+
+    def __init__(self, limits: httpx.Limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)):
+        super().__init__(limits=limits)
+        # httpx 0.28 builds its httpcore pool here and takes no network backend: the same pool with ours
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(), max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
+            network_backend=_WireBackend(),
+        )
+
+
+def timed_client(**kwargs) -> httpx.Client:
+    """An httpx.Client whose streams stream_generate times at the socket (see the module's note)."""
+    return httpx.Client(transport=WireTransport(), **kwargs)
+
+
 @dataclass
 class StreamRecord:
-    t_sent: float = 0.0
+    t_sent: float = 0.0  # the request's first byte written (timed_client) or the httpx call made
+    t_call: float = 0.0  # the httpx call made
+    arrival_clock: str = "call"  # "kernel", "socket" (timed_client) or "call": where arrival times come from
     event_times: list[float] = field(default_factory=list)  # arrival of each token-carrying event
+    event_seen: list[float] = field(default_factory=list)  # when httpx handed its bytes over
     event_tokens: list[int] = field(default_factory=list)  # tokens each of those events carried
     event_sent: list[float | None] = field(default_factory=list)  # the server's send time of each, where it says
     t_done: float | None = None
@@ -93,8 +219,12 @@ class StreamRecord:
             out["server_ttft_s"] = ts["first_token_sent"] - ts["received"]
         lags = [t - s for t, s in zip(self.event_times, self.event_sent) if s is not None]
         if lags:  # same-machine servers that stamp their events (CLOCK_MONOTONIC): the client's own delay
-            out.update(recv_lag_mean_s=statistics.fmean(lags), recv_lag_max_s=max(lags),
-                       send_lag_s=ts["received"] - self.t_sent if "received" in ts else None)
+            out.update(recv_lag_mean_s=statistics.fmean(lags), recv_lag_median_s=statistics.median(lags),
+                       recv_lag_max_s=max(lags), send_lag_s=ts["received"] - self.t_sent if "received" in ts else None)
+        # the client's own costs: httpx's request set-up, and events waiting for httpx to hand them over
+        out.update(arrival_clock=self.arrival_clock, send_setup_s=self.t_sent - self.t_call,
+                   read_delay_mean_s=statistics.fmean(s - t for s, t in zip(self.event_seen, self.event_times))
+                   if self.event_seen else None)
         if not self.event_times:
             return out
         t = self.event_times
@@ -148,15 +278,21 @@ def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: floa
     buf = b""
     timeout = httpx.Timeout(timeout_s, connect=10.0)
     try:
-        rec.t_sent = time.perf_counter()
+        rec.t_sent = rec.t_call = time.perf_counter()
         deadline = rec.t_sent + timeout_s
         with client.stream("POST", url, content=body, headers={"Content-Type": "application/json"}, timeout=timeout) as resp:
             rec.http_status = resp.status_code
+            wire = resp.extensions.get("network_stream")
+            if isinstance(wire, WireStream) and wire.request_sent is not None:
+                rec.t_sent, rec.arrival_clock = wire.request_sent, wire.arrival_clock
+            else:
+                wire = None
             if resp.status_code != 200:
                 rec.error = f"HTTP {resp.status_code}: {resp.read().decode(errors='replace')[:500]}"
                 return rec
             for raw in resp.iter_raw():
-                now = time.perf_counter()
+                seen = time.perf_counter()
+                now = wire.read_at if wire is not None else seen
                 buf += raw
                 while (cut := buf.find(b"\n\n")) >= 0:
                     event, buf = buf[:cut], buf[cut + 2 :]
@@ -175,10 +311,11 @@ def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: floa
                         total = _sglang_event(rec, obj) if api == "sglang" else _openai_event(rec, obj, seen_tokens)
                         if total is not None and total > seen_tokens:
                             rec.event_times.append(now)
+                            rec.event_seen.append(seen)
                             rec.event_tokens.append(total - seen_tokens)
-                            rec.event_sent.append((obj.get("meta_info") or {}).get("sent_ts"))
+                            rec.event_sent.append((obj.get("meta_info") or obj).get("sent_ts"))  # SGLang-style or top level
                             seen_tokens = total
-                if now > deadline:
+                if seen > deadline:
                     rec.error = f"request exceeded its {timeout_s:.0f} s timeout"
                     return rec
         if rec.t_done is None and rec.error is None:

@@ -6,13 +6,17 @@ test so that the truth is known), then the reference engine itself.
 
 import asyncio
 import json
+import socket
+import sys
 import time
 
+import httpcore
 import httpx
 import pytest
 from starlette.responses import JSONResponse, StreamingResponse
 
-from longctx.client import sglang_body, stream_generate
+from longctx import client as lclient
+from longctx.client import WireStream, sglang_body, stream_generate, timed_client
 
 from .conftest import serve_generate
 
@@ -47,11 +51,18 @@ def timed_server():
         yield base + "/generate"
 
 
-def test_ttft_and_gaps_match_the_servers_delays(timed_server):
-    with httpx.Client() as client:
+@pytest.mark.parametrize("make_client", [httpx.Client, timed_client], ids=["httpx-level", "socket-level"])
+def test_ttft_and_gaps_match_the_servers_delays(timed_server, make_client):
+    with make_client() as client:
         stream_generate(client, timed_server, sglang_body([5] * 10, 7), 30)  # connection warm
-        s = stream_generate(client, timed_server, sglang_body([5] * 100, 7), 30).summary()
+        rec = stream_generate(client, timed_server, sglang_body([5] * 100, 7), 30)
+        s = rec.summary()
     assert s["status"] == "ok", s["reason"]
+    if make_client is timed_client:
+        assert s["arrival_clock"] == ("kernel" if sys.platform == "linux" else "socket")
+        assert rec.t_call < rec.t_sent and all(t <= seen for t, seen in zip(rec.event_times, rec.event_seen))
+    else:
+        assert s["arrival_clock"] == "call" and s["send_setup_s"] == 0
     assert s["prompt_tokens"] == 100 and s["completion_tokens"] == 7
     assert TTFT <= s["ttft_s"] < TTFT + 0.05
     # 6 decode tokens over 5 gaps; the two-token event's gap is split between its tokens
@@ -83,3 +94,63 @@ def test_against_the_reference_engine(ref_server):
     assert s["prompt_tokens"] == 200 and s["completion_tokens"] == 6 and len(s["itl_s"]) == 5
     # the server's own end-to-end latency cannot exceed what the client saw
     assert 0 < s["server_e2e_latency_s"] <= s["e2e_s"]
+
+
+def test_timed_client_against_the_reference_engine_is_causal(ref_server):
+    """Socket-level times on both sides, one clock: the request leaves before the server reads it,
+    each event arrives after the server wrote it and before the client parsed it."""
+    with timed_client() as client:
+        rec = stream_generate(client, ref_server["base"] + "/generate", sglang_body([i % 256 for i in range(300)], 8), 30)
+    s = rec.summary()
+    assert s["status"] == "ok", s["reason"]
+    ts = s["server_timestamps"]
+    assert rec.t_call < rec.t_sent < ts["received"]
+    assert len(rec.event_sent) == 8 and all(sent < t <= seen for sent, t, seen in zip(rec.event_sent, rec.event_times, rec.event_seen))
+    assert 0 < s["ttft_s"] - s["server_ttft_s"] and s["recv_lag_median_s"] > 0
+
+
+def _wire_pair():
+    listener = socket.create_server(("127.0.0.1", 0))
+    stream = WireStream(httpcore.SyncBackend().connect_tcp("127.0.0.1", listener.getsockname()[1], timeout=5))
+    peer, _ = listener.accept()
+    listener.close()
+    return stream, peer
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="kernel receive timestamps (SO_TIMESTAMPNS) are Linux's")
+def test_a_late_read_still_gets_the_kernels_arrival_time():
+    stream, peer = _wire_pair()
+    with peer:
+        before = time.perf_counter()
+        stream.write(b"POST / HTTP/1.1\r\n\r\n")
+        assert before < stream.request_sent < time.perf_counter()
+        assert stream.arrival_clock == "kernel"
+        for name in b"ab":  # the client reads each event 50 ms after it came
+            sent = time.perf_counter()
+            peer.sendall(b"5\r\ndata: " + bytes([name]) * 1000 + b"\n\n\r\n")
+            time.sleep(0.05)
+            data = b""
+            while not data.endswith(b"\n\n\r\n"):
+                data += stream.read(65536, timeout=5)
+            assert sent < stream.read_at < sent + 0.02
+        # events waiting together are read one at a time, up to their blank line
+        for name in b"cd":
+            peer.sendall(b"5\r\ndata: " + bytes([name]) * 1000 + b"\n\n\r\n")
+        time.sleep(0.05)
+        reads = [stream.read(65536, timeout=5) for _ in range(3)]
+        assert reads[0].endswith(b"c\n\n") and reads[1].endswith(b"d\n\n") and reads[2] == b"\r\n"
+        stream.close()
+
+
+def test_without_kernel_timestamps_arrival_is_when_the_read_returned(monkeypatch):
+    monkeypatch.setattr(lclient, "_SO_TIMESTAMPNS", None)
+    stream, peer = _wire_pair()
+    with peer:
+        assert stream.arrival_clock == "socket"
+        stream.write(b"x")
+        peer.sendall(b"data: a\n\n")
+        time.sleep(0.1)
+        t0 = time.perf_counter()
+        assert stream.read(65536, timeout=5) == b"data: a\n\n"
+        assert t0 < stream.read_at < time.perf_counter()
+        stream.close()

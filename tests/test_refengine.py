@@ -280,3 +280,47 @@ def test_metrics_use_sglang_names(ref_server):
     for name in ("sglang:num_used_tokens", "sglang:gen_throughput", "sglang:time_to_first_token_seconds_count",
                  "sglang:e2e_request_latency_seconds_count", "sglang:num_running_reqs", "sglang:token_usage"):
         assert name + "{" in text, name
+
+
+def test_wire_stamp_writes_the_time_over_the_placeholder_in_the_same_width():
+    from longctx.refengine.wire import PLACEHOLDER, stamp
+
+    event = {"text": 'a "sent_ts": -1.0000000000000002 in the text', "meta_info": {"sent_ts": PLACEHOLDER},
+             "timestamps": {"first_token_sent": PLACEHOLDER}}
+    raw = json.dumps(event).encode()
+    out = stamp(raw, 12345.123456789)
+    assert len(out) == len(raw)  # the HTTP chunk's length, already written, stays right
+    back = json.loads(out)
+    assert back["meta_info"]["sent_ts"] == back["timestamps"]["first_token_sent"] == pytest.approx(12345.123456789, abs=1e-9)
+    assert back["text"] == event["text"]  # quotes are escaped inside a JSON string: never stamped
+    assert stamp(json.dumps({"sent_ts": 1.5}).encode(), 1.0) is None
+
+
+def test_stream_events_carry_their_socket_send_times(ref_server):
+    """Each event's sent_ts is when its bytes reached the socket: after the request arrived, in
+    order, before this client read them; the final timestamps agree; /request_timestamps has them."""
+    base = ref_server["base"]
+    body = {"input_ids": prompt(70), "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}, "stream": True}
+    with httpx.Client() as client:
+        t0 = time.perf_counter()
+        events, read_at = [], []
+        with client.stream("POST", base + "/generate", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+                    read_at.append(time.perf_counter())
+        sent = [e["meta_info"]["sent_ts"] for e in events]
+        assert len(sent) == 6 and sent == sorted(sent) and all(s > t0 for s in sent)
+        assert all(s < t for s, t in zip(sent, read_at))
+        ts = events[-1]["meta_info"]["timestamps"]
+        assert t0 < ts["received"] < ts["scheduled"] and ts["first_token_sent"] == sent[0]
+        # OpenAI chunks carry sent_ts too, stamped the same way; single-event streams as well
+        one = {"model": "refmla", "prompt": prompt(30), "max_tokens": 1, "stream": True}
+        with client.stream("POST", base + "/v1/completions", json=one, timeout=30) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        assert len(chunks) == 1 and t0 < chunks[0]["sent_ts"] < time.perf_counter()
+        records = {rec["rid"]: rec for rec in client.get(base + "/request_timestamps").json()["requests"]}
+    rec = records[events[-1]["meta_info"]["id"]]
+    assert rec["endpoint"] == "/generate" and rec["sent"] == sent and rec["event_tokens"] == [1] * 6
+    assert rec["received"] == ts["received"] and rec["first_token_sent"] == sent[0]
+    assert any(r["endpoint"] == "/v1/completions" and r["sent"] == [chunks[0]["sent_ts"]] for r in records.values())

@@ -83,3 +83,16 @@ def test_every_stage_runs_against_vllm(vllm_workflow):
     pid = prov["server_pid"]
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+
+
+def test_vllms_benchmark_client_runs_beside_ours_against_the_reference_engine(tmp_path):
+    """bench/client_overhead.py with vLLM's own benchmark client: its prompts (text, made with our
+    one-character tokenizer) are exactly the length asked for, and each of its requests is matched
+    with the engine's record of it."""
+    from .test_clientcheck import run_bench
+
+    stdout, rows = run_bench(tmp_path, "--vllm-python", VLLM_PYTHON, "--guidellm", "")
+    theirs = rows[("vllm bench serve", 300)]
+    assert theirs["requests"] == 2 and theirs["prompt_tokens"] == [300]
+    assert theirs["ttft_error_s_median"] > 0 and theirs["lag_s_median"] > 0
+    assert "skipped vllm" not in stdout

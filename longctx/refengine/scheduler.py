@@ -43,6 +43,7 @@ class Req:
     prefilled: int = 0
     aborted: bool = False
     timestamps: dict = field(default_factory=dict)
+    event_tokens: list[int] = field(default_factory=list)  # tokens carried by each event handed to the client
     verify_ct: int = 0
     correct_drafts: int = 0
     proposed_drafts: int = 0

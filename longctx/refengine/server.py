@@ -10,6 +10,8 @@ import os
 import threading
 import time
 import uuid
+from collections import deque
+from dataclasses import dataclass
 
 import psutil
 import torch
@@ -29,6 +31,7 @@ from .modelconfig import ModelConfig
 from .metrics import EngineMetrics
 from .scheduler import Req, Scheduler
 from .speculative import SpecConfig
+from .wire import PLACEHOLDER, WireH11Protocol, WireLog, request_log
 
 log = logging.getLogger("longctx.refengine")
 
@@ -150,7 +153,34 @@ def _sse(obj) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
 
 
+@dataclass
+class _Record:
+    """What GET /request_timestamps says about one request (not the request itself: its prompt may be 200k ids)."""
+    endpoint: str
+    rid: str
+    prompt_tokens: int
+    received: float
+    timestamps: dict  # the request's own, filled in as it runs
+    event_tokens: list[int]
+    output_ids: list[int]
+    wire: WireLog | None  # streams: the socket times
+
+    def to_json(self) -> dict:
+        out = {"rid": self.rid, "endpoint": self.endpoint, "prompt_tokens": self.prompt_tokens,
+               "completion_tokens": len(self.output_ids), "received": self.received, **self.timestamps,
+               "event_tokens": list(self.event_tokens)}
+        if self.wire is not None:
+            out.update(first_token_sent=self.wire.first_sent, sent=list(self.wire.sent))
+        return out
+
+
 def make_app(engine: Engine) -> Starlette:
+    recent: deque[_Record] = deque(maxlen=256)  # the last requests, for GET /request_timestamps
+
+    def remember(endpoint: str, req: Req, wire: WireLog | None) -> None:
+        recent.append(_Record(endpoint, req.rid, len(req.input_ids), req.received, req.timestamps, req.event_tokens,
+                              req.output_ids, wire))
+
     def submit(input_ids, max_new: int, ignore_eos: bool, rid: str | None, received: float) -> tuple[Req, asyncio.Queue]:
         """Validate and queue a request; its events arrive on the returned queue."""
         if not isinstance(input_ids, list) or not all(isinstance(i, int) for i in input_ids):
@@ -171,17 +201,28 @@ def make_app(engine: Engine) -> Starlette:
         engine.scheduler.submit(req)
         return req, queue
 
-    async def events(req: Req, queue: asyncio.Queue):
-        """The request's events until the final one; the final one carries the server's timestamps."""
+    async def events(req: Req, queue: asyncio.Queue, wire: WireLog | None = None):
+        """The request's events until the final one; the final one carries the server's timestamps.
+
+        Each event says when it was sent (meta_info.sent_ts) so that a client on this machine can
+        time its own lag. Streamed through the stamping protocol (`wire`), that is the moment its
+        bytes reach the socket (the protocol writes it over PLACEHOLDER; see wire.py), and the
+        request's "received" is when its first bytes were read; otherwise both are taken here.
+        """
         try:
             while True:
                 event = await queue.get()
-                final = event["meta_info"]["finish_reason"] is not None
-                if "first_token_sent" not in req.timestamps:
-                    req.timestamps["first_token_sent"] = time.perf_counter()
+                meta = event["meta_info"]
+                final = meta["finish_reason"] is not None
+                req.event_tokens.append(len(event["output_ids"]))
+                if wire is not None:
+                    req.timestamps["first_token_sent"] = wire.first_sent or PLACEHOLDER  # PLACEHOLDER: this event is the first
+                    meta["sent_ts"] = PLACEHOLDER
+                else:
+                    req.timestamps.setdefault("first_token_sent", time.perf_counter())
+                    meta["sent_ts"] = time.perf_counter()
                 if final:
-                    event["meta_info"]["timestamps"] = {"clock": "CLOCK_MONOTONIC", "received": req.received, **req.timestamps}
-                event["meta_info"]["sent_ts"] = time.perf_counter()  # lets a client on this machine time its own lag
+                    meta["timestamps"] = {"clock": "CLOCK_MONOTONIC", "received": req.received, **req.timestamps}
                 yield event
                 if final:
                     return
@@ -192,7 +233,8 @@ def make_app(engine: Engine) -> Starlette:
         return Response(status_code=200)
 
     async def generate(request: Request) -> Response:
-        received = time.perf_counter()  # before the body is read and parsed
+        wire = request_log(request.scope)
+        received = wire.received if wire else time.perf_counter()  # before the body is read and parsed
         try:
             body = await request.json()
             if "input_ids" in body:
@@ -208,10 +250,12 @@ def make_app(engine: Engine) -> Starlette:
             return _error(f"request body is not JSON: {exc}")
         except BadRequest as exc:
             return _error(str(exc))
+        streamed = bool(body.get("stream"))
+        remember("/generate", req, wire if streamed else None)
 
-        if body.get("stream"):
+        if streamed:
             async def stream():
-                async for event in events(req, queue):
+                async for event in events(req, queue, wire):
                     yield _sse(event)
                 yield _sse(b"[DONE]")
 
@@ -222,8 +266,11 @@ def make_app(engine: Engine) -> Starlette:
         return JSONResponse(last)
 
     async def completions(request: Request) -> Response:
-        """OpenAI /v1/completions: prompt as text or token ids; usage on request (stream_options)."""
-        received = time.perf_counter()
+        """OpenAI /v1/completions: prompt as text or token ids; usage on request (stream_options).
+
+        Streamed chunks carry one field beyond OpenAI's, sent_ts, as /generate's events do."""
+        wire = request_log(request.scope)
+        received = wire.received if wire else time.perf_counter()
         try:
             body = await request.json()
             prompt = body.get("prompt")
@@ -238,10 +285,15 @@ def make_app(engine: Engine) -> Starlette:
         except BadRequest as exc:
             return _error(str(exc))
         cid, created, model = f"cmpl-{req.rid}", int(time.time()), engine.args.model_path
+        streamed = bool(body.get("stream"))
+        remember("/v1/completions", req, wire if streamed else None)
 
-        def chunk(text: str, finish: str | None) -> dict:
-            return {"id": cid, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+        def chunk(text: str, finish: str | None, meta: dict | None = None) -> dict:
+            out = {"id": cid, "object": "text_completion", "created": created, "model": model,
+                   "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+            if meta is not None:
+                out["sent_ts"] = meta["sent_ts"]
+            return out
 
         def usage(meta: dict) -> dict:
             return {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
@@ -251,13 +303,13 @@ def make_app(engine: Engine) -> Starlette:
             reason = meta["finish_reason"]
             return None if reason is None else {"length": "length", "stop": "stop"}.get(reason["type"], "abort")
 
-        if body.get("stream"):
+        if streamed:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
             async def stream():
-                async for event in events(req, queue):
+                async for event in events(req, queue, wire):
                     meta = event["meta_info"]
-                    yield _sse(chunk(tokenizer.decode(event["output_ids"]), finish_name(meta)))
+                    yield _sse(chunk(tokenizer.decode(event["output_ids"]), finish_name(meta), meta))
                     if include_usage and meta["finish_reason"] is not None:
                         yield _sse({**chunk("", None), "choices": [], "usage": usage(meta)})
                 yield _sse(b"[DONE]")
@@ -281,6 +333,12 @@ def make_app(engine: Engine) -> Starlette:
 
     async def server_info(_: Request) -> Response:
         return JSONResponse(engine.server_info())
+
+    async def request_timestamps(_: Request) -> Response:
+        """The last requests' timestamps (CLOCK_MONOTONIC seconds): when each arrived, the scheduler's
+        steps, and for streams the send time of every event with the tokens it carried. A client
+        that does not read our meta_info (vLLM's or GuideLLM's benchmark) is checked against these."""
+        return JSONResponse({"clock": "CLOCK_MONOTONIC", "requests": [r.to_json() for r in list(recent)]})
 
     async def model_info(_: Request) -> Response:
         return JSONResponse({"model_path": engine.args.model_path, "is_generation": True, "model_config": engine.cfg.to_dict()})
@@ -311,6 +369,7 @@ def make_app(engine: Engine) -> Starlette:
             Route("/v1/models", models, methods=["GET"]),
             Route("/version", version, methods=["GET"]),
             Route("/server_info", server_info, methods=["GET"]),
+            Route("/request_timestamps", request_timestamps, methods=["GET"]),
             Route("/get_server_info", server_info, methods=["GET"]),
             Route("/model_info", model_info, methods=["GET"]),
             Route("/get_model_info", model_info, methods=["GET"]),
@@ -331,7 +390,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {exc}") from exc
     log.info("server_args=%s", json.dumps(vars(args), sort_keys=True))
     engine.scheduler.start()
-    config = uvicorn.Config(make_app(engine), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    config = uvicorn.Config(make_app(engine), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                            http=WireH11Protocol)
     server = uvicorn.Server(config)
 
     def announce_ready() -> None:
