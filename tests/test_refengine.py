@@ -320,4 +320,4 @@ def test_stream_events_carry_their_socket_send_times(ref_server):
     rec = records[events[-1]["meta_info"]["id"]]
     assert rec["endpoint"] == "/generate" and rec["sent"] == sent and rec["event_tokens"] == [1] * 6
     assert rec["received"] == ts["received"] and rec["first_token_sent"] == sent[0]
-    assert any(r["endpoint"] == "/v1/completions" and r["sent"] == [chunks[0]["sent_ts"]] for r in records.values())
+    assert any(r["endpoint"] == "/v1/completions" and r.get("sent") == [chunks[0]["sent_ts"]] for r in records.values())
