@@ -6,10 +6,13 @@
 //    a second pass merges the splits' partial softmax states;
 //  * each latent cell is read once per split and used by every head and every query token (MLA:
 //    all heads share the cell), through the page table, page_size 1 included;
-//  * cells are gathered a tile at a time into a small buffer that stays in L1, with the next
-//    tile's cells prefetched (scattered slots defeat the hardware prefetcher);
-//  * online softmax per tile (one rescale per tile, not per token); dot products and the value
-//    update are vectorised (omp simd, -O3 -march=native).
+//  * online softmax over tiles of 64 cells (four 16-cell score vectors, one max and one rescale per
+//    tile); scores, exp, and the value update are 16-lane vector code (GCC/Clang vector extensions,
+//    -O3 -march=native), with enough independent accumulators that no chain of dependent adds is
+//    long (the CPU is latency-bound long before it is FMA-bound);
+//  * the next tile's cells are prefetched to L2 a few lines at a time, spread over this tile's
+//    arithmetic: scattered slots defeat the hardware prefetcher, and a core holds only ~16 misses in
+//    flight, so a burst of a tile's lines would stall the arithmetic instead of overlapping it.
 //
 // Shapes (one layer), as in kernels/reference/paged_mla_decode.py:
 //   q          [batch, n_q, heads, dim]  dim = kv_lora_rank + rope; n_q = 1 for decode, K for verify
@@ -29,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -36,9 +40,10 @@ namespace {
 // 16 floats: one AVX-512 register (two AVX2 ones); GCC/Clang vector extensions, portable.
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
-constexpr int64_t W = 16;           // lanes; also the tile: KV tokens per online-softmax step
-constexpr int64_t MIN_SPLIT = 512;  // fewest tokens a split is given
-constexpr int64_t PREFETCH_TILES = 4;  // cells are prefetched this many tiles before they are used
+constexpr int64_t W = 16;              // lanes: cells per score vector
+constexpr int64_t GROUPS = 4;          // groups of W cells per online-softmax step
+constexpr int64_t TILE = GROUPS * W;   // cells per online-softmax step
+constexpr int64_t MIN_SPLIT = 512;     // fewest tokens a split is given
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
 inline v16 vload(const float* p) {
@@ -104,41 +109,119 @@ inline v16 sum16(v16* x) {
          __builtin_shufflevector(u[0], u[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
+inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
+// horizontal max and sum of the 16 lanes, in four shuffle steps
 inline float hmax(v16 v) {
-  float m = v[0];
-  for (int k = 1; k < W; ++k) m = std::max(m, v[k]);
-  return m;
+  v = vmax(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  v = vmax(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+  v = vmax(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+  v = vmax(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+  return v[0];
+}
+inline float hsum(v16 v) {
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  return v[0];
 }
 
-// scores of one query row against the tile's 16 cells
-inline v16 tile_scores(const float* q, const float* const* kv, int64_t dim) {
+// 16 elements of a cell as fp32
+inline v16 load16(const float* p) { return vload(p); }
+inline v16 load16(const c10::BFloat16* p) {
+  typedef uint16_t v16h __attribute__((vector_size(32)));
+  typedef uint32_t v16u __attribute__((vector_size(64)));
+  v16h h;
+  std::memcpy(&h, p, sizeof h);
+  const v16u bits = __builtin_convertvector(h, v16u) << 16;
+  v16 f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Prefetches the lines of a list of cells a few at a time, one step per inner iteration of the
+// arithmetic: a core has few buffers for outstanding misses, so lines asked for in bursts wait for
+// them (stalling the arithmetic), while lines asked for evenly keep them busy under the arithmetic.
+struct Prefetcher {
+  const void* const* cells = nullptr;
+  int64_t n = 0, next = 0, bytes = 0, per_step = 0;
+  uintptr_t line = 0, end = 0;
+  void start(const void* const* c, int64_t count, int64_t cell_bytes, int64_t steps) {
+    cells = c, n = count, next = 0, bytes = cell_bytes, line = end = 0;
+    const int64_t lines = count * ((cell_bytes + 63) / 64 + 1);
+    per_step = steps > 0 ? (lines + steps - 1) / steps : lines;
+  }
+  inline void step() {
+    for (int64_t k = 0; k < per_step; ++k) {
+      if (line >= end) {
+        if (next >= n) return;
+        const uintptr_t p = reinterpret_cast<uintptr_t>(cells[next++]);
+        line = p & ~uintptr_t{63};
+        end = p + bytes;
+      }
+      __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 1);  // to L2
+      asm volatile("" : : "r"(line));  // GCC deletes loops whose only effect is prefetching
+      line += 64;
+    }
+  }
+  void finish() {  // whatever the steps did not reach, at once
+    per_step = std::numeric_limits<int64_t>::max();
+    step();
+  }
+};
+
+// scores of one query row against 16 cells (q was scaled by sm_scale)
+inline v16 group_scores(const float* q, const float* const* kv, int64_t chunks, Prefetcher& pf) {
   v16 acc[W];
   for (int i = 0; i < W; ++i) acc[i] = v16{};
-  for (int64_t c = 0; c < dim; c += W) {
-    const v16 qc = vload(q + c);
-    for (int i = 0; i < W; ++i) acc[i] += qc * vload(kv[i] + c);
+  for (int64_t k = 0; k < chunks; ++k) {
+    const v16 qk = vload(q + k * W);
+    for (int i = 0; i < W; ++i) acc[i] += qk * vload(kv[i] + k * W);
+    pf.step();
   }
   return sum16(acc);
 }
 
-// The tile's cells as fp32 rows: fp32 cells are read where they are, bf16 ones converted into buf.
-inline void tile_rows(const float* const* cells, int64_t nt, int64_t, float*, const float* zeros, const float** rows) {
-  for (int64_t i = 0; i < W; ++i) rows[i] = i < nt ? cells[i] : zeros;
-}
-template <typename T>
-inline void tile_rows(const T* const* cells, int64_t nt, int64_t dim, float* buf, const float* zeros, const float** rows) {
-  for (int64_t i = 0; i < W; ++i) {
-    if (i < nt) {
-      to_float(cells[i], buf + i * dim, dim);
-      rows[i] = buf + i * dim;
-    } else {
-      rows[i] = zeros;
+// acc[0:lat] += sum_i p[i] * kv[i][0:lat] over n cells (n even): blocks of four chunks, each with
+// two accumulator chains (cells alternate), so that no chain is longer than n / 2 FMAs
+inline void tile_values(const float* p, const float* const* kv, int64_t n, int64_t lat_chunks, float* acc, Prefetcher& pf) {
+  int64_t k = 0;
+  for (; k + 4 <= lat_chunks; k += 4) {
+    v16 o[8];
+    for (int j = 0; j < 8; ++j) o[j] = v16{};
+    for (int64_t i = 0; i < n; i += 2) {
+      const float* x = kv[i] + k * W;
+      const float* y = kv[i + 1] + k * W;
+      const float px = p[i], py = p[i + 1];
+      for (int j = 0; j < 4; ++j) {
+        o[j] += px * vload(x + j * W);
+        o[4 + j] += py * vload(y + j * W);
+      }
+      pf.step();
     }
+    for (int j = 0; j < 4; ++j) vstore(acc + (k + j) * W, vload(acc + (k + j) * W) + (o[j] + o[4 + j]));
+  }
+  for (; k < lat_chunks; ++k) {
+    v16 o0 = v16{}, o1 = v16{};
+    for (int64_t i = 0; i < n; i += 2) {
+      o0 += p[i] * vload(kv[i] + k * W);
+      o1 += p[i + 1] * vload(kv[i + 1] + k * W);
+      pf.step();
+    }
+    vstore(acc + k * W, vload(acc + k * W) + (o0 + o1));
   }
 }
 
-inline void prefetch_cell(const char* p, int64_t bytes) {
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
+// A tile's cells as fp32 rows: fp32 cells are read where they are, bf16 ones converted into buf.
+inline void tile_rows(const float* const* cells, int64_t n, int64_t, float*, const float** rows) {
+  for (int64_t i = 0; i < n; ++i) rows[i] = cells[i];
+}
+template <typename T>
+inline void tile_rows(const T* const* cells, int64_t n, int64_t dim, float* buf, const float** rows) {
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t k = 0; k < dim; k += W) vstore(buf + i * dim + k, load16(cells[i] + k));
+    rows[i] = buf + i * dim;
+  }
 }
 
 struct Shape {
@@ -157,14 +240,14 @@ struct Partial {
 template <typename T>
 void attend_split(const Shape& s, const float* qf, const T* pool, const int64_t* pages, int64_t n,
                   int64_t t0, int64_t t1, Partial part, std::atomic<bool>& bad_slot) {
-  const int64_t rows = s.n_q * s.heads, dim = s.dim, lat = s.lat;
-  std::vector<float> buf(W * dim), zeros(dim, 0.f);
-  const T* cell[W];
-  const float* kv[W];
-  for (int64_t r = 0; r < rows; ++r) {
-    part.m[r] = NEG_INF;
-    part.l[r] = 0.f;
-  }
+  const int64_t rows = s.n_q * s.heads, dim = s.dim, lat = s.lat, chunks = dim / W;
+  std::vector<float> zeros(dim, 0.f), buf(std::is_same<T, float>::value ? 0 : TILE * dim);
+  std::vector<v16> lsum(rows, v16{});  // per row, the softmax denominator lane by lane
+  alignas(64) float pv[TILE];
+  const T* cell[TILE];
+  const float* kv[TILE];
+  const T* ahead[TILE];
+  for (int64_t r = 0; r < rows; ++r) part.m[r] = NEG_INF;
   std::fill(part.acc, part.acc + rows * lat, 0.f);
   // slot of token t; an integer division per token would cost more than the token's arithmetic, so
   // page sizes that are powers of two (1 included) shift and mask instead
@@ -174,15 +257,22 @@ void attend_split(const Shape& s, const float* qf, const T* pool, const int64_t*
     return shift >= 0 ? (pages[t >> shift] << shift) + (t & (ps - 1)) : pages[t / ps] * ps + t % ps;
   };
   const int64_t cell_bytes = dim * static_cast<int64_t>(sizeof(T));
-  auto prefetch = [&](int64_t from, int64_t to) {
-    for (int64_t i = from; i < std::min(to, t1); ++i) {
-      const int64_t slot = slot_of(i);
-      if (slot >= 0 && slot < s.slots) prefetch_cell(reinterpret_cast<const char*>(pool + slot * dim), cell_bytes);
+  // cells [from, to) that lie in the pool, into ahead[]; their count
+  auto cells_ahead = [&](int64_t from, int64_t to) {
+    int64_t k = 0;
+    for (int64_t t = from; t < std::min(to, t1); ++t) {
+      const int64_t slot = slot_of(t);
+      if (slot >= 0 && slot < s.slots) ahead[k++] = pool + slot * dim;
     }
+    return k;
   };
-  prefetch(t0, t0 + PREFETCH_TILES * W);
-  for (int64_t a = t0; a < t1; a += W) {
-    const int64_t nt = std::min(W, t1 - a);
+  Prefetcher first;  // the first tile, at once
+  first.start(reinterpret_cast<const void* const*>(ahead), cells_ahead(t0, t0 + TILE), cell_bytes, 0);
+  first.finish();
+  v16 lane;  // 0, 1, ..., 15
+  for (int i = 0; i < W; ++i) lane[i] = static_cast<float>(i);
+  for (int64_t a = t0; a < t1; a += TILE) {
+    const int64_t nt = std::min(TILE, t1 - a), groups = (nt + W - 1) / W;
     for (int64_t i = 0; i < nt; ++i) {
       const int64_t slot = slot_of(a + i);
       if (slot < 0 || slot >= s.slots) {
@@ -191,38 +281,47 @@ void attend_split(const Shape& s, const float* qf, const T* pool, const int64_t*
       }
       cell[i] = pool + slot * dim;
     }
-    prefetch(a + PREFETCH_TILES * W, a + (PREFETCH_TILES + 1) * W);
-    tile_rows(cell, nt, dim, buf.data(), zeros.data(), kv);  // a last, short tile is padded: masked below
+    // The next tile's cells are prefetched under this tile's arithmetic, a few lines per inner step
+    // (steps: per row, a group's score chunks and the value loop's pairs of cells).
+    const int64_t n_ahead = cells_ahead(a + TILE, a + 2 * TILE);
+    tile_rows(cell, nt, dim, buf.data(), kv);
+    for (int64_t i = nt; i < groups * W; ++i) kv[i] = zeros.data();  // a short last tile is padded: masked below
+    const int64_t lc = lat / W, steps_per_row = groups * chunks + groups * W / 2 * (lc / 4 + lc % 4);
+    Prefetcher pf;
+    pf.start(reinterpret_cast<const void* const*>(ahead), n_ahead, cell_bytes, rows * steps_per_row);
     for (int64_t j = 0; j < s.n_q; ++j) {
-      // query j sees cells [0, n - n_q + j]: lanes at or past `open` are in its future (or padding)
+      // query j sees cells [0, n - n_q + j]: cells at or past `open` are in its future (or padding)
       const int64_t open = std::min(nt, n - s.n_q + j + 1 - a);
       if (open <= 0) continue;
-      v16i future;
-      for (int i = 0; i < W; ++i) future[i] = i >= open ? -1 : 0;
       for (int64_t h = 0; h < s.heads; ++h) {
         const int64_t r = j * s.heads + h;
-        v16 sc = tile_scores(qf + r * dim, kv, dim);  // q was scaled by sm_scale
-        sc = future ? splat(NEG_INF) : sc;
-        const float m_new = std::max(part.m[r], hmax(sc));
+        v16 sc[GROUPS];
+        v16 mx = splat(NEG_INF);
+        for (int64_t g = 0; g < groups; ++g) {
+          sc[g] = group_scores(qf + r * dim, kv + g * W, chunks, pf);
+          if (open < (g + 1) * W)  // lanes of cells in the query's future or past the tile's end
+            sc[g] = lane + static_cast<float>(g * W) >= static_cast<float>(open) ? splat(NEG_INF) : sc[g];
+          mx = vmax(mx, sc[g]);
+        }
+        const float m_old = part.m[r], m_new = std::max(m_old, hmax(mx));
         float* acc = part.acc + r * lat;
-        if (part.m[r] != NEG_INF && part.m[r] != m_new) {
-          const float alpha = std::exp(part.m[r] - m_new);
-          part.l[r] *= alpha;
+        if (m_new > m_old && m_old != NEG_INF) {
+          const float alpha = std::exp(m_old - m_new);
+          lsum[r] *= alpha;
           for (int64_t c = 0; c < lat; c += W) vstore(acc + c, vload(acc + c) * alpha);
         }
         part.m[r] = m_new;
-        const v16 p = vexp(sc - m_new);  // masked lanes (-inf) give 0
-        float psum = 0.f;
-        for (int i = 0; i < W; ++i) psum += p[i];
-        part.l[r] += psum;
-        for (int64_t c = 0; c < lat; c += W) {  // one accumulator vector over the whole tile
-          v16 o = vload(acc + c);
-          for (int i = 0; i < W; ++i) o += p[i] * vload(kv[i] + c);
-          vstore(acc + c, o);
+        for (int64_t g = 0; g < groups; ++g) {
+          const v16 p = vexp(sc[g] - m_new);  // masked lanes (-inf) give 0
+          lsum[r] += p;
+          vstore(pv + g * W, p);
         }
+        tile_values(pv, kv, groups * W, lat / W, acc, pf);
       }
     }
+    pf.finish();
   }
+  for (int64_t r = 0; r < rows; ++r) part.l[r] = hsum(lsum[r]);
 }
 
 template <typename T>
