@@ -7,7 +7,11 @@ run, the CPU twin on the scattered pool, and the CUDA kernel where a GPU exists;
 bandwidth of the same bytes on the same device.
 
     python bench/kernel_decode.py [--lengths 4096 ... 131072] [--heads 2 --kv-lora-rank 64 --rope 16]
-                                  [--dtype float32|bfloat16] [--threads N] [--device cuda] [--json out.json]
+                                  [--dtype float32|bfloat16] [--threads N] [--device cuda] [--small-pages]
+                                  [--json out.json]
+
+The CPU pool is allocated as the reference engine's is: on 2 MiB transparent huge pages where the
+host allows (longctx.hostmem); --small-pages puts it on 4 KiB pages, for comparison.
 
 Goal: the CPU twin at least 3x the gather baseline at 32k (default model's shape, batch 1).
 """
@@ -24,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from longctx import kernelbench, kernels  # noqa: E402
+from longctx import hostmem, kernelbench, kernels  # noqa: E402
 
 SOURCES = ["kernels/cpu/paged_mla_decode.cpp", "kernels/cuda/paged_mla_decode.cu", "kernels/cuda/paged_mla_decode_binding.cpp"]
 
@@ -40,6 +44,8 @@ def main() -> None:
     ap.add_argument("--n-q", type=int, default=1, help="query tokens per request (verify width)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
     ap.add_argument("--device", action="append", default=["cpu"], help="add cuda to time the CUDA kernel")
+    ap.add_argument("--small-pages", action="store_true",
+                    help="CPU pool on 4 KiB pages (default: 2 MiB transparent huge pages where the host allows, as the engine's pool)")
     ap.add_argument("--build-dir", default=str(ROOT / "build" / "bench" / "paged_mla_decode_twin"))
     ap.add_argument("--json", help="write the records here")
     a = ap.parse_args()
@@ -50,11 +56,13 @@ def main() -> None:
     print(f"shape: batch {shape.batch}, {shape.n_q} query token(s), {shape.heads} heads, cell {shape.kv_lora_rank}+{shape.rope} "
           f"{shape.dtype}; torch {torch.__version__}, {torch.get_num_threads()} threads; twin checks: "
           + ", ".join(f"{c['dtype']} {c['max_rel_error']:.1e}" for c in manifest["checks"]))
-    records = kernelbench.run(a.lengths, shape, a.build_dir, tuple(a.device))
-    print(f"{'L':>7} {'variant':>10} {'device':>6} {'ms':>9} {'KV MB':>8} {'GB/s':>7} {'copy GB/s':>9} {'of copy':>7}")
+    records = kernelbench.run(a.lengths, shape, a.build_dir, tuple(a.device), huge_pages=not a.small_pages)
+    print(f"CPU pool pages: {'4 KiB (--small-pages)' if a.small_pages else '2 MiB where the host allows'} "
+          f"(transparent huge pages: {hostmem.thp_mode()})")
+    print(f"{'L':>7} {'variant':>10} {'device':>6} {'ms':>9} {'KV MB':>8} {'GB/s':>7} {'copy GB/s':>9} {'of copy':>7} {'2M pages':>8}")
     for r in records:
         print(f"{r['length']:>7} {r['variant']:>10} {r['device']:>6} {r['seconds'] * 1e3:>9.3f} {r['kv_bytes'] / 1e6:>8.2f} "
-              f"{r['gb_s']:>7.2f} {r['copy_gb_s']:>9.2f} {r['fraction_of_copy']:>7.0%}")
+              f"{r['gb_s']:>7.2f} {r['copy_gb_s']:>9.2f} {r['fraction_of_copy']:>7.0%} {r['pool_huge_page_fraction']:>8.0%}")
     by = {(r["variant"], r["length"]): r["seconds"] for r in records}
     for length in a.lengths:
         if ("twin", length) in by:

@@ -370,7 +370,8 @@ def fit_file(results_csv: str | Path, out_json: str | Path, provenance_json: str
         records = kernelbench.load_records(kernel_bench)
         fits["kernels"] = {"records": records, "roofline": kernelbench.roofline_points(records),
                            "speedups": {k: sorted(kernelbench.speedups([r for r in records if r["kernel"] == k]).items())
-                                        for k in sorted({r["kernel"] for r in records})}}  # [length, x] pairs
+                                        for k in sorted({r["kernel"] for r in records})},  # [length, x] pairs
+                           "host_pool_huge_pages": kernelbench.huge_page_range(records)}
     Path(out_json).write_text(json.dumps(fits, indent=1, sort_keys=True, default=_json_default) + "\n")
     return fits
 

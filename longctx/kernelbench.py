@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import microbench
+from . import hostmem, microbench
 from .kernels import Kernel, load_kernel
 
 REFERENCE_DIR = Path(__file__).resolve().parents[1] / "kernels" / "reference"
@@ -56,13 +56,16 @@ def copy_bandwidth(nbytes: int, device: str, repeats: int = 20) -> float:
     return 2 * max(4, nbytes // 4 * 4) / min(microbench.copy_seconds(nbytes, device, _sync(device), repeats))
 
 
-def _inputs(shape: Shape, length: int, device: str, contiguous: bool, seed: int = 0):
+def _inputs(shape: Shape, length: int, device: str, contiguous: bool, seed: int = 0, huge_pages: bool = True):
+    """q, pool, page table and lengths; a CPU pool is allocated as the reference engine's is (on
+    2 MiB pages where the host allows, see longctx.hostmem) unless huge_pages is False."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
     dtype = getattr(torch, shape.dtype)
     slots = shape.batch * length
-    pool = torch.randn(slots + 1, shape.dim, generator=g).to(dtype).to(device)
+    values = torch.randn(slots + 1, shape.dim, generator=g).to(dtype)
+    pool = hostmem.zeros(values.shape, dtype, huge_pages).copy_(values) if device == "cpu" else values.to(device)
     order = torch.arange(slots) if contiguous else torch.randperm(slots, generator=g)
     table = (order + 1).view(shape.batch, length).to(device)  # page_size 1; slot 0 unused
     lens = torch.full((shape.batch,), length, dtype=torch.int64)
@@ -70,16 +73,20 @@ def _inputs(shape: Shape, length: int, device: str, contiguous: bool, seed: int 
     return q, pool, table, lens
 
 
-def measure(kernel: Kernel, shape: Shape, length: int, device: str, contiguous: bool) -> float:
-    q, pool, table, lens = _inputs(shape, length, device, contiguous)
+def measure(kernel: Kernel, shape: Shape, length: int, device: str, contiguous: bool, huge_pages: bool = True) -> tuple[float, int]:
+    """Best seconds per call, and the bytes of the pool on huge pages."""
+    q, pool, table, lens = _inputs(shape, length, device, contiguous, huge_pages=huge_pages)
+    huge = hostmem.huge_page_bytes(pool) if device == "cpu" else 0
     if shape.n_q == 1:
         q1 = q[:, 0]
-        return best_time(lambda: kernel.decode(q1, pool, table, lens, 1, shape.kv_lora_rank, 0.1), device)
-    return best_time(lambda: kernel.verify(q, pool, table, lens, 1, shape.kv_lora_rank, 0.1), device)
+        return best_time(lambda: kernel.decode(q1, pool, table, lens, 1, shape.kv_lora_rank, 0.1), device), huge
+    return best_time(lambda: kernel.verify(q, pool, table, lens, 1, shape.kv_lora_rank, 0.1), device), huge
 
 
-def run(lengths: list[int], shape: Shape, native_dir: str | Path | None, devices: tuple[str, ...] = ("cpu",)) -> list[dict]:
-    """One record per (variant, length): seconds, KV bytes, GB/s, copy GB/s, and the fraction."""
+def run(lengths: list[int], shape: Shape, native_dir: str | Path | None, devices: tuple[str, ...] = ("cpu",),
+        huge_pages: bool = True) -> list[dict]:
+    """One record per (variant, length): seconds, KV bytes, GB/s, copy GB/s, the fraction, and how
+    much of a CPU pool the host put on 2 MiB pages (huge_pages=False: 4 KiB pages throughout)."""
     import torch
 
     reference = load_kernel(REFERENCE_DIR)
@@ -96,10 +103,11 @@ def run(lengths: list[int], shape: Shape, native_dir: str | Path | None, devices
         for name, kernel, device, contiguous in variants:
             if device not in copy or copy[device][0] != nbytes:
                 copy[device] = (nbytes, copy_bandwidth(nbytes, device))
-            seconds = measure(kernel, shape, length, device, contiguous)
+            seconds, huge = measure(kernel, shape, length, device, contiguous, huge_pages)
             records.append({"variant": name, "device": device, "length": length, "seconds": seconds, "kv_bytes": nbytes,
                             "gb_s": nbytes / seconds / 1e9, "copy_gb_s": copy[device][1] / 1e9,
                             "fraction_of_copy": nbytes / seconds / copy[device][1],
+                            "pool_huge_page_fraction": min(1.0, huge / nbytes),
                             # absorbed MLA: 2 x heads x (lat + rope + lat) FLOPs per cell per query token
                             "flops": 2 * shape.batch * shape.n_q * shape.heads * (2 * shape.kv_lora_rank + shape.rope) * length,
                             "threads": torch.get_num_threads(), **asdict(shape)})
@@ -127,6 +135,13 @@ def roofline_points(records: list[dict]) -> dict[str, list[dict]]:
             "length": r["length"], "flops": r["flops"], "bytes": r["kv_bytes"], "intensity": r["flops"] / r["kv_bytes"],
             "achieved_flops": r["flops"] / r["seconds"], "achieved_Bps": r["kv_bytes"] / r["seconds"], "device": r["device"]})
     return points
+
+
+def huge_page_range(records: list[dict]) -> list[float] | None:
+    """[lowest, highest] share of the host (CPU) pools' bytes that were on 2 MiB pages; None without
+    CPU records (records from before the share was kept count as 0)."""
+    shares = [r.get("pool_huge_page_fraction", 0.0) for r in records if r["device"] == "cpu"]
+    return [min(shares), max(shares)] if shares else None
 
 
 def speedups(records: list[dict], baseline: str = "gather", variant: str = "twin") -> dict[int, float]:

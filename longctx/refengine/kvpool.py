@@ -15,6 +15,7 @@ from collections import deque
 import numpy as np
 import torch
 
+from .. import hostmem
 from .args import ALLOC_ORDERS
 from .sizing import PoolError, PoolSizing  # noqa: F401  (the sizing rule lives apart from torch)
 
@@ -40,8 +41,10 @@ class KVPool:
         self.page_size = page_size
         self.num_tokens = num_tokens
         self.num_pages = num_tokens // page_size + 1  # + the padding page 0
-        # zeros, not empty: the memory is really committed, as on a GPU
-        self.kv = torch.zeros(num_layers, self.num_pages * page_size, cell_dim, dtype=dtype, device=device)
+        # zeros, not empty: the memory is really committed, as on a GPU; on the host, on 2 MiB pages
+        # where the kernel allows, as a GPU's pool is (longctx.hostmem says why it matters)
+        shape = (num_layers, self.num_pages * page_size, cell_dim)
+        self.kv = hostmem.zeros(shape, dtype) if device == "cpu" else torch.zeros(shape, dtype=dtype, device=device)
         pages = list(range(1, self.num_pages))
         if alloc_order == "random":
             random.Random(seed).shuffle(pages)
@@ -56,6 +59,10 @@ class KVPool:
 
     def bytes(self) -> int:
         return self.kv.numel() * self.kv.element_size()
+
+    def huge_page_bytes(self) -> int:
+        """Bytes of the pool the host backs with 2 MiB pages (0 on a GPU, where the driver decides)."""
+        return hostmem.huge_page_bytes(self.kv) if self.kv.device.type == "cpu" else 0
 
     def free_tokens(self) -> int:
         return len(self.free_pages) * self.page_size

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from .. import __version__
-from .. import kernels
+from .. import hostmem, kernels
 from . import tokenizer
 from .args import build_parser
 from .kvpool import KVPool, PoolError, PoolSizing
@@ -94,6 +94,9 @@ class Engine:
             "KV Cache is allocated. dtype: %s, #tokens: %d, KV size: %.2f GB",
             self.cfg.torch_dtype, self.pool.num_tokens, self.pool.bytes() / 1e9,
         )
+        if args.device == "cpu":
+            log.info("KV pool on 2 MiB pages: %.0f%% (transparent huge pages: %s)",
+                     100 * self.pool.huge_page_bytes() / max(1, self.pool.bytes()), hostmem.thp_mode())
         self.kernel = load_kernel(args.kernel_dir, args.attention_backend, args.device)
         self.spec = None
         if args.speculative_algorithm:
@@ -116,6 +119,7 @@ class Engine:
             "max_req_input_len": min(self.args.context_length - 1, self.pool.num_tokens - 1),
             "kv_cache_dtype": self.cfg.torch_dtype,
             "kv_cache_bytes": self.pool.bytes(),
+            "kv_cache_huge_page_bytes": self.pool.huge_page_bytes(),
             "kv_bytes_per_token": self.cfg.kv_bytes_per_token(),
             "weights_bytes": self.model.weights_bytes(),
             "memory_total_bytes": self.sizing.memory_total_bytes,
