@@ -119,7 +119,9 @@ def test_scattered_allocation_gives_scattered_slots():
 # --- over HTTP, a real server process -------------------------------------------------------
 
 def test_server_logs_sglang_lines_and_reports_its_pool(ref_server):
-    text = ref_server["log"].read_text()
+    deadline = time.monotonic() + 10  # the ready line follows uvicorn's start (a watcher thread logs it)
+    while SGLANG_READY_LINE not in (text := ref_server["log"].read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
     m = SGLANG_KV_POOL_RE.search(text)
     assert m and int(m.group(1)) == 4096
     assert SGLANG_READY_LINE in text
@@ -324,3 +326,20 @@ def test_stream_events_carry_their_socket_send_times(ref_server):
     assert rec["endpoint"] == "/generate" and rec["sent"] == sent and rec["event_tokens"] == [1] * 6
     assert rec["received"] == ts["received"] and rec["first_token_sent"] == sent[0]
     assert any(r["endpoint"] == "/v1/completions" and r.get("sent") == [chunks[0]["sent_ts"]] for r in records.values())
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("t, start", [(300, 0), (64, 1000), (1, 4000), (1500, 2500)])
+def test_fused_cpu_prefill_attention_equals_the_explicit_form(dtype, tol, t, start):
+    # the first chunk (one causal call), later chunks (earlier keys merged with the chunk's own), a
+    # single query; the explicit form materialises the scores, the fused one never does
+    from longctx.refengine.attention import mla_attention
+
+    g = torch.Generator().manual_seed(t + start)
+    kv = torch.randn(start + t + 9, 80, generator=g).to(dtype)  # cells past the queries are never seen
+    q = torch.randn(t, 2, 80, generator=g).to(dtype)
+    fused = mla_attention(q, kv, start, 64, 0.1)
+    explicit = mla_attention(q, kv, start, 64, 0.1, fused=False)
+    assert fused.shape == explicit.shape == (t, 2, 64) and fused.dtype == dtype
+    err = (fused.float() - explicit.float()).abs().max() / explicit.float().abs().max()
+    assert err < tol
