@@ -139,8 +139,8 @@ def roofline_points(records: list[dict]) -> dict[str, list[dict]]:
 
 def huge_page_range(records: list[dict]) -> list[float] | None:
     """[lowest, highest] share of the host (CPU) pools' bytes that were on 2 MiB pages; None without
-    CPU records (records from before the share was kept count as 0)."""
-    shares = [r.get("pool_huge_page_fraction", 0.0) for r in records if r["device"] == "cpu"]
+    CPU records that say (records from before the share was kept do not)."""
+    shares = [r["pool_huge_page_fraction"] for r in records if r["device"] == "cpu" and "pool_huge_page_fraction" in r]
     return [min(shares), max(shares)] if shares else None
 
 
