@@ -379,8 +379,8 @@ class Session:
         self.server = None
 
     def close(self) -> None:
+        self.client.close()  # first: a server waits for its open responses before it exits
         self.down()
-        self.client.close()
 
 
 def resume_key(spec: dict, kernel: dict | None, version: str | None) -> str:

@@ -343,3 +343,31 @@ def test_fused_cpu_prefill_attention_equals_the_explicit_form(dtype, tol, t, sta
     assert fused.shape == explicit.shape == (t, 2, 64) and fused.dtype == dtype
     err = (fused.float() - explicit.float()).abs().max() / explicit.float().abs().max()
     assert err < tol
+
+
+def test_sigterm_stops_the_server_while_a_client_holds_a_stalled_stream(tmp_path):
+    # a client that stopped reading a long stream must not keep the server alive past SIGTERM
+    # (uvicorn would wait for the response forever; the bench would need SIGKILL)
+    import socket
+
+    from longctx.process import ManagedServer, free_port
+
+    from .conftest import refengine_command
+
+    port = free_port()
+    server = ManagedServer(refengine_command(port), tmp_path / "server.log", stop_timeout_s=30)
+    server.start()
+    try:
+        server.wait_healthy(f"http://127.0.0.1:{port}/health", 60)
+        body = json.dumps({"input_ids": prompt(200), "sampling_params": {"max_new_tokens": 100000, "ignore_eos": True},
+                           "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            assert s.recv(100).startswith(b"HTTP/1.1 200")  # streaming; never read again
+            t0 = time.monotonic()
+            server.stop()
+            took = time.monotonic() - t0
+        assert not server.group_alive() and took < 15, f"the server took {took:.1f} s to stop"
+    finally:
+        server.stop()

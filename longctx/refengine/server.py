@@ -56,6 +56,9 @@ def _free_memory(device: str) -> int:
     return psutil.virtual_memory().available
 
 
+GRACEFUL_SHUTDOWN_S = 2.0  # after SIGTERM, open responses get this long before the server exits
+
+
 class Engine:
     def __init__(self, args: argparse.Namespace):
         # A client timing the stream on a busy core sees late tokens, and OpenMP threads that share
@@ -394,8 +397,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {exc}") from exc
     log.info("server_args=%s", json.dumps(vars(args), sort_keys=True))
     engine.scheduler.start()
+    # On SIGTERM uvicorn waits for open responses; a stream whose client stopped reading never ends,
+    # so the wait is bounded (SGLang, too, exits promptly on SIGTERM)
     config = uvicorn.Config(make_app(engine), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                            http=WireH11Protocol)
+                            http=WireH11Protocol, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     server = uvicorn.Server(config)
 
     def announce_ready() -> None:
