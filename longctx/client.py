@@ -94,7 +94,10 @@ class WireStream(httpcore.NetworkStream):
 
     Arrival is the kernel's receive timestamp of the newest bytes in the read where the socket
     gives one (``arrival_clock == "kernel"``), converted from CLOCK_REALTIME by how long ago it
-    was; otherwise the moment the read returned ("socket").
+    was; otherwise the moment the read returned ("socket"). Even a timestamping socket gets no
+    stamp on some packets: Linux turns receive timestamps on lazily (a deferred static key) when
+    the first socket asks after none did, so the packets of the next few milliseconds carry none;
+    ``read_stamped`` says whether the latest read had one.
     """
 
     def __init__(self, inner: httpcore.NetworkStream):
@@ -109,6 +112,7 @@ class WireStream(httpcore.NetworkStream):
                 pass
         self.request_sent: float | None = None
         self.read_at: float | None = None
+        self.read_stamped = False
         self._after_read = True  # HTTP/1.1 without pipelining: the first write after a read starts a request
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
@@ -135,6 +139,7 @@ class WireStream(httpcore.NetworkStream):
             except OSError as exc:
                 raise httpcore.ReadError(str(exc)) from exc
             self.read_at = time.perf_counter()
+            self.read_stamped = False
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
                     sec, nsec = _TIMESPEC.unpack_from(payload)
@@ -142,6 +147,7 @@ class WireStream(httpcore.NetworkStream):
                     age = (now_real_ns - (sec * 1_000_000_000 + nsec)) * 1e-9
                     if age >= 0:  # else the wall clock was stepped: keep the read's own time
                         self.read_at = max(now - age, self.request_sent or 0.0)
+                        self.read_stamped = True
         self._after_read = True
         return data
 

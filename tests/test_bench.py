@@ -83,9 +83,11 @@ def test_interrupted_sweep_leaves_no_server_behind(tmp_path, sig):
     spec["protocol"].update(warmup=0, trials=100, output_tokens=500)
     err = tmp_path / "bench.err"
     with open(err, "w") as stderr:
+        # SIGINT as at a terminal even where this runs with it ignored (a shell's background job)
         bench = subprocess.Popen([sys.executable, "-m", "longctx", "bench", "--spec", json.dumps(spec),
                                   "--outdir", str(tmp_path / "raw"), "--server-log", str(tmp_path / "server.log")],
-                                 stderr=stderr, start_new_session=True)
+                                 stderr=stderr, start_new_session=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while not (m := re.search(r"server up in .* \(pid (\d+),", err.read_text())):
