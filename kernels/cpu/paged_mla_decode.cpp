@@ -54,20 +54,6 @@ inline v16 vload(const float* p) {
 inline void vstore(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 inline v16 splat(float x) { return v16{} + x; }
 
-inline float load(float x) { return x; }
-inline float load(c10::BFloat16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-template <typename T>
-inline void to_float(const T* src, float* dst, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = load(src[i]);
-}
-
 // exp(x) for x <= 0 (scores minus their running max), 16 at a time: 2^(x log2 e) split into an
 // integer power (exponent bits) and a degree-6 polynomial on [-0.5, 0.5]; relative error ~2e-7.
 // Arguments below -87 (and -inf, for masked cells) give 0.
@@ -137,6 +123,12 @@ inline v16 load16(const c10::BFloat16* p) {
   v16 f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+
+// n (a multiple of 16) elements as fp32
+template <typename T>
+inline void to_float(const T* src, float* dst, int64_t n) {
+  for (int64_t k = 0; k < n; k += W) vstore(dst + k, load16(src + k));
 }
 
 // Prefetches the lines of a list of cells a few at a time, one step per inner iteration of the
@@ -219,7 +211,7 @@ inline void tile_rows(const float* const* cells, int64_t n, int64_t, float*, con
 template <typename T>
 inline void tile_rows(const T* const* cells, int64_t n, int64_t dim, float* buf, const float** rows) {
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t k = 0; k < dim; k += W) vstore(buf + i * dim + k, load16(cells[i] + k));
+    to_float(cells[i], buf + i * dim, dim);
     rows[i] = buf + i * dim;
   }
 }
