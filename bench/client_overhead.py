@@ -9,7 +9,7 @@ CLOCK_MONOTONIC (time.perf_counter), the clock of a client on the same machine. 
     TTFT error    = client TTFT - (first event sent - request received)
     per-token lag = an event's arrival at the client - its send time at the server
     ITL error     = |a gap between events at the client - the same gap at the server|
-Our client (longctx.client.timed_client) times at its socket too: the request's first byte
+Our client (longctx.measure.client.timed_client) times at its socket too: the request's first byte
 written, each event's arrival by the kernel's receive timestamp (so the client being scheduled
 late does not count; where it falls behind by more than an event, the kernel may merge the
 waiting bytes and keep the newest time, and those events count late). The "httpx-level" row is the
@@ -43,10 +43,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from longctx import clientcheck as cc  # noqa: E402
-from longctx.client import sglang_body, stream_generate, timed_client  # noqa: E402
-from longctx.process import ManagedServer, free_port  # noqa: E402
-from longctx.workload import prompt_ids  # noqa: E402
+from longctx.measure import clientcheck as cc  # noqa: E402
+from longctx.measure.client import sglang_body, stream_generate, timed_client  # noqa: E402
+from longctx.measure.process import ManagedServer, free_port  # noqa: E402
+from longctx.measure.workload import prompt_ids  # noqa: E402
 
 ARCH = {"num_hidden_layers": 1, "num_attention_heads": 1, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
         "qk_nope_head_dim": 16, "v_head_dim": 16, "hidden_size": 64, "intermediate_size": 128}

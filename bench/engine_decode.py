@@ -25,8 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from longctx import microbench  # noqa: E402
-from longctx.kernels import load_module  # noqa: E402
+from longctx.attention import microbench  # noqa: E402
+from longctx.attention.build import load_module  # noqa: E402
 from longctx.refengine.kvpool import KVPool  # noqa: E402
 from longctx.refengine.model import MLAModel  # noqa: E402
 from longctx.refengine.modelconfig import ModelConfig  # noqa: E402
@@ -64,7 +64,7 @@ def main() -> None:
           f"{'copy GB/s':>9} {'read GB/s':>9} {'attn/copy':>9}")
     for length in a.lengths:
         nbytes = length * kv_bytes
-        # the calibrate step's measurements (longctx.microbench), on a buffer of the KV read's size
+        # the calibrate step's measurements (longctx.attention.microbench), on a buffer of the KV read's size
         copy_bw = 2 * nbytes / statistics.median(microbench.copy_seconds(nbytes, "cpu", lambda: None, a.steps)) / 1e9
         src = torch.randn(nbytes // 4)
         read_bw = nbytes / statistics.median(microbench._timed(lambda: src.sum(), lambda: None, a.steps)) / 1e9

@@ -11,7 +11,7 @@ bandwidth of the same bytes on the same device.
                                   [--json out.json]
 
 The CPU pool is allocated as the reference engine's is: on 2 MiB transparent huge pages where the
-host allows (longctx.hostmem); --small-pages puts it on 4 KiB pages, for comparison.
+host allows (longctx.attention.hostmem); --small-pages puts it on 4 KiB pages, for comparison.
 
 Goal: the CPU twin at least 3x the gather baseline at 32k (default model's shape, batch 1).
 """
@@ -28,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from longctx import hostmem, kernelbench, kernels  # noqa: E402
+from longctx.attention import hostmem, kernelbench, build as kernels  # noqa: E402
 
 SOURCES = ["kernels/cpu/paged_mla_decode.cpp", "kernels/cuda/paged_mla_decode.cu", "kernels/cuda/paged_mla_decode_binding.cpp"]
 

@@ -8,12 +8,12 @@ import logging
 import sys
 from pathlib import Path
 
-from .config import ConfigError
+from .core.errors import ConfigError
 
 
 def _bench(a) -> int:
     from . import config as cfg
-    from .bench import run_configuration
+    from .measure.sweep import run_configuration
 
     if a.spec:
         spec = json.loads(a.spec)
@@ -28,7 +28,7 @@ def _bench(a) -> int:
 
 
 def _build_kernel(a) -> int:
-    from .kernels import CUDA_ARCHS, build
+    from .attention.build import CUDA_ARCHS, build
 
     m = build(a.name, a.kind, a.sources, a.outdir, tuple(a.cuda_arch) or CUDA_ARCHS)
     print(json.dumps(m, indent=1))
@@ -38,7 +38,7 @@ def _build_kernel(a) -> int:
 def _bench_kernel(a) -> int:
     import torch
 
-    from . import kernelbench
+    from .attention import kernelbench
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -53,7 +53,7 @@ def _bench_kernel(a) -> int:
 
 
 def _aggregate(a) -> int:
-    from .aggregate import aggregate
+    from .analysis.aggregate import aggregate
 
     df = aggregate(a.raw, a.out_csv, a.out_provenance, a.out_itl_depth)
     print(f"{len(df)} rows, {int((df['status'] != 'ok').sum())} not ok -> {a.out_csv}")
@@ -61,7 +61,7 @@ def _aggregate(a) -> int:
 
 
 def _fit(a) -> int:
-    from .analysis import fit_file
+    from .analysis.fits import fit_file
 
     settings = json.loads(a.settings) if a.settings else None
     fits = fit_file(a.results, a.out, a.provenance, a.calibration, settings, a.kernel_bench)
@@ -71,7 +71,7 @@ def _fit(a) -> int:
 
 def _calibrate(a) -> int:
     from . import config as cfg
-    from .calibrate import calibrate, plan
+    from .measure.calibration import calibrate, plan
 
     p = json.loads(a.plan) if a.plan else plan(cfg.load(a.configfile))
     doc = calibrate(p, a.out)
@@ -80,14 +80,14 @@ def _calibrate(a) -> int:
 
 
 def _plan_memory(a) -> int:
-    from .planner import plan_file
+    from .analysis.memory import plan_file
 
     print(json.dumps(plan_file(a.provenance, a.results, a.out, [float(f) for f in a.fractions.split(",")]), indent=1))
     return 0
 
 
 def _plot_analysis(a) -> int:
-    from .analysis_plots import plot_analysis
+    from .report.figures.analysis import plot_analysis
 
     for p in plot_analysis(a.results, a.fits, a.planner, a.style, a.outdir):
         print(p)
@@ -95,7 +95,7 @@ def _plot_analysis(a) -> int:
 
 
 def _plot(a) -> int:
-    from .plots import plot_all
+    from .report.figures.measured import plot_all
 
     for p in plot_all(a.results, a.fits, a.style, a.outdir, a.itl_depth):
         print(p)
@@ -111,7 +111,7 @@ def _report_config(a) -> tuple[dict | None, str | None]:
 
 
 def _render(a) -> int:
-    from .report import render_report
+    from .report.latex import render_report
 
     c, baseline = _report_config(a)
     record = render_report(a.template, a.out, a.version_out, a.results, a.fits, a.provenance, a.itl_depth, a.planner,
@@ -121,7 +121,7 @@ def _render(a) -> int:
 
 
 def _pdf(a) -> int:
-    from .report import build_pdf
+    from .report.latex import build_pdf
 
     kept = build_pdf(a.tex, a.out, a.provenance, a.version, a.versions)
     print(f"{a.out}" + (f", kept as {kept}" if kept else ""))
@@ -129,7 +129,7 @@ def _pdf(a) -> int:
 
 
 def _markdown(a) -> int:
-    from .markdown import render_twin
+    from .report.markdown import render_twin
 
     c, baseline = _report_config(a)
     render_twin(a.template, a.out, a.version, a.results, a.fits, a.provenance, a.itl_depth, a.planner,
@@ -141,7 +141,7 @@ def _markdown(a) -> int:
 def _plan_section(a) -> int:
     from pathlib import Path
 
-    from .markdown import plan_section
+    from .report.markdown import plan_section
 
     c, baseline = _report_config(a)
     section = plan_section(a.template, a.plan, a.version, a.results, a.fits, a.provenance, a.itl_depth, a.planner,
@@ -155,7 +155,7 @@ def _plan_section(a) -> int:
 def _attach_plan(a) -> int:
     from pathlib import Path
 
-    from .plan import attach
+    from .report.plans import attach
 
     attach(a.plan, Path(a.section).read_text())
     print(f"{a.plan}: Results section from {a.section}")

@@ -6,13 +6,13 @@ Errors name the key and the allowed values, so that a typo is fixed in one read.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 from jsonschema import Draft202012Validator, validators
+
+from .core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = ROOT / "config" / "schema.yaml"
@@ -20,10 +20,6 @@ KERNEL_BUILD_DIR = "build/kernels"
 # What a configuration asks of the machine, not how it is measured: kept out of its spec, so that
 # changing it reruns nothing.
 SCHEDULING_KEYS = ("resources",)
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says which key and what is allowed."""
 
 
 def _with_defaults(cls):
@@ -143,9 +139,3 @@ def configuration_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
     }
 
 
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-def digest(obj: Any, n: int = 16) -> str:
-    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:n]

@@ -23,7 +23,7 @@ rule calibrate_hardware:
     log:
         "data/logs/calibrate_hardware.log",
     params:
-        plan=lambda w: lcfg.canonical_json(calibration_plan(CFG)),
+        plan=lambda w: canonical_json(calibration_plan(CFG)),
     threads: workflow.cores
     resources:
         gpu=int("cuda" in calibration_plan(CFG)["devices"]),
@@ -44,7 +44,7 @@ rule fit_models:
     log:
         "data/logs/fit_models.log",
     params:
-        settings=lambda w: lcfg.canonical_json({k: v for k, v in CFG["analysis"].items() if k != "mem_fractions"}),
+        settings=lambda w: canonical_json({k: v for k, v in CFG["analysis"].items() if k != "mem_fractions"}),
     conda:
         ENV
     shell:

@@ -6,9 +6,10 @@ import os
 import re
 
 from longctx import config as lcfg
-from longctx.calibrate import plan as calibration_plan
-from longctx.figures import ANALYSIS_FIGURES, FIGURES, FORMATS
-from longctx.resources import bench_resources
+from longctx.core.hashing import canonical_json
+from longctx.measure.calibration import plan as calibration_plan
+from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS
+from longctx.measure.resources import bench_resources
 
 CFG = lcfg.validate(config)
 CONFIGURATIONS = sorted(CFG["configurations"])
@@ -79,7 +80,7 @@ def kernel_bench_shape(wildcards):
 
 
 def bench_spec(wildcards):
-    return lcfg.canonical_json(lcfg.configuration_spec(CFG, wildcards.configuration))
+    return canonical_json(lcfg.configuration_spec(CFG, wildcards.configuration))
 
 
 def bench_resource(name):

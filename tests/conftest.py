@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from longctx import config as lcfg
-from longctx.process import ManagedServer, free_port
+from longctx.measure.process import ManagedServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "configs" / "tiny.yaml"

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from longctx.aggregate import COLUMNS, ITL_DEPTH_COLUMNS
-from longctx.analysis import fit_file
-from longctx.planner import plan_file
+from longctx.analysis.aggregate import COLUMNS, ITL_DEPTH_COLUMNS
+from longctx.analysis.fits import fit_file
+from longctx.analysis.memory import plan_file
 
 # Every character TeX or Markdown would read as markup, in the strings a user or a server can write.
 NASTY = r"50% of {pool} & $x_1 #2 ~ ^3 \path <a|b> *c* [d] `e`"

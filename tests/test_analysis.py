@@ -7,8 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from longctx.aggregate import aggregate
-from longctx.analysis import fit_all, fit_decode, fit_prefill, medians
+from longctx.analysis.aggregate import aggregate
+from longctx.analysis.fits import fit_all
+from longctx.analysis.tables import medians
+from longctx.core.fitting import fit_decode, fit_prefill
 
 LENGTHS = np.repeat(np.geomspace(256, 65536, 12).round(), 5)
 
@@ -84,8 +86,8 @@ def test_fit_all_needs_enough_lengths():
 
 # --- intervals, regime changes, the study's figures -----------------------------------------------
 
-from longctx.analysis import regime_change  # noqa: E402
-from longctx.diagnosis import ORDER, diagnose  # noqa: E402
+from longctx.core.fitting import regime_change  # noqa: E402
+from longctx.report.diagnosis import ORDER, diagnose  # noqa: E402
 
 
 def test_known_coefficients_lie_in_their_intervals():
@@ -208,12 +210,12 @@ def test_the_studys_report_renders_with_datasheet_ceilings_and_sources(tmp_path)
     figures and a real latexmk build; the CPU path is the workflow test's."""
     import subprocess
 
-    from longctx.aggregate import COLUMNS
-    from longctx.analysis import fit_file
-    from longctx.analysis_plots import plot_analysis
-    from longctx.planner import plan_file
-    from longctx.plots import plot_all
-    from longctx.report import build_pdf, render_report
+    from longctx.analysis.aggregate import COLUMNS
+    from longctx.analysis.fits import fit_file
+    from longctx.report.figures.analysis import plot_analysis
+    from longctx.analysis.memory import plan_file
+    from longctx.report.figures.measured import plot_all
+    from longctx.report.latex import build_pdf, render_report
 
     from .conftest import ROOT
 

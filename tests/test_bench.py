@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from longctx.bench import run_configuration
+from longctx.measure.sweep import run_configuration
 
 from .conftest import tiny_spec
 
@@ -57,7 +57,7 @@ def test_a_server_that_cannot_start_gives_failed_rows_naming_its_log(tmp_path):
 
 
 def test_a_wrong_prompt_length_is_a_failed_trial(tmp_path, monkeypatch):
-    import longctx.bench as bench
+    import longctx.measure.sweep as bench
 
     real = bench.prompt_ids
     monkeypatch.setattr(bench, "prompt_ids", lambda length, *a, **k: real(length + 1, *a, **k))
@@ -104,7 +104,7 @@ def test_interrupted_sweep_leaves_no_server_behind(tmp_path, sig):
 
 
 def test_an_unexpected_error_at_one_length_keeps_the_others(tmp_path, monkeypatch):
-    import longctx.bench as bench
+    import longctx.measure.sweep as bench
 
     real = bench.measure_length
 
@@ -123,7 +123,7 @@ def test_an_unexpected_error_at_one_length_keeps_the_others(tmp_path, monkeypatc
 
 
 def test_request_timeouts_follow_the_expected_duration():
-    from longctx.bench import request_timeout
+    from longctx.measure.sweep import request_timeout
 
     proto = {"request_timeout_s": 10.0, "timeout_factor": 4, "output_tokens": 100}
     assert request_timeout(proto, [], 200_000) == 10.0

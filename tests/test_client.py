@@ -15,8 +15,8 @@ import httpx
 import pytest
 from starlette.responses import JSONResponse, StreamingResponse
 
-from longctx import client as lclient
-from longctx.client import WireStream, sglang_body, stream_generate, timed_client
+from longctx.measure import client as lclient
+from longctx.measure.client import WireStream, sglang_body, stream_generate, timed_client
 
 from .conftest import serve_generate
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from longctx import clientcheck as cc
-from longctx.client import StreamRecord
+from longctx.measure import clientcheck as cc
+from longctx.measure.client import StreamRecord
 
 from .conftest import ROOT
 

@@ -12,12 +12,12 @@ import httpx
 import pytest
 
 from longctx import config as lcfg
-from longctx.bench import _spec_from_counters, run_configuration
-from longctx.client import normalize_spec_fields
+from longctx.measure.sweep import _spec_from_counters, run_configuration
+from longctx.measure.client import normalize_spec_fields
 from longctx.engines import get_adapter
 from longctx.engines.sglang import flags_for_version, run_preflight
 from longctx.engines.vllm import parse_spec_counters
-from longctx.process import ManagedServer, free_port
+from longctx.measure.process import ManagedServer, free_port
 
 from . import sglang_parsers
 from .conftest import ROOT, copy_workflow, refengine_command, snakemake

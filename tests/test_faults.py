@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-import longctx.bench as bench
-from longctx.bench import run_configuration
-from longctx.process import ManagedServer
+import longctx.measure.sweep as bench
+from longctx.measure.sweep import run_configuration
+from longctx.measure.process import ManagedServer
 
 from .conftest import tiny_spec
 

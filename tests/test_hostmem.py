@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from longctx import hostmem
+from longctx.attention import hostmem
 from longctx.refengine.kvpool import KVPool
 
 THP = hostmem.thp_mode() in ("always", "madvise")

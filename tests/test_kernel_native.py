@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from longctx import kernels
+from longctx.attention import build as kernels
 from longctx.refengine.speculative import SpecConfig
 
 from .conftest import ROOT
@@ -145,7 +145,7 @@ def test_the_cuda_binding_compiles_against_pytorchs_headers(tmp_path):
 
 
 def test_kernel_microbenchmark_records_feed_the_roofline(built, tmp_path):
-    from longctx import kernelbench
+    from longctx.attention import kernelbench
 
     shape = kernelbench.Shape(heads=2, kv_lora_rank=32, rope=16)
     records = kernelbench.run([256, 1024], shape, built[0])

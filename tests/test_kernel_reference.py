@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from longctx import kernels
-from longctx.refengine.attention import mla_attention
+from longctx.attention import build as kernels
+from longctx.attention.dense import mla_attention
 
 from .conftest import ROOT
 

@@ -6,9 +6,9 @@ import re
 import numpy as np
 import pytest
 
-from longctx import hardware
-from longctx.modelspec import ModelSpecError, from_hf_config, model_spec, verify_width
-from longctx.roofline import attainable, bound, decode_points, ridge
+from longctx.specs import hardware
+from longctx.specs.model import ModelSpecError, from_hf_config, model_spec, verify_width
+from longctx.analysis.roofline import attainable, bound, decode_points, ridge
 
 # The fields of Kimi K2's config.json that the spec reads (DeepSeek-V3 layout).
 KIMI = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "num_hidden_layers": 61, "hidden_size": 7168,

@@ -7,8 +7,8 @@ import httpx
 import pytest
 from starlette.responses import JSONResponse
 
-from longctx.bench import run_configuration
-from longctx.needle import haystack, probe
+from longctx.measure.sweep import run_configuration
+from longctx.measure.needle import haystack, probe
 
 from .conftest import serve_generate, tiny_spec
 

@@ -6,11 +6,11 @@ import sys
 import pytest
 
 from longctx import config as lcfg
-from longctx import microbench
-from longctx.calibrate import plan as calibration_plan
-from longctx.calibrate import run_device
-from longctx.planner import memory_model, plan, plan_configuration, pool_tokens
-from longctx.refengine.sizing import PoolSizing
+from longctx.attention import microbench
+from longctx.measure.calibration import plan as calibration_plan
+from longctx.measure.calibration import run_device
+from longctx.analysis.memory import memory_model, plan, plan_configuration, pool_tokens
+from longctx.specs.pool import PoolSizing
 
 from .conftest import ROOT
 

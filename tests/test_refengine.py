@@ -8,7 +8,7 @@ import httpx
 import pytest
 import torch
 
-from longctx import kernels
+from longctx.attention import build as kernels
 from longctx.engines.base import SGLANG_KV_POOL_RE, SGLANG_READY_LINE
 from longctx.refengine.kvpool import KVPool, PoolError, PoolSizing
 from longctx.refengine.model import MLAModel
@@ -333,7 +333,7 @@ def test_stream_events_carry_their_socket_send_times(ref_server):
 def test_fused_cpu_prefill_attention_equals_the_explicit_form(dtype, tol, t, start):
     # the first chunk (one causal call), later chunks (earlier keys merged with the chunk's own), a
     # single query; the explicit form materialises the scores, the fused one never does
-    from longctx.refengine.attention import mla_attention
+    from longctx.attention.dense import mla_attention
 
     g = torch.Generator().manual_seed(t + start)
     kv = torch.randn(start + t + 9, 80, generator=g).to(dtype)  # cells past the queries are never seen
@@ -350,7 +350,7 @@ def test_sigterm_stops_the_server_while_a_client_holds_a_stalled_stream(tmp_path
     # (uvicorn would wait for the response forever; the bench would need SIGKILL)
     import socket
 
-    from longctx.process import ManagedServer, free_port
+    from longctx.measure.process import ManagedServer, free_port
 
     from .conftest import refengine_command
 

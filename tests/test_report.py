@@ -13,11 +13,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from longctx import bands, markdown, plan, report, versions
-from longctx.analysis import medians
-from longctx.formats import display, group
-from longctx.analysis_plots import plot_analysis
-from longctx.plots import _length_axis, plot_all, spans_decades
+from longctx.analysis import bands
+from longctx.report import markdown, plans as plan, latex as report, versions
+from longctx.analysis.tables import medians
+from longctx.report.numbers import display, group
+from longctx.report.figures.analysis import plot_analysis
+from longctx.report.figures.measured import _length_axis, plot_all, spans_decades
 
 from .conftest import ROOT
 from .report_data import LAWS, NASTY, config, write_data
@@ -124,7 +125,8 @@ def test_plan_section_is_inserted_then_only_it_is_replaced(tmp_path):
 
 
 def test_bands_are_the_bootstrap_intervals_fits_json_carries(tmp_path):
-    from longctx.analysis import Fit, fit_all
+    from longctx.analysis.fits import fit_all
+    from longctx.core.fitting import Fit
 
     rng = np.random.default_rng(1)
     L = np.repeat(np.geomspace(1e3, 1.3e5, 8), 3)

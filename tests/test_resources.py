@@ -6,7 +6,7 @@ import re
 import pytest
 
 from longctx import config as lcfg
-from longctx.resources import bench_resources, request_tokens
+from longctx.measure.resources import bench_resources, request_tokens
 
 from .conftest import ROOT, TINY
 from .conftest import snakemake

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from longctx import config as lcfg
-from longctx.resources import bench_resources
+from longctx.measure.resources import bench_resources
 
 from .conftest import ENV, ROOT, TINY, copy_workflow
 

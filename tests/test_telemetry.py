@@ -8,8 +8,8 @@ import time
 from types import SimpleNamespace
 
 
-from longctx.bench import run_configuration
-from longctx.telemetry import NvmlSource, ProcessSource, Sampler, make_source, summarize, visible_gpus
+from longctx.measure.sweep import run_configuration
+from longctx.measure.telemetry import NvmlSource, ProcessSource, Sampler, make_source, summarize, visible_gpus
 
 from .conftest import tiny_spec
 

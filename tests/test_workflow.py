@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from longctx import config as lcfg
-from longctx import plan, report
-from longctx.formats import display
+from longctx.report import plans as plan, latex as report
+from longctx.report.numbers import display
 
 from .conftest import ROOT, snakemake
 from .test_report import md_rows, pdftotext

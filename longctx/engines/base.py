@@ -101,7 +101,7 @@ class EngineAdapter(ABC):
 
     def check_args(self, configuration: str, args: dict[str, Any]) -> None:
         """Raise ConfigError naming the key and the allowed values for a bad engine flag."""
-        from ..config import ConfigError
+        from ..core.errors import ConfigError
 
         where = f"configurations.{configuration}.args"
         for key in args:

@@ -14,7 +14,7 @@ class ExternalAdapter(EngineAdapter):
         return APIS[spec["api"]]
 
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
-        from ..config import ConfigError
+        from ..core.errors import ConfigError
 
         where = f"configurations.{configuration}"
         if not conf.get("url"):

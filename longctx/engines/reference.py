@@ -17,7 +17,7 @@ class ReferenceAdapter(EngineAdapter):
         return build_parser(RaisingParser)
 
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
-        from ..config import ConfigError
+        from ..core.errors import ConfigError
 
         if config["model"].get("hf_config"):
             raise ConfigError(f"config key 'model.hf_config': configuration {configuration!r} runs the reference engine, "

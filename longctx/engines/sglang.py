@@ -75,7 +75,7 @@ class SGLangAdapter(EngineAdapter):
         return replace(SGLANG, health_path="/health_generate")  # ready means able to generate
 
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
-        from ..config import ConfigError
+        from ..core.errors import ConfigError
 
         if not config["model"].get("path"):
             raise ConfigError(f"configuration {configuration!r} runs SGLang: set config key 'model.path' to the model directory")

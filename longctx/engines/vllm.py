@@ -46,7 +46,7 @@ class VLLMAdapter(EngineAdapter):
         return OPENAI
 
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
-        from ..config import ConfigError
+        from ..core.errors import ConfigError
 
         if not config["model"].get("path"):
             raise ConfigError(f"configuration {configuration!r} runs vLLM: set config key 'model.path' to the model directory")

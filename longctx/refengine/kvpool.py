@@ -15,9 +15,9 @@ from collections import deque
 import numpy as np
 import torch
 
-from .. import hostmem
+from ..attention import hostmem
 from .args import ALLOC_ORDERS
-from .sizing import PoolError, PoolSizing  # noqa: F401  (the sizing rule lives apart from torch)
+from ..specs.pool import PoolError, PoolSizing  # noqa: F401  (the sizing rule lives apart from torch)
 
 log = logging.getLogger("longctx.refengine")
 
@@ -42,7 +42,7 @@ class KVPool:
         self.num_tokens = num_tokens
         self.num_pages = num_tokens // page_size + 1  # + the padding page 0
         # zeros, not empty: the memory is really committed, as on a GPU; on the host, on 2 MiB pages
-        # where the kernel allows, as a GPU's pool is (longctx.hostmem says why it matters)
+        # where the kernel allows, as a GPU's pool is (longctx.attention.hostmem says why it matters)
         shape = (num_layers, self.num_pages * page_size, cell_dim)
         self.kv = hostmem.zeros(shape, dtype) if device == "cpu" else torch.zeros(shape, dtype=dtype, device=device)
         pages = list(range(1, self.num_pages))

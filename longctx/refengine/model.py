@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .attention import Workspace, mla_attention
+from ..attention.dense import Workspace, mla_attention
 from .kvpool import KVPool
 from .modelconfig import ModelConfig
 

@@ -22,7 +22,7 @@ import torch
 
 from . import tokenizer
 from .kvpool import KVPool
-from ..kernels import Kernel
+from ..attention.build import Kernel
 from .model import MLAModel
 from .speculative import SpecConfig, ngram_drafts
 

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from .. import __version__
-from .. import hostmem, kernels
+from ..attention import hostmem, build as kernels
 from . import tokenizer
 from .args import build_parser
 from .kvpool import KVPool, PoolError, PoolSizing

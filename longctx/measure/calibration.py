@@ -16,11 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import microbench
-from .hardware import compute_device
-from .modelspec import ModelSpecError, model_spec
+from ..attention import microbench
+from ..specs.hardware import compute_device
+from ..specs.model import ModelSpecError, model_spec
 
-log = logging.getLogger("longctx.calibrate")
+log = logging.getLogger("longctx.measure.calibration")
 DEFAULTS = {"cpu": {"copy_mib": 256, "matmul_size": 1024}, "cuda": {"copy_mib": 2048, "matmul_size": 8192}}
 
 

@@ -12,7 +12,7 @@ of the attention kernel's own rates.
 
 from __future__ import annotations
 
-from .modelspec import ModelSpec
+from ..specs.model import ModelSpec
 
 
 def attainable(intensity: float, peak_flops: float | None, bandwidth: float | None) -> float | None:

@@ -1,8 +1,8 @@
 """The report's Markdown twin (report/longctx.md) and the Results section a plan document carries.
 
 Both are rendered from templates/markdown/ with the context the PDF is rendered from
-(longctx.report.context) and the PDF's version record, so the summary, the headline table
-(longctx.summary.headline) and the numbers (longctx.formats.display) are those of the PDF.
+(longctx.report.latex.context) and the PDF's version record, so the summary, the headline table
+(longctx.report.headline.headline) and the numbers (longctx.report.numbers.display) are those of the PDF.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import jinja2
 
-from .formats import display, group, interval
-from .formats import sig as _sig
-from .report import ReportError, context, data_files, render, render_text, with_version
+from .numbers import display, group, interval
+from .numbers import sig as _sig
+from .latex import ReportError, context, data_files, render, render_text, with_version
 
 _MD_SPECIALS = set("\\`*_[]<>|#")
 

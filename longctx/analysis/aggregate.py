@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .telemetry import NVML_METRICS, PSUTIL_METRICS
+from ..measure.telemetry import NVML_METRICS, PSUTIL_METRICS
 
 COLUMNS = [
     "configuration", "engine", "length", "concurrency", "trial", "request", "status", "reason",

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .formats import is_number
+from .numbers import is_number
 
-# The figures (longctx.figures) the sentences point at, in the order the summary gives them.
+# The figures (longctx.report.figures) the sentences point at, in the order the summary gives them.
 ORDER = ("roofline", "step_time", "ttft", "residuals", "extrapolation", "acceptance", "planner")
 ATTENTION_SHARE_BOUND = 0.5  # beta L above this share of the step: the KV cache bounds decode
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .formats import is_number
+from .numbers import is_number
 
-# (key, header, kind): the table's columns, in order, with the format kind of each (longctx.formats).
+# (key, header, kind): the table's columns, in order, with the format kind of each (longctx.report.numbers).
 COLUMNS = (
     ("configuration", "configuration", None),
     ("length", "L (tokens)", "int"),
@@ -30,7 +30,7 @@ def choose_baseline(names: list[str], wanted: str | None) -> str | None:
 
 
 def headline(med: pd.DataFrame, baseline: str | None, names: list[str] | None = None) -> dict:
-    """Rows of the headline table from the per-length medians (longctx.analysis.medians).
+    """Rows of the headline table from the per-length medians (longctx.analysis.tables.medians).
 
     TTFT speedup is the baseline's TTFT over this configuration's (above 1: faster prefill); decode
     speedup is this configuration's decode rate over the baseline's, at the same length. A length

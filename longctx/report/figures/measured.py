@@ -3,7 +3,7 @@
 Every figure takes its look from one style file (templates/plot.mplstyle, an input of the plot
 rule): colours that stay apart in grayscale, each configuration also told apart by line style and
 marker. Length axes are logarithmic where the lengths span a decade or more; fitted curves carry
-their bootstrap band from fits.json (longctx.bands).
+their bootstrap band from fits.json (longctx.analysis.bands).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from . import bands  # noqa: E402
-from .analysis import decode_curve, medians, ok_rows, prefill_curve, step_seconds  # noqa: E402
-from .figures import FIGURES  # noqa: E402
+from ...analysis import bands  # noqa: E402
+from ...analysis.tables import medians, ok_rows, step_seconds  # noqa: E402
+from ...core.fitting import decode_curve, prefill_curve  # noqa: E402
+from . import FIGURES  # noqa: E402
 
 BAND_ALPHA = 0.15
 

@@ -2,7 +2,7 @@
 
 `context` gathers what every rendering of the report shows (the PDF, its Markdown twin, a plan's
 Results section): the medians, the fits with their intervals (fits.json), the memory planner
-(planner.json), one diagnosis (longctx.diagnosis) and one headline table (longctx.summary); `render_report` adds the version (longctx.versions) and writes the .tex;
+(planner.json), one diagnosis (longctx.report.diagnosis) and one headline table (longctx.report.headline); `render_report` adds the version (longctx.report.versions) and writes the .tex;
 `build_pdf` runs latexmk with dates taken from the data and keeps the PDF as a version.
 """
 
@@ -22,13 +22,15 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from . import __version__, bands, versions
-from .analysis import concurrency_table, medians
+from .. import __version__
+from ..analysis import bands
+from . import versions
+from ..analysis.tables import concurrency_table, medians
 from .diagnosis import diagnose
-from .formats import FORMATS, SISETUP, interval, plain
-from .formats import sig as _sig_plain
-from .provenance import git_info, package_versions
-from .summary import choose_baseline, headline
+from .numbers import FORMATS, SISETUP, interval, plain
+from .numbers import sig as _sig_plain
+from ..measure.provenance import git_info, package_versions
+from .headline import choose_baseline, headline
 
 __all__ = ["FORMATS", "context", "render", "render_report", "build_pdf", "ReportError"]
 
@@ -333,7 +335,7 @@ def data_files(results_csv, fits_json, provenance_json, itl_depth_csv=None, plan
 
 
 def version_of(ctx: dict, files: list, template_dir: str | Path, versions_dir: str | Path, config: dict | None) -> dict:
-    """This build's version record (longctx.versions): number, hash, previous version, the medians it keeps."""
+    """This build's version record (longctx.report.versions): number, hash, previous version, the medians it keeps."""
     extra = {"baseline": ctx["baseline"], "config": config, "git": ctx["git"], "packages": ctx["packages"]}
     record = versions.assign(versions_dir, versions.content_hash(files, template_dir, extra))
     record["snapshot"] = ctx["snapshot"]

@@ -1,5 +1,5 @@
 """SGLang's KV pool sizing rule, without torch: the reference engine sizes its pool with it and
-the memory planner (longctx.planner) tabulates it."""
+the memory planner (longctx.analysis.memory) tabulates it."""
 
 from __future__ import annotations
 

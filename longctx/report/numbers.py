@@ -8,8 +8,9 @@ can look for the same strings in either.
 
 from __future__ import annotations
 
-import math
 import re
+
+from ..core.numbers import is_number
 
 FORMATS = {
     "ttft_ms": lambda x: f"{x * 1e3:.1f}",
@@ -31,16 +32,6 @@ FORMATS = {
 SISETUP = r"\sisetup{group-separator={,}, group-minimum-digits=4, group-digits=integer, retain-explicit-plus=true}"
 
 _INTEGER_PART = re.compile(r"^([+-]?)(\d+)(.*)$")
-
-
-def is_number(x) -> bool:
-    """A finite number (not None, NaN or infinite)."""
-    if x is None or isinstance(x, bool):
-        return False
-    try:
-        return math.isfinite(float(x))
-    except (TypeError, ValueError):
-        return False
 
 
 def plain(value, kind: str) -> str | None:

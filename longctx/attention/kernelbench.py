@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import hostmem, microbench
-from .kernels import Kernel, load_kernel
+from .build import Kernel, load_kernel
 
-REFERENCE_DIR = Path(__file__).resolve().parents[1] / "kernels" / "reference"
+REFERENCE_DIR = Path(__file__).resolve().parents[2] / "kernels/reference"
 
 
 @dataclass
@@ -58,7 +58,7 @@ def copy_bandwidth(nbytes: int, device: str, repeats: int = 20) -> float:
 
 def _inputs(shape: Shape, length: int, device: str, contiguous: bool, seed: int = 0, huge_pages: bool = True):
     """q, pool, page table and lengths; a CPU pool is allocated as the reference engine's is (on
-    2 MiB pages where the host allows, see longctx.hostmem) unless huge_pages is False."""
+    2 MiB pages where the host allows, see longctx.attention.hostmem) unless huge_pages is False."""
     import torch
 
     g = torch.Generator().manual_seed(seed)

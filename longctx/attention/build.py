@@ -33,7 +33,7 @@ from typing import Callable
 
 KINDS = ("torch", "native")
 CUDA_ARCHS = ("sm_120", "sm_90")
-REFERENCE = Path(__file__).resolve().parents[1] / "kernels" / "reference" / "paged_mla_decode.py"
+REFERENCE = Path(__file__).resolve().parents[2] / "kernels/reference/paged_mla_decode.py"
 KERNEL_MODULE = REFERENCE.name
 CPU_CFLAGS = ("-O3", "-march=native", "-fopenmp")  # PyTorch adds its own -std
 TOLERANCE = {"float32": 1e-3, "bfloat16": 1e-2}
@@ -144,7 +144,7 @@ def check_attention(fn: Callable, dtype: str = "float32", device: str = "cpu", c
     """Max relative error of fn (verify signature) against the dense reference, outputs poisoned."""
     import torch
 
-    from .refengine.attention import mla_attention
+    from .dense import mla_attention
 
     g = torch.Generator().manual_seed(seed)
     tdtype = getattr(torch, dtype)

@@ -2,7 +2,7 @@
 context and the concurrency that fit, and what the req-to-token table of max-running-requests
 costs, per configuration, from what its server reported (data/provenance.json).
 
-The pool follows SGLang's sizing rule (longctx.refengine.sizing.PoolSizing, which the reference
+The pool follows SGLang's sizing rule (longctx.specs.pool.PoolSizing, which the reference
 engine itself allocates by), per GPU: tokens = ((M - weights) - M (1 - f)) // cell bytes, capped
 by max-total-tokens and rounded down to the page size. M and the weights come from the server
 where it reports them (the reference engine); otherwise M is the GPU's memory as NVML reports it
@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .modelspec import ModelSpec, ModelSpecError, model_spec
-from .refengine.sizing import PoolError, PoolSizing
+from ..specs.model import ModelSpec, ModelSpecError, model_spec
+from ..specs.pool import PoolError, PoolSizing
 
 SGLANG_REQ_TO_TOKEN_BYTES = 4  # int32 entries, max_context_len = context_len + 4 (SGLang ReqToTokenPool)
 

@@ -12,12 +12,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from . import bands  # noqa: E402
-from .analysis import decode_curve, ok_rows, prefill_curve, step_seconds  # noqa: E402
-from .diagnosis import _num  # noqa: E402
-from .figures import ANALYSIS_FIGURES  # noqa: E402
-from .planner import pool_tokens  # noqa: E402
-from .plots import _save, _shade, _styles  # noqa: E402
+from ...analysis import bands  # noqa: E402
+from ...analysis.tables import ok_rows, step_seconds  # noqa: E402
+from ...core.fitting import decode_curve, prefill_curve  # noqa: E402
+from ..diagnosis import _num  # noqa: E402
+from . import ANALYSIS_FIGURES  # noqa: E402
+from ...analysis.memory import pool_tokens  # noqa: E402
+from .measured import _save, _shade, _styles  # noqa: E402
 
 
 def length_label(n: float) -> str:

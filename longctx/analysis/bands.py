@@ -1,6 +1,6 @@
 """Confidence bands around the fitted scaling models, for the plots and their captions.
 
-A band is the pointwise bootstrap interval that longctx.analysis writes into fits.json for each
+A band is the pointwise bootstrap interval that longctx.analysis.fits writes into fits.json for each
 configuration: `curves` = {"length": [...], "prefill": {"fit", "lo", "hi"}, "decode": {...}}, the
 fitted curve and the percentile interval of the bootstrap refits' curves (Fit.curve_interval) on a
 log-spaced grid of lengths reaching the extrapolation length; "lo" and "hi" are null when the fits

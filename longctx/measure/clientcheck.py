@@ -169,7 +169,7 @@ def _run(cmd: list[str], log: Path, what: str, timeout_s: float) -> None:
 
 def make_char_tokenizer(python: str, out: Path, log: Path) -> Path:
     """A Hugging Face tokenizer of single ASCII characters (bench/char_tokenizer.py), made with `python`."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "char_tokenizer.py"
+    script = Path(__file__).resolve().parents[2] / "bench" / "char_tokenizer.py"
     _run([python, str(script), str(out)], log, "the tokenizer script", 300)
     return out
 

@@ -21,16 +21,16 @@ import httpx
 
 from . import provenance
 from .client import request_body, stream_generate, timed_client
-from .config import digest
-from .engines import EngineAdapter, get_adapter
-from .analysis import fit_prefill, prefill_curve
-from .modelspec import ModelSpecError, model_spec
+from ..core.hashing import digest
+from ..engines import EngineAdapter, get_adapter
+from ..core.fitting import fit_prefill, prefill_curve
+from ..specs.model import ModelSpecError, model_spec
 from .process import ExternalServer, ManagedServer, PortTaken, ServerError, free_port
 from .telemetry import Sampler, make_source, summarize, visible_gpus
 from .needle import probe as needle_probe
 from .workload import prompt_ids
 
-log = logging.getLogger("longctx.bench")
+log = logging.getLogger("longctx.measure.sweep")
 RAW_FORMAT = "longctx.raw/1"
 PORT_ATTEMPTS = 5  # launches on fresh ports when another process took the chosen one
 # Thread limits a workflow job inherits (Snakemake sets them to the job's threads). The server's
@@ -84,7 +84,7 @@ def resolved_model_spec(spec: dict) -> dict | None:
     except ModelSpecError as exc:
         if spec["model"].get("kv_bytes_per_token"):
             return None
-        from .config import ConfigError
+        from ..core.errors import ConfigError
 
         raise ConfigError(str(exc)) from None
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import digest
-from .formats import is_number
+from ..core.hashing import digest
+from .numbers import is_number
 
 LOG = "log.json"
-CODE_DIR = Path(__file__).resolve().parent
+CODE_DIR = Path(__file__).resolve().parents[1]  # the longctx package, every stage
 # The medians a version keeps for the next one to compare with.
 SNAPSHOT_COLUMNS = ("ttft_s", "tpot_s", "decode_tok_s")
 

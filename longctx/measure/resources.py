@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from .engines import get_adapter
+from ..engines import get_adapter
 
 
 def longest_context(config: dict) -> int:

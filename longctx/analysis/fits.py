@@ -1,0 +1,183 @@
+"""Scaling models fitted to the measurements, their confidence intervals, and the per-length
+medians the report shows.
+
+Prefill: TTFT(L) = a + b L + c L^2 with a, b, c >= 0 (non-negative least squares on relative
+residuals, so that short and long prompts weigh alike); b / c is the crossover length where the
+attention (quadratic) work overtakes the linear work. Decode: seconds per decode step
+t(L) = t0 + beta L (per output token without speculative decoding; times the acceptance length
+with it); each step reads L x kv_bytes_per_token bytes of KV cache, so kv_bytes_per_token / beta
+is the effective KV read bandwidth. Intervals: a residual bootstrap (Fit). A regime change is a
+length from which the model fitted to the shorter lengths stops fitting (regime_change).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from ..core.fitting import LEVEL, fit_decode, fit_prefill, regime_change
+from ..core.numbers import is_number
+from .tables import ok_rows, step_seconds
+
+
+SETTINGS = {"bootstrap": 1000, "confidence": LEVEL, "seed": 0, "regime_tolerance": 0.2}
+
+
+def max_length(entry: dict) -> tuple[int | None, str | None]:
+    """The longest request the deployment could serve: the KV pool's tokens, capped by the context length."""
+    info = entry.get("server_info") or {}
+    args = entry.get("args") or {}
+    pool = (entry.get("kv_pool") or {}).get("tokens")
+    ctx = args.get("context-length") or info.get("context_length") or args.get("max-model-len") or info.get("max_model_len")
+    if pool and ctx and int(ctx) < int(pool):
+        return int(ctx), "the context length, below the KV pool's size"
+    if pool:
+        return int(pool), "the KV pool's size"
+    return (int(ctx), "the context length; the KV pool's size is unknown") if ctx else (None, None)
+
+
+def _pct(x, ref):
+    return 100.0 * x / ref if x is not None and ref else None
+
+
+def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration: dict | None, st: dict) -> dict:
+    from ..specs import hardware
+    from . import roofline
+    from ..specs.model import verify_width
+    from .memory import spec_of
+
+    n_boot, level, seed = st["bootstrap"], st["confidence"], st["seed"]
+    out: dict = {"lengths": sorted(int(x) for x in g["length"].unique())}
+    spec = spec_of(entry) if entry else None
+    engine, args = entry.get("engine"), entry.get("args") or {}
+    kv = spec.kv_bytes_per_token() if spec else None
+    if kv is None and "kv_bytes_per_token" in g and g["kv_bytes_per_token"].notna().any():
+        kv = float(g["kv_bytes_per_token"].dropna().iloc[0])
+    if spec:
+        out["model_spec"] = spec.to_dict()
+    fits: dict = {}
+    if g["length"].nunique() >= 3:
+        holder: list = []
+        out["prefill"] = fit_prefill(g["length"], g["ttft_s"], n_boot, level, seed, _fit=holder)
+        fits["prefill"] = holder[0]
+        out["prefill"]["regime_change"] = regime_change("prefill", g["length"], g["ttft_s"], st["regime_tolerance"],
+                                                        min(n_boot, 400), level, seed)
+    d = g[g["step_s"].notna()]
+    if d["length"].nunique() >= 2:
+        holder = []
+        out["decode"] = fit_decode(d["length"], d["step_s"], kv, n_boot, level, seed, _fit=holder)
+        fits["decode"] = holder[0]
+        out["decode"]["regime_change"] = regime_change("decode", d["length"], d["step_s"], st["regime_tolerance"],
+                                                       min(n_boot, 400), level, seed)
+    if out.get("decode"):
+        out["decode"].update(bw_pct_datasheet=None, bw_pct_measured=None)
+    if out.get("prefill"):
+        out["prefill"].update(attention_flops=None, attention_pct_datasheet=None, attention_pct_measured=None)
+    # each fitted curve with its bootstrap band, from half the shortest length measured to past the
+    # longest request the deployment could serve: the plots' bands (longctx.analysis.bands) and the extrapolation
+    lmax, why = max_length(entry)
+    measured_max = int(g["length"].max())
+    grid = np.geomspace(max(1, int(g["length"].min()) // 2), max(measured_max, lmax or 0) * 1.05, 60)
+    if fits:
+        out["curves"] = {"length": grid.tolist()}
+    for kind, f in fits.items():
+        lo_, hi_ = f.curve_interval(grid)
+        out["curves"][kind] = {"fit": f.predict(grid).tolist(), "lo": None if lo_ is None else lo_.tolist(),
+                               "hi": None if hi_ is None else hi_.tolist()}
+    if not entry:
+        return out
+    dtype = spec.kv_cache_dtype if spec and spec.kv_cache_dtype in ("float32", "bfloat16", "float16") else "bfloat16"
+    if spec and spec.weight_dtype == "float32":
+        dtype = "float32"
+    ceil = hardware.ceilings(engine, args, entry.get("hardware") or {}, calibration, dtype)
+    out["ceilings"] = ceil
+    dec = out.get("decode")
+    if dec and dec.get("bw_eff_bytes_per_s"):
+        bw, ci = dec["bw_eff_bytes_per_s"], (dec["ci"].get("bw_eff_GBps") or [None, None])
+        for which in ("datasheet", "measured"):
+            ref = (ceil.get(which) or {}).get("bandwidth_Bps")
+            dec[f"bw_pct_{which}"] = _pct(bw, ref)
+            dec["ci"][f"bw_pct_{which}"] = [_pct(x * 1e9, ref) if x is not None else None for x in ci] if ref else None
+    pre = out.get("prefill")
+    if pre and spec and pre["c_s_per_token2"] > 0:
+        # attention FLOPs of a prompt: L(L+1)/2 pairs x per-pair FLOPs, so c L^2 buys per_pair/2 FLOP per L^2
+        rate = spec.prefill_flops_per_pair() / 2 / pre["c_s_per_token2"]
+        pre["attention_flops"] = rate
+        c_ci = pre["ci"].get("c_s_per_token2")
+        pre["ci"]["attention_flops"] = [spec.prefill_flops_per_pair() / 2 / c_ci[1] if c_ci[1] else None,
+                                        spec.prefill_flops_per_pair() / 2 / c_ci[0] if c_ci[0] else None] if c_ci else None
+        for which in ("datasheet", "measured"):
+            pre[f"attention_pct_{which}"] = _pct(rate, (ceil.get(which) or {}).get("flops"))
+    # extrapolation to the longest request the deployment could serve
+    if lmax:
+        ex: dict = {"length": lmax, "why": why, "beyond_measured": lmax > measured_max, "longest_measured": measured_max}
+        accept = g[g["length"] == measured_max]["spec_accept_length"].median() if "spec_accept_length" in g else np.nan
+        tokens_per_step = float(accept) if is_number(accept) else 1.0
+        for kind, f in fits.items():
+            value = float(f.predict([lmax])[0])
+            draws = f.predict_draws([lmax])
+            ci = f.interval(draws[:, 0]) if draws is not None else None
+            key = "ttft_s" if kind == "prefill" else "step_s"
+            ex[key], ex["ci_" + key] = value, ci
+            if kind == "decode":
+                ex["decode_tok_s"] = tokens_per_step / value
+                ex["ci_decode_tok_s"] = [tokens_per_step / ci[1] if ci[1] else None,
+                                         tokens_per_step / ci[0] if ci[0] else None] if ci else None
+                ex["tokens_per_step"] = tokens_per_step
+        out["extrapolation"] = ex
+    # roofline points from the median step time per length
+    if spec and len(d):
+        q = verify_width(engine, args)
+        steps = [(int(x), float(v)) for x, v in d.groupby("length")["step_s"].median().items()]
+        out["roofline"] = {"query_tokens": q, "intensity": spec.decode_intensity(q),
+                           "points": roofline.decode_points(spec, q, steps, ceil)}
+        for which in ("datasheet", "measured"):
+            c = ceil.get(which) or {}
+            out["roofline"][f"ridge_{which}"] = roofline.ridge(c.get("flops"), c.get("bandwidth_Bps"))
+            out["roofline"][f"bound_{which}"] = roofline.bound(spec.decode_intensity(q), c.get("flops"), c.get("bandwidth_Bps"))
+    return out
+
+
+def fit_all(df: pd.DataFrame, provenance: dict | None = None, calibration: dict | None = None,
+            settings: dict | None = None) -> dict:
+    """Per configuration: the fits with their intervals, regime changes, and (with the provenance)
+    the model spec, the hardware's ceilings, bandwidth and FLOP rates against them, the
+    extrapolation to the longest request the deployment could serve and the roofline points."""
+    st = {**SETTINGS, **(settings or {})}
+    out: dict = {"settings": st, "configurations": {}}
+    ok = ok_rows(df).copy()
+    ok["step_s"] = step_seconds(ok) if "tpot_s" in ok else np.nan
+    entries = (provenance or {}).get("configurations", {})
+    for name, g in ok.groupby("configuration", sort=True):
+        out["configurations"][name] = _analyse_configuration(name, g, entries.get(name, {}), calibration, st)
+    return out
+
+
+def fit_file(results_csv: str | Path, out_json: str | Path, provenance_json: str | Path | None = None,
+             calibration_json: str | Path | None = None, settings: dict | None = None,
+             kernel_bench: list[str | Path] | None = None) -> dict:
+    prov = json.loads(Path(provenance_json).read_text()) if provenance_json else None
+    cal = json.loads(Path(calibration_json).read_text()) if calibration_json else None
+    fits = fit_all(pd.read_csv(results_csv), prov, cal, settings)
+    if cal is not None:
+        fits["calibration"] = cal
+    if kernel_bench:  # the native kernels timed alone (rule bench_kernel): points for the roofline
+        from ..attention import kernelbench
+
+        records = kernelbench.load_records(kernel_bench)
+        fits["kernels"] = {"records": records, "roofline": kernelbench.roofline_points(records),
+                           "speedups": {k: sorted(kernelbench.speedups([r for r in records if r["kernel"] == k]).items())
+                                        for k in sorted({r["kernel"] for r in records})},  # [length, x] pairs
+                           "host_pool_huge_pages": kernelbench.huge_page_range(records)}
+    Path(out_json).write_text(json.dumps(fits, indent=1, sort_keys=True, default=_json_default) + "\n")
+    return fits
+
+
+def _json_default(x):
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    raise TypeError(type(x))
+
+

@@ -1,0 +1,197 @@
+"""The scaling models' maths: non-negative fits on relative residuals with a residual bootstrap.
+
+Prefill: TTFT(L) = a + b L + c L^2 with a, b, c >= 0 (non-negative least squares on relative
+residuals, so that short and long prompts weigh alike); b / c is the crossover length where the
+attention (quadratic) work overtakes the linear work. Decode: seconds per decode step
+t(L) = t0 + beta L; each step reads L x kv_bytes_per_token bytes of KV cache, so
+kv_bytes_per_token / beta is the effective KV read bandwidth. Intervals: a residual bootstrap
+(Fit). A regime change is a length from which the model fitted to the shorter lengths stops
+fitting (regime_change). Pure maths on arrays: the sweep's timeout predictor and the analysis both
+use it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import nnls
+
+
+LEVEL = 0.95
+
+
+def _scaled(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    scale = np.abs(X).max(axis=0)
+    scale[scale == 0] = 1.0
+    return X / scale, scale
+
+
+def _solve_weighted(Xs: np.ndarray, Y: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Non-negative least squares of W * (Y - Xs beta) for every row of Y and W (B x n) at once:
+    a batched QR solve, NNLS only for the rows whose unconstrained solution has a negative coefficient."""
+    A = Xs[None, :, :] * W[:, :, None]
+    rhs = Y * W
+    Q, R = np.linalg.qr(A)
+    try:
+        coef = np.linalg.solve(R, np.einsum("bij,bi->bj", Q, rhs)[:, :, None])[:, :, 0]
+    except np.linalg.LinAlgError:
+        coef = np.full((Y.shape[0], Xs.shape[1]), -1.0)
+    bad = ~np.isfinite(coef).all(axis=1) | (coef < 0).any(axis=1)
+    for i in np.flatnonzero(bad):
+        coef[i], _ = nnls(A[i], rhs[i])
+    return coef
+
+
+def _nnls_relative_batch(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients minimising the relative residuals sum(((y - X beta) / m)^2) for
+    every row y of Y: first with m = y, then with m the first fit's values (weights that do not
+    follow the noise, which would bias the fit low). Columns are scaled for conditioning."""
+    Xs, scale = _scaled(X)
+    coef = _solve_weighted(Xs, Y, 1.0 / Y)
+    fitted = coef @ Xs.T
+    fitted = np.where(fitted > 0, fitted, Y)
+    return _solve_weighted(Xs, Y, 1.0 / fitted) / scale
+
+
+def _nnls_relative(columns: list[np.ndarray], y: np.ndarray) -> np.ndarray:
+    return _nnls_relative_batch(np.column_stack(columns), np.asarray(y, float)[None, :])[0]
+
+
+def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    return 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else None
+
+
+class Fit:
+    """A model linear in non-negative coefficients, fitted on relative residuals, with a residual
+    bootstrap: y* = fit x (1 + e*), e* drawn with replacement from the relative residuals (centred,
+    divided by sqrt(1 - h), h the leverage of the weighted design), refitted n_boot times; the
+    intervals are the bootstrap percentiles. The relative noise is taken to be alike at every
+    length, as the fit's weighting assumes. (At 95% the intervals cover known coefficients of
+    synthetic data in about 94% of draws: tests/test_analysis.py.)"""
+
+    KINDS = {"prefill": ("a_s", "b_s_per_token", "c_s_per_token2"), "decode": ("t0_s", "beta_s_per_token")}
+
+    def __init__(self, kind: str, lengths, y, n_boot: int = 0, level: float = LEVEL, seed: int = 0):
+        self.kind, self.names, self.level = kind, self.KINDS[kind], level
+        L, y = np.asarray(lengths, float), np.asarray(y, float)
+        keep = np.isfinite(y) & (y > 0)  # relative residuals need a positive time
+        self.L, self.y = L[keep], y[keep]
+        X = self.basis(self.L)
+        self.coef = _nnls_relative(list(X.T), self.y)
+        self.pred = X @ self.coef
+        self.r2 = _r2(self.y, self.pred)
+        self.draws: np.ndarray | None = None
+        if n_boot and len(self.y) > len(self.names):
+            rng = np.random.default_rng(seed)
+            A = X / self.pred[:, None]
+            h = np.einsum("ij,ji->i", A, np.linalg.pinv(A))
+            rel = (self.y / self.pred - 1) / np.sqrt(np.clip(1 - h, 1e-6, None))
+            rel -= rel.mean()
+            Y = self.pred * (1 + rng.choice(rel, size=(n_boot, len(self.y))))
+            Y = np.where(Y > 0, Y, self.pred)  # a time is positive
+            self.draws = _nnls_relative_batch(X, Y)
+
+    def basis(self, L) -> np.ndarray:
+        L = np.asarray(L, float)
+        return np.column_stack([L**k for k in range(len(self.names))])
+
+    def predict(self, L) -> np.ndarray:
+        return self.basis(L) @ self.coef
+
+    def predict_draws(self, L) -> np.ndarray | None:
+        return None if self.draws is None else self.draws @ self.basis(L).T
+
+    def interval(self, values) -> list[float] | None:
+        """The percentile interval of bootstrap values (one per draw; NaN draws are left out)."""
+        if values is None:
+            return None
+        v = np.asarray(values, float)
+        v = v[~np.isnan(v)]
+        if v.size < 10:
+            return None
+        tail = (1 - self.level) / 2
+        lo, hi = np.quantile(np.clip(v, -1e300, 1e300), [tail, 1 - tail])
+        return [float(lo) if abs(lo) < 1e299 else None, float(hi) if abs(hi) < 1e299 else None]  # None: unbounded
+
+    def curve_interval(self, L) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+        d = self.predict_draws(L)
+        if d is None:
+            return None, None
+        tail = (1 - self.level) / 2
+        return np.quantile(d, tail, axis=0), np.quantile(d, 1 - tail, axis=0)
+
+    def summary(self) -> dict:
+        out = {name: float(c) for name, c in zip(self.names, self.coef)}
+        out.update(r2=self.r2, n=int(len(self.y)), level=self.level,
+                   bootstrap=0 if self.draws is None else int(len(self.draws)),
+                   ci={name: self.interval(self.draws[:, i]) if self.draws is not None else None for i, name in enumerate(self.names)})
+        return out
+
+
+def fit_prefill(lengths, ttft, n_boot: int = 0, level: float = LEVEL, seed: int = 0, _fit: list | None = None) -> dict:
+    f = Fit("prefill", lengths, ttft, n_boot, level, seed)
+    out = {"model": "ttft = a + b*L + c*L^2", **f.summary()}
+    b, c = f.coef[1], f.coef[2]
+    out["crossover_tokens"] = float(b / c) if c > 0 else None
+    out["ci"]["crossover_tokens"] = None
+    if f.draws is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out["ci"]["crossover_tokens"] = f.interval(np.where(f.draws[:, 2] > 0, f.draws[:, 1] / f.draws[:, 2], np.inf))
+    if _fit is not None:
+        _fit.append(f)
+    return out
+
+
+def fit_decode(lengths, tpot, kv_bytes_per_token: float | None, n_boot: int = 0, level: float = LEVEL, seed: int = 0,
+               _fit: list | None = None) -> dict:
+    """Decode step time t(L) = t0 + beta L; kv_bytes_per_token / beta is the effective KV read bandwidth."""
+    f = Fit("decode", lengths, tpot, n_boot, level, seed)
+    beta = f.coef[1]
+    bw = kv_bytes_per_token / beta if kv_bytes_per_token and beta > 0 else None
+    out = {"model": "step = t0 + beta*L", **f.summary(), "kv_bytes_per_token": kv_bytes_per_token,
+           "bw_eff_bytes_per_s": bw, "bw_eff_GBps": bw / 1e9 if bw else None}
+    ci = out["ci"]["beta_s_per_token"]
+    out["ci"]["bw_eff_GBps"] = None
+    if ci and kv_bytes_per_token:  # a monotone map of beta: its interval maps over (reversed)
+        out["ci"]["bw_eff_GBps"] = [kv_bytes_per_token / ci[1] / 1e9 if ci[1] else None,
+                                    kv_bytes_per_token / ci[0] / 1e9 if ci[0] else None]
+    if _fit is not None:
+        _fit.append(f)
+    return out
+
+
+def _medians_by_length(L: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.unique(L)
+    return lengths, np.array([np.median(y[L == x]) for x in lengths])
+
+
+def regime_change(kind: str, lengths, y, tolerance: float, n_boot: int = 400, level: float = LEVEL, seed: int = 0) -> dict | None:
+    """The first length from which the model fitted to the shorter lengths stops fitting: at that
+    length and every longer one the median lies outside the fit's interval and more than
+    `tolerance` (relative) away from its prediction, on the same side. None when the model holds."""
+    L, y = np.asarray(lengths, float), np.asarray(y, float)
+    distinct = np.unique(L)
+    p = len(Fit.KINDS[kind])
+    for k in range(p + 1, len(distinct)):
+        inside = L <= distinct[k - 1]
+        fit = Fit(kind, L[inside], y[inside], n_boot, level, seed)
+        later, med = _medians_by_length(L[~inside], y[~inside])
+        pred = fit.predict(later)
+        dev = med / pred - 1
+        lo, hi = fit.curve_interval(later)
+        outside = np.ones(len(later), bool) if lo is None else (med < lo) | (med > hi)
+        if (np.abs(dev) > tolerance).all() and outside.all() and (np.sign(dev) == np.sign(dev[0])).all():
+            return {"fitted_up_to": int(distinct[k - 1]), "from_length": int(later[0]), "deviation": float(dev[0]),
+                    "deviations": {int(x): float(d) for x, d in zip(later, dev)},
+                    "direction": "slower" if dev[0] > 0 else "faster", "tolerance": tolerance}
+    return None
+
+
+def prefill_curve(fit: dict, lengths) -> np.ndarray:
+    L = np.asarray(lengths, float)
+    return fit["a_s"] + fit["b_s_per_token"] * L + fit["c_s_per_token2"] * L**2
+
+
+def decode_curve(fit: dict, lengths) -> np.ndarray:
+    """Seconds per decode step (per output token without speculative decoding)."""
+    return fit["t0_s"] + fit["beta_s_per_token"] * np.asarray(lengths, float)
