@@ -1,13 +1,7 @@
-"""Scaling models fitted to the measurements, their confidence intervals, and the per-length
-medians the report shows.
-
-Prefill: TTFT(L) = a + b L + c L^2 with a, b, c >= 0 (non-negative least squares on relative
-residuals, so that short and long prompts weigh alike); b / c is the crossover length where the
-attention (quadratic) work overtakes the linear work. Decode: seconds per decode step
-t(L) = t0 + beta L (per output token without speculative decoding; times the acceptance length
-with it); each step reads L x kv_bytes_per_token bytes of KV cache, so kv_bytes_per_token / beta
-is the effective KV read bandwidth. Intervals: a residual bootstrap (Fit). A regime change is a
-length from which the model fitted to the shorter lengths stops fitting (regime_change).
+"""Per configuration: the scaling models (longctx.core.fitting) fitted to its measurements, set
+against the model spec and the hardware's ceilings: effective KV bandwidth and attention FLOP rate as
+fractions of the roofs, regime changes, the extrapolation to the longest request the deployment could
+serve, and the roofline points. fit_file writes data/fits.json.
 """
 
 from __future__ import annotations
@@ -17,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from ..core.fitting import LEVEL, fit_decode, fit_prefill, regime_change
+from ..core.fitting import LEVEL, Fit, decode_summary, prefill_summary, regime_change
 from ..core.numbers import is_number
 from .tables import ok_rows, step_seconds
 
@@ -59,16 +53,14 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
         out["model_spec"] = spec.to_dict()
     fits: dict = {}
     if g["length"].nunique() >= 3:
-        holder: list = []
-        out["prefill"] = fit_prefill(g["length"], g["ttft_s"], n_boot, level, seed, _fit=holder)
-        fits["prefill"] = holder[0]
+        fits["prefill"] = Fit("prefill", g["length"], g["ttft_s"], n_boot, level, seed)
+        out["prefill"] = prefill_summary(fits["prefill"])
         out["prefill"]["regime_change"] = regime_change("prefill", g["length"], g["ttft_s"], st["regime_tolerance"],
                                                         min(n_boot, 400), level, seed)
     d = g[g["step_s"].notna()]
     if d["length"].nunique() >= 2:
-        holder = []
-        out["decode"] = fit_decode(d["length"], d["step_s"], kv, n_boot, level, seed, _fit=holder)
-        fits["decode"] = holder[0]
+        fits["decode"] = Fit("decode", d["length"], d["step_s"], n_boot, level, seed)
+        out["decode"] = decode_summary(fits["decode"], kv)
         out["decode"]["regime_change"] = regime_change("decode", d["length"], d["step_s"], st["regime_tolerance"],
                                                        min(n_boot, 400), level, seed)
     if out.get("decode"):

@@ -128,8 +128,8 @@ class Fit:
         return out
 
 
-def fit_prefill(lengths, ttft, n_boot: int = 0, level: float = LEVEL, seed: int = 0, _fit: list | None = None) -> dict:
-    f = Fit("prefill", lengths, ttft, n_boot, level, seed)
+def prefill_summary(f: Fit) -> dict:
+    """fits.json's prefill entry of a prefill Fit: coefficients, intervals and the crossover b / c."""
     out = {"model": "ttft = a + b*L + c*L^2", **f.summary()}
     b, c = f.coef[1], f.coef[2]
     out["crossover_tokens"] = float(b / c) if c > 0 else None
@@ -137,15 +137,16 @@ def fit_prefill(lengths, ttft, n_boot: int = 0, level: float = LEVEL, seed: int 
     if f.draws is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
             out["ci"]["crossover_tokens"] = f.interval(np.where(f.draws[:, 2] > 0, f.draws[:, 1] / f.draws[:, 2], np.inf))
-    if _fit is not None:
-        _fit.append(f)
     return out
 
 
-def fit_decode(lengths, tpot, kv_bytes_per_token: float | None, n_boot: int = 0, level: float = LEVEL, seed: int = 0,
-               _fit: list | None = None) -> dict:
-    """Decode step time t(L) = t0 + beta L; kv_bytes_per_token / beta is the effective KV read bandwidth."""
-    f = Fit("decode", lengths, tpot, n_boot, level, seed)
+def fit_prefill(lengths, ttft, n_boot: int = 0, level: float = LEVEL, seed: int = 0) -> dict:
+    return prefill_summary(Fit("prefill", lengths, ttft, n_boot, level, seed))
+
+
+def decode_summary(f: Fit, kv_bytes_per_token: float | None) -> dict:
+    """fits.json's decode entry of a decode Fit (step time t(L) = t0 + beta L): coefficients,
+    intervals and the effective KV read bandwidth kv_bytes_per_token / beta."""
     beta = f.coef[1]
     bw = kv_bytes_per_token / beta if kv_bytes_per_token and beta > 0 else None
     out = {"model": "step = t0 + beta*L", **f.summary(), "kv_bytes_per_token": kv_bytes_per_token,
@@ -155,9 +156,11 @@ def fit_decode(lengths, tpot, kv_bytes_per_token: float | None, n_boot: int = 0,
     if ci and kv_bytes_per_token:  # a monotone map of beta: its interval maps over (reversed)
         out["ci"]["bw_eff_GBps"] = [kv_bytes_per_token / ci[1] / 1e9 if ci[1] else None,
                                     kv_bytes_per_token / ci[0] / 1e9 if ci[0] else None]
-    if _fit is not None:
-        _fit.append(f)
     return out
+
+
+def fit_decode(lengths, tpot, kv_bytes_per_token: float | None, n_boot: int = 0, level: float = LEVEL, seed: int = 0) -> dict:
+    return decode_summary(Fit("decode", lengths, tpot, n_boot, level, seed), kv_bytes_per_token)
 
 
 def _medians_by_length(L: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
