@@ -145,6 +145,7 @@ def test_the_cuda_binding_compiles_against_pytorchs_headers(tmp_path):
 
 
 def test_kernel_microbenchmark_records_feed_the_roofline(built, tmp_path):
+    from longctx.analysis import kernel_records
     from longctx.attention import kernelbench
 
     shape = kernelbench.Shape(heads=2, kv_lora_rank=32, rope=16)
@@ -154,13 +155,13 @@ def test_kernel_microbenchmark_records_feed_the_roofline(built, tmp_path):
         assert r["kv_bytes"] == r["length"] * 48 * 4 and r["seconds"] > 0 and r["copy_gb_s"] > 0
         assert r["flops"] == 2 * 2 * (2 * 32 + 16) * r["length"]
         assert 0 <= r["pool_huge_page_fraction"] <= 1
-    assert kernelbench.huge_page_range(records)[1] <= 1
+    assert kernel_records.huge_page_range(records)[1] <= 1
     (tmp_path / "twin.json").write_text(__import__("json").dumps({"records": records}))
-    points = kernelbench.roofline_points(kernelbench.load_records([tmp_path / "twin.json"]))
+    points = kernel_records.roofline_points(kernel_records.load_records([tmp_path / "twin.json"]))
     assert set(points) == {"gather", "contiguous", "twin"}
     p = points["twin"][0]
     assert p["intensity"] == pytest.approx(2 * 2 * 80 / (48 * 4)) and p["achieved_flops"] > 0
-    assert set(kernelbench.speedups(records)) == {256, 1024}
+    assert set(kernel_records.speedups(records)) == {256, 1024}
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None or __import__("platform").machine() != "x86_64",

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from ..core.fitting import LEVEL, Fit, decode_summary, prefill_summary, regime_change
 from ..core.numbers import is_number
+from . import kernel_records
 from .tables import ok_rows, step_seconds
 
 
@@ -156,13 +157,7 @@ def fit_file(results_csv: str | Path, out_json: str | Path, provenance_json: str
     if cal is not None:
         fits["calibration"] = cal
     if kernel_bench:  # the native kernels timed alone (rule bench_kernel): points for the roofline
-        from ..attention import kernelbench
-
-        records = kernelbench.load_records(kernel_bench)
-        fits["kernels"] = {"records": records, "roofline": kernelbench.roofline_points(records),
-                           "speedups": {k: sorted(kernelbench.speedups([r for r in records if r["kernel"] == k]).items())
-                                        for k in sorted({r["kernel"] for r in records})},  # [length, x] pairs
-                           "host_pool_huge_pages": kernelbench.huge_page_range(records)}
+        fits["kernels"] = kernel_records.summary(kernel_bench)
     Path(out_json).write_text(json.dumps(fits, indent=1, sort_keys=True, default=_json_default) + "\n")
     return fits
 

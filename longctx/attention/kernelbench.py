@@ -114,37 +114,9 @@ def run(lengths: list[int], shape: Shape, native_dir: str | Path | None, devices
     return records
 
 
-def load_records(paths: list[str | Path]) -> list[dict]:
-    """The records of bench_kernel outputs (data/kernels/<kernel>.json), each tagged with its kernel."""
-    import json
-
-    out = []
-    for path in paths:
-        doc = json.loads(Path(path).read_text())
-        kernel = Path(path).stem
-        out += [{**r, "kernel": kernel} for r in doc["records"]]
-    return out
 
 
-def roofline_points(records: list[dict]) -> dict[str, list[dict]]:
-    """Roofline points per variant (gather, contiguous, twin, cuda): the kernel's own attention FLOPs
-    and KV bytes, its intensity and the FLOP/s it achieved, labelled by length."""
-    points: dict[str, list[dict]] = {}
-    for r in records:
-        points.setdefault(r["variant"], []).append({
-            "length": r["length"], "flops": r["flops"], "bytes": r["kv_bytes"], "intensity": r["flops"] / r["kv_bytes"],
-            "achieved_flops": r["flops"] / r["seconds"], "achieved_Bps": r["kv_bytes"] / r["seconds"], "device": r["device"]})
-    return points
 
 
-def huge_page_range(records: list[dict]) -> list[float] | None:
-    """[lowest, highest] share of the host (CPU) pools' bytes that were on 2 MiB pages; None without
-    CPU records that say (records from before the share was kept do not)."""
-    shares = [r["pool_huge_page_fraction"] for r in records if r["device"] == "cpu" and "pool_huge_page_fraction" in r]
-    return [min(shares), max(shares)] if shares else None
 
 
-def speedups(records: list[dict], baseline: str = "gather", variant: str = "twin") -> dict[int, float]:
-    """variant's speedup over the baseline variant per length (where both were timed)."""
-    base = {r["length"]: r["seconds"] for r in records if r["variant"] == baseline}
-    return {r["length"]: base[r["length"]] / r["seconds"] for r in records if r["variant"] == variant and r["length"] in base}
