@@ -14,25 +14,6 @@ rule aggregate_results:
         "--out-itl-depth {output.itl_depth} {input} > {log} 2>&1"
 
 
-# Measured ceilings of the devices the servers compute on. It takes every core, as a bench job
-# does, so that it never shares the machine with a measurement; on a cluster it is a job of its own
-# on a compute node (with a GPU where a configuration's server computes on one).
-rule calibrate_hardware:
-    output:
-        "data/calibration.json",
-    log:
-        "data/logs/calibrate_hardware.log",
-    params:
-        plan=lambda w: canonical_json(calibration_plan(CFG)),
-    threads: workflow.cores
-    resources:
-        gpu=int("cuda" in calibration_plan(CFG)["devices"]),
-    conda:
-        ENV
-    shell:
-        "longctx calibrate --plan {params.plan:q} --out {output} > {log} 2>&1"
-
-
 rule fit_models:
     input:
         results="data/results.csv",

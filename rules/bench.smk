@@ -23,3 +23,22 @@ rule bench_configuration:
     shell:
         "longctx bench --spec {params.spec:q} --outdir {params.outdir} --server-log {log.server} "
         "--resume-dir {params.resume} > {log.bench} 2>&1"
+
+
+# Measured ceilings of the devices the servers compute on. It takes every core, as a bench job
+# does, so that it never shares the machine with a measurement; on a cluster it is a job of its own
+# on a compute node (with a GPU where a configuration's server computes on one).
+rule calibrate_hardware:
+    output:
+        "data/calibration.json",
+    log:
+        "data/logs/calibrate_hardware.log",
+    params:
+        plan=lambda w: canonical_json(calibration_plan(CFG)),
+    threads: workflow.cores
+    resources:
+        gpu=int("cuda" in calibration_plan(CFG)["devices"]),
+    conda:
+        ENV
+    shell:
+        "longctx calibrate --plan {params.plan:q} --out {output} > {log} 2>&1"
