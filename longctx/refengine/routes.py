@@ -8,7 +8,6 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -17,13 +16,10 @@ from starlette.routing import Route
 
 from .. import __version__
 from . import tokenizer
+from .engine import ENGINE_NAME, Engine
 from .scheduler import Req
 from .wire import PLACEHOLDER, WireLog, request_log
 
-if TYPE_CHECKING:
-    from .server import Engine
-
-ENGINE_NAME = "longctx-refengine"
 
 
 def _error(message: str, status: int = 400) -> JSONResponse:
