@@ -10,7 +10,8 @@ import torch
 
 from longctx.attention import build as kernels
 from longctx.engines.base import SGLANG_KV_POOL_RE, SGLANG_READY_LINE
-from longctx.refengine.kvpool import KVPool, PoolError, PoolSizing
+from longctx.refengine.kvpool import KVPool
+from longctx.specs.pool import PoolError, PoolSizing
 from longctx.refengine.model import MLAModel
 from longctx.refengine.modelconfig import ModelConfig
 from longctx.refengine.scheduler import Req, Scheduler

@@ -17,7 +17,7 @@ import torch
 
 from ..attention import hostmem
 from .args import ALLOC_ORDERS
-from ..specs.pool import PoolError, PoolSizing  # noqa: F401  (the sizing rule lives apart from torch)
+from ..specs.pool import PoolError
 
 log = logging.getLogger("longctx.refengine")
 
