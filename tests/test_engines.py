@@ -15,7 +15,8 @@ from longctx import config as lcfg
 from longctx.measure.sweep import _spec_from_counters, run_configuration
 from longctx.measure.client import normalize_spec_fields
 from longctx.engines import get_adapter
-from longctx.engines.sglang import flags_for_version, run_preflight
+from longctx.engines.base import run_preflight
+from longctx.engines.sglang import flags_for_version
 from longctx.engines.vllm import parse_spec_counters
 from longctx.measure.process import ManagedServer, free_port
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from longctx.specs import hardware
-from longctx.specs.model import ModelSpecError, from_hf_config, model_spec, verify_width
+from longctx.engines import get_adapter
+from longctx.specs.model import ModelSpecError, from_hf_config, model_spec
 from longctx.analysis.roofline import attainable, bound, decode_points, ridge
 
 # The fields of Kimi K2's config.json that the spec reads (DeepSeek-V3 layout).
@@ -51,7 +52,7 @@ def test_prefill_attention_flops_count_each_causal_pair_once():
     # MLA prefill in the decompressed form (engines) and in the absorbed one (the reference engine)
     kimi = from_hf_config(KIMI)
     assert kimi.prefill_flops_per_pair() == 64 * 2 * (128 + 64 + 128) * 61
-    assert model_spec({"architecture": KIMI}, {}, "reference").prefill_flops_per_pair() == kimi.decode_flops_per_kv_token()
+    assert get_adapter("reference").model_spec({"architecture": KIMI}, {}).prefill_flops_per_pair() == kimi.decode_flops_per_kv_token()
 
 
 def test_decode_flops_are_mlas_absorbed_form_and_split_over_tp_ranks():
@@ -66,22 +67,22 @@ def test_decode_flops_are_mlas_absorbed_form_and_split_over_tp_ranks():
 def test_spec_from_config_takes_tp_and_kv_dtype_from_the_engine_flags():
     model = {"architecture": {k: KIMI[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "kv_lora_rank",
                                                      "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "torch_dtype")}}
-    spec = model_spec(model, {"tp-size": 8, "kv-cache-dtype": "fp8_e5m2"}, "sglang")
+    spec = get_adapter("sglang").model_spec(model, {"tp-size": 8, "kv-cache-dtype": "fp8_e5m2"})
     assert (spec.tp_size, spec.kv_cache_dtype, spec.kv_bytes_per_token()) == (8, "fp8_e5m2", 35_136)
-    assert model_spec(model, {"tensor-parallel-size": 4}, "vllm").tp_size == 4
+    assert get_adapter("vllm").model_spec(model, {"tensor-parallel-size": 4}).tp_size == 4
     nested = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": KIMI, "vision_config": {}}
     assert from_hf_config(nested).kv_bytes_per_token() == 70_272
     with pytest.raises(ModelSpecError, match="does not exist"):
-        model_spec({"hf_config": "/nonexistent/config.json", "architecture": {}}, {})
+        model_spec({"hf_config": "/nonexistent/config.json", "architecture": {}})
     with pytest.raises(ModelSpecError, match="kv-cache-dtype: dtype 'int3'"):
         from_hf_config(KIMI, kv_cache_dtype="int3")
 
 
 def test_verify_width_per_engine():
-    assert verify_width("reference", {}) == 1
-    assert verify_width("reference", {"speculative-algorithm": "NGRAM", "speculative-num-draft-tokens": 4}) == 5
-    assert verify_width("sglang", {"speculative-algorithm": "EAGLE", "speculative-num-draft-tokens": 4}) == 4
-    assert verify_width("vllm", {"speculative-config": '{"method": "ngram", "num_speculative_tokens": 3}'}) == 4
+    assert get_adapter("reference").verify_width({}) == 1
+    assert get_adapter("reference").verify_width({"speculative-algorithm": "NGRAM", "speculative-num-draft-tokens": 4}) == 5
+    assert get_adapter("sglang").verify_width({"speculative-algorithm": "EAGLE", "speculative-num-draft-tokens": 4}) == 4
+    assert get_adapter("vllm").verify_width({"speculative-config": '{"method": "ngram", "num_speculative_tokens": 3}'}) == 4
 
 
 def test_hardware_table_has_units_sources_and_dense_rates():
@@ -117,12 +118,12 @@ def test_ceilings_pick_the_device_the_server_computes_on():
     gpu = {"cpu": "Some CPU", "gpus": [{"name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"}]}
     cal = {"devices": {"cpu": {"status": "ok", "name": "Some CPU", "copy_Bps": 2e10, "matmul_flops": 1e11},
                        "cuda": {"status": "failed", "reason": "no CUDA"}}}
-    c = hardware.ceilings("sglang", {}, gpu, cal, "bfloat16")
+    c = hardware.ceilings(get_adapter("sglang").compute_device({}), gpu, cal, "bfloat16")
     assert c["device"] == "gpu" and c["datasheet"]["bandwidth_Bps"] == 1792e9 and c["datasheet"]["flops"] == 503.8e12
     assert c["measured"] is None and c["measured_missing"] == "no CUDA"
-    c = hardware.ceilings("reference", {"page-size": 1}, gpu, cal, "float32")  # the reference engine on the CPU
+    c = hardware.ceilings(get_adapter("reference").compute_device({"page-size": 1}), gpu, cal, "float32")  # the reference engine on the CPU
     assert c["device"] == "cpu" and c["datasheet"] is None and c["measured"]["bandwidth_Bps"] == 2e10
-    c = hardware.ceilings("vllm", {}, {"gpus": [{"name": "NVIDIA Made-Up GPU"}]}, None, "bfloat16")
+    c = hardware.ceilings(get_adapter("vllm").compute_device({}), {"gpus": [{"name": "NVIDIA Made-Up GPU"}]}, None, "bfloat16")
     assert "no datasheet entry for 'NVIDIA Made-Up GPU'" in c["datasheet_missing"]
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 from ..core.fitting import LEVEL, Fit, decode_summary, prefill_summary, regime_change
 from ..core.numbers import is_number
 from . import kernel_records
+from .memory import adapter_of, spec_of
 from .tables import ok_rows, step_seconds
 
 
@@ -22,10 +23,10 @@ SETTINGS = {"bootstrap": 1000, "confidence": LEVEL, "seed": 0, "regime_tolerance
 
 def max_length(entry: dict) -> tuple[int | None, str | None]:
     """The longest request the deployment could serve: the KV pool's tokens, capped by the context length."""
-    info = entry.get("server_info") or {}
-    args = entry.get("args") or {}
+    if not entry:
+        return None, None
     pool = (entry.get("kv_pool") or {}).get("tokens")
-    ctx = args.get("context-length") or info.get("context_length") or args.get("max-model-len") or info.get("max_model_len")
+    ctx = adapter_of(entry).context_length(entry.get("args") or {}, entry.get("server_info") or {})
     if pool and ctx and int(ctx) < int(pool):
         return int(ctx), "the context length, below the KV pool's size"
     if pool:
@@ -40,13 +41,11 @@ def _pct(x, ref):
 def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration: dict | None, st: dict) -> dict:
     from ..specs import hardware
     from . import roofline
-    from ..specs.model import verify_width
-    from .memory import spec_of
 
     n_boot, level, seed = st["bootstrap"], st["confidence"], st["seed"]
     out: dict = {"lengths": sorted(int(x) for x in g["length"].unique())}
     spec = spec_of(entry) if entry else None
-    engine, args = entry.get("engine"), entry.get("args") or {}
+    args = entry.get("args") or {}
     kv = spec.kv_bytes_per_token() if spec else None
     if kv is None and "kv_bytes_per_token" in g and g["kv_bytes_per_token"].notna().any():
         kv = float(g["kv_bytes_per_token"].dropna().iloc[0])
@@ -84,7 +83,8 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     dtype = spec.kv_cache_dtype if spec and spec.kv_cache_dtype in ("float32", "bfloat16", "float16") else "bfloat16"
     if spec and spec.weight_dtype == "float32":
         dtype = "float32"
-    ceil = hardware.ceilings(engine, args, entry.get("hardware") or {}, calibration, dtype)
+    adapter = adapter_of(entry)
+    ceil = hardware.ceilings(adapter.compute_device(args), entry.get("hardware") or {}, calibration, dtype)
     out["ceilings"] = ceil
     dec = out.get("decode")
     if dec and dec.get("bw_eff_bytes_per_s"):
@@ -122,7 +122,7 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
         out["extrapolation"] = ex
     # roofline points from the median step time per length
     if spec and len(d):
-        q = verify_width(engine, args)
+        q = adapter.verify_width(args)
         steps = [(int(x), float(v)) for x, v in d.groupby("length")["step_s"].median().items()]
         out["roofline"] = {"query_tokens": q, "intensity": spec.decode_intensity(q),
                            "points": roofline.decode_points(spec, q, steps, ceil)}

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..specs.model import ModelSpec, ModelSpecError, model_spec
+from ..engines import EngineAdapter, get_adapter
+from ..specs.model import ModelSpec, ModelSpecError
 from ..specs.pool import PoolError, PoolSizing
 
 SGLANG_REQ_TO_TOKEN_BYTES = 4  # int32 entries, max_context_len = context_len + 4 (SGLang ReqToTokenPool)
@@ -28,15 +29,17 @@ def _first(*values):
     return None
 
 
-def _arg(args: dict, info: dict, name: str):
-    return _first(args.get(name), args.get(name.replace("-", "_")), info.get(name.replace("-", "_")))
+def adapter_of(entry: dict) -> EngineAdapter:
+    """The adapter of the engine that served a provenance entry."""
+    return get_adapter(entry["engine"])
 
 
 def spec_of(entry: dict) -> ModelSpec | None:
+    """The model as the entry's server ran it: as recorded when it was measured, else from its flags."""
     if entry.get("model_spec"):
         return ModelSpec.from_dict(entry["model_spec"])
     try:
-        return model_spec(entry.get("model") or {}, entry.get("args") or {}, entry.get("engine"))
+        return adapter_of(entry).model_spec(entry.get("model") or {}, entry.get("args") or {})
     except (ModelSpecError, KeyError, TypeError):
         return None
 
@@ -45,23 +48,28 @@ def memory_model(entry: dict) -> dict:
     """What the pool size depends on, for one configuration, with where each figure came from."""
     info = entry.get("server_info") or {}
     args = entry.get("args") or {}
+    adapter = adapter_of(entry)
     spec = spec_of(entry)
     cell = _first(info.get("kv_bytes_per_token"), spec.kv_bytes_per_token() if spec else None,
                   (entry.get("model") or {}).get("kv_bytes_per_token"))
+
+    def setting(flag: str):  # SGLang's flags, which the reference engine shares
+        return adapter.setting(args, info, flag)
+
     mm = {
         "cell_bytes": int(cell) if cell else None,
-        "page_size": int(_arg(args, info, "page-size") or 1),
-        "max_total_tokens": _arg(args, info, "max-total-tokens"),
-        "context_length": _arg(args, info, "context-length"),
-        "max_running_requests": _arg(args, info, "max-running-requests"),
-        "mem_fraction_static": _arg(args, info, "mem-fraction-static"),
+        "page_size": int(setting("page-size") or 1),
+        "max_total_tokens": setting("max-total-tokens"),
+        "context_length": setting("context-length"),
+        "max_running_requests": setting("max-running-requests"),
+        "mem_fraction_static": setting("mem-fraction-static"),
         "observed_tokens": (entry.get("kv_pool") or {}).get("tokens"),
         "memory_bytes": None, "memory_source": None, "weights_bytes": None, "weights_source": None,
     }
     gpus = (entry.get("hardware") or {}).get("gpus") or []
     if info.get("memory_total_bytes"):
         mm["memory_bytes"], mm["memory_source"] = int(info["memory_total_bytes"]), "the server (memory free before loading)"
-    elif gpus and entry.get("engine") != "reference":
+    elif gpus and adapter.compute_device(args) == "gpu":
         mm["memory_bytes"], mm["memory_source"] = int(gpus[0]["memory_total_bytes"]), f"NVML: {gpus[0]['name']}, GPU 0"
     if info.get("weights_bytes") is not None:
         mm["weights_bytes"], mm["weights_source"] = int(info["weights_bytes"]), "the server"
@@ -70,7 +78,7 @@ def memory_model(entry: dict) -> dict:
         m, f = mm["memory_bytes"], float(mm["mem_fraction_static"])
         mm["weights_bytes"] = int(m * f - mm["observed_tokens"] * mm["cell_bytes"])
         mm["weights_source"] = "backed out of the pool the server allocated (weights, activations and all else SGLang sets aside)"
-    if entry.get("engine") == "reference" and info.get("req_to_token_bytes") is not None:
+    if info.get("req_to_token_bytes") is not None:
         mm["req_to_token_bytes"], mm["req_to_token_source"] = int(info["req_to_token_bytes"]), "the server (int64 table)"
     elif mm["max_running_requests"] and mm["context_length"]:
         mm["req_to_token_bytes"] = int(mm["max_running_requests"]) * (int(mm["context_length"]) + 4) * SGLANG_REQ_TO_TOKEN_BYTES

@@ -1,4 +1,5 @@
-"""The adapter interface every engine goes through: command, health, server info, KV pool, API."""
+"""The adapter interface every engine goes through: command, health, server info, KV pool, API, and
+what the engine's flags mean (parallelism, KV dtype, speculative width, device, context length)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 from abc import ABC, abstractmethod
 from typing import Any
 
+from ..specs.model import ModelSpec, model_spec
 from .api import SGLANG, Api
 
 # SGLang's KV pool line (0.5.9 to 0.5.23), which the reference engine writes too.
@@ -52,14 +54,41 @@ def args_to_argv(args: dict[str, Any]) -> list[str]:
     return argv
 
 
+_ARGPARSE_ERROR = re.compile(r"^\S.*?: error: (.+)$")
+
+
+def run_preflight(python: str, script: str, argv: list[str], what: str, env: dict[str, str] | None = None) -> str | None:
+    """Run an engine's own argument parser (script, reading sys.argv[1:]) over argv in the engine's
+    Python (and the server's environment); its error, or None."""
+    try:
+        proc = subprocess.run([python, "-c", script, *argv], capture_output=True, text=True, timeout=300, env=env)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot run {python} to check the {what} command line: {exc}"
+    if proc.returncode == 0:
+        return None
+    err = proc.stderr.strip().splitlines()
+    rejected = [m[1] for m in map(_ARGPARSE_ERROR.match, err) if m]
+    if rejected:  # argparse's "<prog>: error: <message>"
+        return f"{what} rejects the command line: {rejected[-1]}"
+    last = err[-1] if err else f"exit {proc.returncode}"
+    if any("ModuleNotFoundError" in line or "ImportError" in line for line in err):
+        return f"{what} cannot be imported by {python}: {last}"
+    return f"{what}'s argument parser failed in {python} before it read the command line: {last}"
+
+
 class EngineAdapter(ABC):
     """What longctx needs from an engine. A configuration spec (longctx.config.configuration_spec)
-    is passed to every method that depends on it."""
+    is passed to every method that depends on the whole configuration; the methods that read only
+    its engine flags take them (`args`), as the analysis finds them in the provenance."""
 
     name: str
-    managed = True  # longctx starts and stops the server
+    title: str  # the engine as messages name it
+    managed = True  # longctx starts and stops the server (on this machine)
     managed_args: frozenset[str] = frozenset()  # flags longctx sets itself
     package: str | None = None  # distribution whose version is the engine's version
+    preflight_script: str | None = None  # Python that runs the engine's own parser over sys.argv[1:]
+    tp_size_flags: tuple[str, ...] = ()  # the engine's tensor-parallel size flag and its aliases
+    prefill_absorbed = False  # MLA prefill in the absorbed (latent) form
 
     def api(self, spec: dict) -> Api:
         return SGLANG
@@ -131,10 +160,17 @@ class EngineAdapter(ABC):
             except ValueError as exc:
                 raise ConfigError(f"config key '{where}.{key}': {exc}") from None
 
+    def preflight_argv(self, spec: dict, command: list[str]) -> list[str]:
+        """The words of the launch command that the engine's parser reads."""
+        return command
+
     def preflight(self, spec: dict, command: list[str]) -> str | None:
         """Check the command line with the engine's own parser in the engine's environment,
         before a bring-up that can take minutes; the parser's complaint, or None."""
-        return None
+        if self.preflight_script is None:
+            return None
+        return run_preflight(self.python(spec), self.preflight_script, self.preflight_argv(spec, command), self.title,
+                             self.run_env(spec))
 
     def kv_pool_from_log(self, text: str) -> dict | None:
         """The KV pool the server reported in its log: tokens and GB, or None if not seen."""
@@ -152,10 +188,51 @@ class EngineAdapter(ABC):
             value = server_info["internal_states"][0].get("max_total_num_tokens")
         return int(value) if value is not None else None
 
-    def gpus(self, conf: dict) -> int:
-        """GPUs the configuration's server takes on the machine that runs its bench job."""
+    def gpus(self, args: dict[str, Any]) -> int:
+        """GPUs a server with these flags takes on the machine that runs its bench job."""
         return 0
 
     def spec_counters(self, client, base: str) -> dict | None:
         """Server-wide speculative counters (for engines that report acceptance only as metrics)."""
         return None
+
+    # --- what the engine's flags mean ---------------------------------------------------------
+    def tp_size(self, args: dict[str, Any]) -> int:
+        """Tensor-parallel ranks (1 for an engine without tensor parallelism)."""
+        return int(arg_value(args, *self.tp_size_flags) or 1)
+
+    def kv_cache_dtype(self, args: dict[str, Any]) -> str | None:
+        """The KV cache dtype as the flags spell it (None or "auto": the model's)."""
+        return arg_value(args, "kv-cache-dtype")
+
+    def model_spec(self, model: dict, args: dict[str, Any]) -> ModelSpec:
+        """The config's model (its `model` section) as a server with these flags runs it."""
+        return model_spec(model, tp_size=self.tp_size(args), kv_cache_dtype=self.kv_cache_dtype(args),
+                          prefill_absorbed=self.prefill_absorbed)
+
+    def verify_width(self, args: dict[str, Any]) -> int:
+        """Query tokens per request in one decode step: 1, or the tokens a speculative verify step scores."""
+        return 1
+
+    def compute_device(self, args: dict[str, Any]) -> str:
+        """'cpu' or 'gpu': where the server computes."""
+        return "gpu"
+
+    def cpu_threads(self, args: dict[str, Any]) -> int | None:
+        """The threads a server on the CPU computes with (None: the engine does not say)."""
+        return None
+
+    def setting(self, args: dict[str, Any], server_info: dict, flag: str) -> Any:
+        """A server setting: the flag as configured, else what the server reports under the flag's
+        name with underscores (as SGLang's /server_info and the reference engine's do)."""
+        value = arg_value(args, flag)
+        return value if value is not None else server_info.get(flag.replace("-", "_"))
+
+    def context_length(self, args: dict[str, Any], server_info: dict) -> int | None:
+        """The most tokens (prompt and output) one request may hold: --context-length, else as reported."""
+        value = self.setting(args, server_info, "context-length")
+        return int(value) if value else None
+
+    def served_model(self, spec: dict) -> str:
+        """The model name an OpenAI server expects in requests."""
+        return str(arg_value(spec["args"], "served-model-name") or spec["model"].get("path") or spec["model"]["name"])

@@ -8,10 +8,16 @@ from .base import EngineAdapter
 
 class ExternalAdapter(EngineAdapter):
     name = "external"
-    managed = False
+    title = "the external server"
+    managed = False  # it may run anywhere: this machine's ceilings and GPUs say nothing about it
 
     def api(self, spec: dict):
         return APIS[spec["api"]]
+
+    def context_length(self, args: dict, server_info: dict) -> int | None:
+        """As the server reports it: SGLang's context_length or vLLM's max_model_len (it has no flags here)."""
+        value = server_info.get("context_length") or server_info.get("max_model_len")
+        return int(value) if value else None
 
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
         from ..core.errors import ConfigError

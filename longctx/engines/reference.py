@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from ..refengine.args import build_parser
@@ -11,6 +12,8 @@ from .base import EngineAdapter, RaisingParser, arg_value, args_to_argv
 
 class ReferenceAdapter(EngineAdapter):
     name = "reference"
+    title = "the reference engine"
+    prefill_absorbed = True  # it runs MLA prefill in the latent form, as decode
     managed_args = frozenset({"host", "port", "model-path", "json-model-override-args", "kernel-dir", "random-seed"})
 
     def parser(self):
@@ -38,9 +41,30 @@ class ReferenceAdapter(EngineAdapter):
 
         return __version__
 
-    def gpus(self, conf: dict) -> int:
+    @staticmethod
+    def device(args: dict) -> str:
+        """--device as configured (cpu by default)."""
+        return str(arg_value(args, "device") or "cpu")
+
+    def gpus(self, args: dict) -> int:
         """One GPU where `device` puts the engine on CUDA, else none (it runs on the CPU)."""
-        return 1 if str(arg_value(conf["args"], "device", default="cpu")).startswith("cuda") else 0
+        return 1 if self.device(args).startswith("cuda") else 0
+
+    def compute_device(self, args: dict) -> str:
+        return "cpu" if self.device(args) == "cpu" else "gpu"
+
+    def cpu_threads(self, args: dict) -> int | None:
+        """Its torch threads: --num-threads, or the usable CPUs but one."""
+        n = arg_value(args, "num-threads")
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return int(n) if n else max(1, usable - 1)
+
+    def verify_width(self, args: dict) -> int:
+        """The last token plus its drafts (speculative-num-draft-tokens, 4 by default) when speculating."""
+        if not arg_value(args, "speculative-algorithm"):
+            return 1
+        drafts = arg_value(args, "speculative-num-draft-tokens")
+        return 1 + int(drafts if drafts is not None else 4)
 
     def launch_command(self, spec: dict, host: str, port: int, version: str | None) -> list[str]:
         model = spec["model"]

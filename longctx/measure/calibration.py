@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from ..attention import microbench
-from ..specs.hardware import compute_device
-from ..specs.model import ModelSpecError, model_spec
+from ..engines import get_adapter
+from ..specs.model import ModelSpecError
 
 log = logging.getLogger("longctx.measure.calibration")
 DEFAULTS = {"cpu": {"copy_mib": 256, "matmul_size": 1024}, "cuda": {"copy_mib": 2048, "matmul_size": 8192}}
@@ -26,17 +26,10 @@ DEFAULTS = {"cpu": {"copy_mib": 256, "matmul_size": 1024}, "cuda": {"copy_mib": 
 
 def _dtype(model: dict, configuration: dict) -> str:
     try:
-        d = model_spec(model, configuration["args"], configuration["engine"]).weight_dtype
+        d = get_adapter(configuration["engine"]).model_spec(model, configuration["args"]).weight_dtype
     except ModelSpecError:
         d = model.get("architecture", {}).get("torch_dtype", "bfloat16")
     return d if d in microbench.DTYPES else "bfloat16"
-
-
-def reference_threads(args: dict) -> int:
-    """The reference engine's torch threads: --num-threads, or the usable CPUs but one."""
-    n = args.get("num-threads") or args.get("num_threads")
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return int(n) if n else max(1, usable - 1)
 
 
 def plan(config: dict) -> dict:
@@ -48,9 +41,10 @@ def plan(config: dict) -> dict:
         return {"enabled": False, "devices": {}}
     for name in sorted(config["configurations"]):
         conf = config["configurations"][name]
-        if conf["engine"] == "external":
-            continue  # a server somewhere else: this machine's ceilings say nothing about it
-        kind = "cuda" if compute_device(conf["engine"], conf["args"]) == "gpu" else "cpu"
+        adapter = get_adapter(conf["engine"])
+        if not adapter.managed:
+            continue  # a server longctx does not run, maybe elsewhere: this machine's ceilings say nothing about it
+        kind = "cuda" if adapter.compute_device(conf["args"]) == "gpu" else "cpu"
         if kind in devices:
             devices[kind]["configurations"].append(name)
             continue
@@ -60,7 +54,7 @@ def plan(config: dict) -> dict:
             "copy_mib": cal["copy_mib"] or DEFAULTS[kind]["copy_mib"],
             "matmul_size": cal["matmul_size"] or DEFAULTS[kind]["matmul_size"],
             "repeats": cal["repeats"],
-            "threads": (cal["threads"] or reference_threads(conf["args"])) if kind == "cpu" else None,
+            "threads": (cal["threads"] or adapter.cpu_threads(conf["args"])) if kind == "cpu" else None,
             "configurations": [name],
         }
     return {"enabled": True, "devices": devices}

@@ -45,7 +45,7 @@ def bench_resources(config: dict, configuration: str) -> dict[str, int]:
     override = conf["resources"]
     prompt, output = request_tokens(config)
     computed = {
-        "gpu": get_adapter(conf["engine"]).gpus(conf),
+        "gpu": get_adapter(conf["engine"]).gpus(conf["args"]),
         "mem_mb": res["mem_mb"]["base"] + res["mem_mb"]["per_1k_tokens"] * longest_context(config) / 1000,
         "runtime": res["runtime_min"]["base"] + res["runtime_min"]["per_1m_prompt_tokens"] * prompt / 1e6
         + res["runtime_min"]["per_1k_output_tokens"] * output / 1000,

@@ -24,7 +24,7 @@ from .client import request_body, stream_generate, timed_client
 from ..core.hashing import digest
 from ..engines import EngineAdapter, get_adapter
 from ..core.fitting import fit_prefill, prefill_curve
-from ..specs.model import ModelSpecError, model_spec
+from ..specs.model import ModelSpecError
 from .process import ExternalServer, ManagedServer, PortTaken, ServerError, free_port
 from .telemetry import Sampler, make_source, summarize, visible_gpus
 from .needle import probe as needle_probe
@@ -71,16 +71,11 @@ def server_env(spec: dict) -> dict[str, str]:
     return env
 
 
-def served_model(spec: dict) -> str:
-    """The model name an OpenAI server expects in requests."""
-    return str(spec["args"].get("served-model-name") or spec["model"].get("path") or spec["model"]["name"])
-
-
-def resolved_model_spec(spec: dict) -> dict | None:
+def resolved_model_spec(adapter: EngineAdapter, spec: dict) -> dict | None:
     """The architecture as this configuration serves it (TP size, KV dtype), for the analysis;
     None where the config gives kv_bytes_per_token for a model the spec cannot describe."""
     try:
-        return model_spec(spec["model"], spec["args"], spec["engine"]).to_dict()
+        return adapter.model_spec(spec["model"], spec["args"]).to_dict()
     except ModelSpecError as exc:
         if spec["model"].get("kv_bytes_per_token"):
             return None
@@ -166,7 +161,7 @@ def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dic
     proto = spec["protocol"]
     name = spec["name"]
     api = adapter.api(spec)
-    model = served_model(spec)
+    model = adapter.served_model(spec)
     warmup, trials = [], []
     total = proto["warmup"] + proto["trials"]
     for i in range(total):
@@ -211,8 +206,8 @@ def _needle(session: "Session", spec: dict, length: int, timeout_s: float) -> di
     cfg = spec["protocol"]["needle"]
     if not cfg["enabled"]:
         return None
-    result = needle_probe(session.client, session.base, session.api.kind, served_model(spec), length, cfg, timeout_s,
-                          session.random_weights)
+    result = needle_probe(session.client, session.base, session.api.kind, session.adapter.served_model(spec), length, cfg,
+                          timeout_s, session.random_weights)
     log.info("%s L=%d needle: %s", spec["name"], length, result["status"])
     return result
 
@@ -230,7 +225,7 @@ def _batch(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, 
     output rate (all output tokens over the span from the first send to the last token)."""
     proto, api, name = spec["protocol"], adapter.api(spec), spec["name"]
     bodies = [request_body(api.kind, prompt_ids(length, proto["seed"], f"{run_id}/{name}/{length}/c{concurrency}/{index}/{j}",
-                                                tuple(proto["token_id_range"])), proto["output_tokens"], served_model(spec))
+                                                tuple(proto["token_id_range"])), proto["output_tokens"], adapter.served_model(spec))
               for j in range(concurrency)]
     if proto["flush_cache"]:
         _flush(client, base, api, timeout_s)
@@ -266,7 +261,7 @@ def measure_itl_depth(session: "Session", spec: dict, run_id: str, history: list
     ids = prompt_ids(length, spec["protocol"]["seed"], f"{run_id}/{spec['name']}/itl-depth", tuple(spec["protocol"]["token_id_range"]))
     timeout = request_timeout({**spec["protocol"], "output_tokens": n}, history, length)
     s = stream_generate(session.client, session.base + api.generate_path,
-                        request_body(api.kind, ids, n, served_model(spec)), timeout, api.kind).summary()
+                        request_body(api.kind, ids, n, session.adapter.served_model(spec)), timeout, api.kind).summary()
     itl = s.pop("itl_s", None) or []
     _checked(s, length)
     return {"kind": "itl_depth", "length": length, "output_tokens": n, **s,
@@ -390,7 +385,8 @@ def resume_key(spec: dict, kernel: dict | None, version: str | None) -> str:
                    "kernel": kernel and kernel["build_hash"], "version": version})
 
 
-def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path, resume_dir: str | Path | None = None) -> int:
+def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path,
+                      resume_dir: str | Path | None = None) -> int:
     """Measure every length of one configuration; returns the number of failed lengths.
 
     With resume_dir, every measured length is also kept there, and a later run reuses the ones
@@ -404,7 +400,7 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path, re
     if adapter.managed:
         server_log.parent.mkdir(parents=True, exist_ok=True)
         server_log.unlink(missing_ok=True)
-    mspec = resolved_model_spec(spec)
+    mspec = resolved_model_spec(adapter, spec)
     prov = {
         "protocol": spec["protocol"],
         "model": {**spec["model"], "kv_bytes_per_token": spec["model"].get("kv_bytes_per_token") or mspec["kv_bytes_per_token"]},

@@ -1,8 +1,9 @@
 """Hardware ceilings: datasheet figures (longctx/hardware.yaml, with units and sources) matched by
 the NVML device name, and the measured ones from the `calibrate` step (longctx/calibrate.py).
 
-A configuration's ceilings are those of the device its server computes on: the GPU for SGLang,
-vLLM and external servers on a GPU machine, the CPU for the reference engine on --device cpu.
+A configuration's ceilings are those of the device its server computes on (the engine adapter's
+compute_device): the GPU for SGLang, vLLM and external servers on a GPU machine, the CPU for the
+reference engine on --device cpu.
 """
 
 from __future__ import annotations
@@ -86,17 +87,9 @@ def peak_flops(entry: dict | None, dtype: str) -> tuple[float | None, str | None
     return entry.get("bf16_dense_si"), "BF16 tensor, dense"
 
 
-def compute_device(engine: str | None, args: dict) -> str:
-    """'cpu' or 'gpu': where a configuration's server computes."""
-    if engine == "reference":
-        device = str(args.get("device") or "cpu")
-        return "cpu" if device == "cpu" else "gpu"
-    return "gpu"
-
-
-def ceilings(engine: str | None, args: dict, hardware: dict, calibration: dict | None, dtype: str) -> dict:
-    """Datasheet and measured ceilings (bytes/s, FLOP/s) of the device a configuration runs on."""
-    device = compute_device(engine, args)
+def ceilings(device: str, hardware: dict, calibration: dict | None, dtype: str) -> dict:
+    """Datasheet and measured ceilings (bytes/s, FLOP/s) of the device a configuration's server
+    computes on: 'gpu' or 'cpu' (its engine adapter's compute_device)."""
     out: dict = {"device": device, "device_name": None, "datasheet": None, "measured": None}
     if device == "gpu":
         gpus = hardware.get("gpus") or []

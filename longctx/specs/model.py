@@ -2,7 +2,7 @@
 
 A ModelSpec comes from a local Hugging Face ``config.json`` (``model.hf_config``) or from the
 config's ``model.architecture`` (DeepSeek-V3 field names), with the deployment's tensor-parallel
-size and KV cache dtype taken from the configuration's engine flags.
+size and KV cache dtype (which the engine adapters read from a configuration's flags).
 
 Attention kinds:
 - MLA (DeepSeek-V2/V3, Kimi K2): the cache holds one latent vector of kv_lora_rank +
@@ -197,54 +197,12 @@ def from_hf_config(config: dict | str | Path, kv_cache_dtype: str | None = None,
                      head_dim=int(head_dim) if head_dim else None, **common)
 
 
-def _arg(args: dict, *names: str):
-    for n in names:
-        for key in (n, n.replace("-", "_")):
-            if key in args:
-                return args[key]
-    return None
-
-
-def engine_tp_size(args: dict) -> int:
-    return int(_arg(args, "tp-size", "tp", "tensor-parallel-size") or 1)
-
-
-def model_spec(model: dict, args: dict | None = None, engine: str | None = None) -> ModelSpec:
-    """The spec of the config's model (``model`` section) as one configuration runs it (its flags)."""
-    args = args or {}
-    tp = engine_tp_size(args)
-    kv = _arg(args, "kv-cache-dtype")
+def model_spec(model: dict, tp_size: int = 1, kv_cache_dtype: str | None = None, prefill_absorbed: bool = False) -> ModelSpec:
+    """The spec of the config's model (``model`` section) as a deployment runs it: on tp_size
+    tensor-parallel ranks, its KV cache in kv_cache_dtype (None or "auto": the weights' dtype), MLA
+    prefill absorbed or not. An engine adapter (longctx.engines) reads these from its flags."""
     if model.get("hf_config"):
-        spec = from_hf_config(model["hf_config"], kv, tp)
+        spec = from_hf_config(model["hf_config"], kv_cache_dtype, tp_size)
     else:
-        spec = replace(from_hf_config(dict(model["architecture"]), kv, tp), source="config model.architecture")
-    if engine == "reference":
-        spec = replace(spec, prefill_absorbed=True)
-    return spec
-
-
-def kv_bytes_per_token(model: dict, args: dict | None = None, engine: str | None = None) -> int:
-    """KV bytes per token on one GPU (or the server's CPU): the config's explicit figure where
-    given (models the spec cannot describe), else the architecture's."""
-    return model.get("kv_bytes_per_token") or model_spec(model, args, engine).kv_bytes_per_token()
-
-
-def verify_width(engine: str | None, args: dict) -> int:
-    """Query tokens per decode step: 1, or the tokens a speculative verify step scores per request.
-    SGLang scores speculative-num-draft-tokens (the root among them); the reference engine the
-    last token plus its drafts; vLLM the last token plus num_speculative_tokens."""
-    algo = _arg(args, "speculative-algorithm")
-    if engine == "vllm":
-        cfg = _arg(args, "speculative-config")
-        if isinstance(cfg, str):
-            try:
-                cfg = json.loads(cfg)
-            except json.JSONDecodeError:
-                cfg = None
-        return 1 + int(cfg.get("num_speculative_tokens", 0)) if isinstance(cfg, dict) else 1
-    if not algo:
-        return 1
-    drafts = _arg(args, "speculative-num-draft-tokens")
-    if engine == "reference":
-        return 1 + int(drafts if drafts is not None else 4)
-    return int(drafts) if drafts else 1
+        spec = replace(from_hf_config(dict(model["architecture"]), kv_cache_dtype, tp_size), source="config model.architecture")
+    return replace(spec, prefill_absorbed=True) if prefill_absorbed else spec
