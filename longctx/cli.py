@@ -13,17 +13,18 @@ from .core.errors import ConfigError
 
 def _bench(a) -> int:
     from . import config as cfg
+    from .engines import ConfigurationSpec
     from .measure.sweep import run_configuration
 
     if a.spec:
-        spec = json.loads(a.spec)
+        spec = ConfigurationSpec.from_json(a.spec)
     elif a.configfile and a.configuration:
         spec = cfg.configuration_spec(cfg.load(a.configfile), a.configuration)
     else:
         raise ConfigError("bench needs --spec, or --configfile with --configuration")
-    failed = run_configuration(spec, a.outdir or f"data/raw/{spec['name']}", a.server_log or f"data/logs/server/{spec['name']}.log",
+    failed = run_configuration(spec, a.outdir or f"data/raw/{spec.name}", a.server_log or f"data/logs/server/{spec.name}.log",
                                a.resume_dir)
-    print(f"{spec['name']}: {len(spec['lengths']) - failed} of {len(spec['lengths'])} lengths measured")
+    print(f"{spec.name}: {len(spec.lengths) - failed} of {len(spec.lengths)} lengths measured")
     return 0
 
 

@@ -13,6 +13,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 
 from .core.errors import ConfigError
+from .engines import ConfigurationSpec, get_adapter
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = ROOT / "config" / "schema.yaml"
@@ -89,8 +90,6 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
                 f"config key 'configurations.{name}.kernel': {kernel!r} is not a key of 'kernels'; "
                 f"allowed values: {', '.join(sorted(config['kernels'])) or '(none defined)'}"
             )
-        from .engines import get_adapter  # late: engines import this module
-
         adapter = get_adapter(conf["engine"])
         adapter.check_spec(name, conf, config)
         adapter.check_args(name, conf["args"])
@@ -119,23 +118,25 @@ def kernel_build_dir(kernel: str) -> str:
     return f"{KERNEL_BUILD_DIR}/{kernel}"
 
 
-def configuration_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
-    """Everything the bench of one configuration needs, and nothing of the other configurations."""
+def configuration_spec(config: dict[str, Any], name: str) -> ConfigurationSpec:
+    """Everything the bench of one configuration needs, and nothing of the other configurations:
+    its keys less the scheduling ones, the kernel's build directory, and the config's lengths,
+    protocol, server, telemetry and model sections."""
     if name not in config["configurations"]:
         raise ConfigError(
             f"configuration {name!r} is not in the config; allowed values: {', '.join(config['configurations'])}"
         )
     conf = {k: v for k, v in config["configurations"][name].items() if k not in SCHEDULING_KEYS}
     kernel = conf["kernel"]
-    return {
+    return ConfigurationSpec.from_dict({
         "name": name,
-        **copy.deepcopy(conf),
+        **conf,
         "kernel_build": kernel_build_dir(kernel) if kernel else None,
         "lengths": list(config["lengths"]),
-        "protocol": copy.deepcopy(config["protocol"]),
-        "server": copy.deepcopy(config["server"]),
-        "telemetry": copy.deepcopy(config["telemetry"]),
-        "model": copy.deepcopy(config["model"]),
-    }
+        "protocol": config["protocol"],
+        "server": config["server"],
+        "telemetry": config["telemetry"],
+        "model": config["model"],
+    })
 
 

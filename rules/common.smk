@@ -80,7 +80,8 @@ def kernel_bench_shape(wildcards):
 
 
 def bench_spec(wildcards):
-    return canonical_json(lcfg.configuration_spec(CFG, wildcards.configuration))
+    """The configuration's spec (longctx.engines.ConfigurationSpec) as canonical JSON, for `longctx bench --spec`."""
+    return lcfg.configuration_spec(CFG, wildcards.configuration).to_json()
 
 
 def bench_resource(name):

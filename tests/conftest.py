@@ -8,11 +8,13 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from longctx import config as lcfg
+from longctx.engines import ConfigurationSpec
 from longctx.measure.process import ManagedServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,11 +73,9 @@ def serve_generate(handler):
         thread.join(10)
 
 
-def tiny_spec(configuration: str = "page1", **overrides) -> dict:
-    spec = lcfg.configuration_spec(lcfg.load(TINY), configuration)
-    spec["kernel_build"] = None  # the engine's default: kernels/reference in this checkout
-    spec.update(overrides)
-    return spec
+def tiny_spec(configuration: str = "page1", **overrides) -> ConfigurationSpec:
+    # kernel_build None: the engine's default, kernels/reference in this checkout
+    return replace(lcfg.configuration_spec(lcfg.load(TINY), configuration), **{"kernel_build": None, **overrides})
 
 
 def refengine_command(port: int, *extra: str) -> list[str]:

@@ -25,7 +25,7 @@ def _group_gone(pid: int) -> bool:
 
 def test_bench_measures_every_length_and_records_provenance(tmp_path):
     spec = tiny_spec("page1", lengths=[32, 100])
-    spec["protocol"].update(warmup=1, trials=2, output_tokens=5)
+    spec.protocol.update(warmup=1, trials=2, output_tokens=5)
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
     for length in (32, 100):
         raw = json.loads((tmp_path / "raw" / f"{length}.json").read_text())
@@ -46,7 +46,7 @@ def test_bench_measures_every_length_and_records_provenance(tmp_path):
 
 def test_a_server_that_cannot_start_gives_failed_rows_naming_its_log(tmp_path):
     spec = tiny_spec("page1", lengths=[32, 64])
-    spec["args"]["mem-fraction-static"] = 1e-9  # no room for the weights: the engine exits
+    spec.args["mem-fraction-static"] = 1e-9  # no room for the weights: the engine exits
     log = tmp_path / "server.log"
     assert run_configuration(spec, tmp_path / "raw", log) == 2
     for length in (32, 64):
@@ -62,7 +62,7 @@ def test_a_wrong_prompt_length_is_a_failed_trial(tmp_path, monkeypatch):
     real = bench.prompt_ids
     monkeypatch.setattr(bench, "prompt_ids", lambda length, *a, **k: real(length + 1, *a, **k))
     spec = tiny_spec("page1", lengths=[40])
-    spec["protocol"].update(warmup=0, trials=1, output_tokens=3)
+    spec.protocol.update(warmup=0, trials=1, output_tokens=3)
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 1
     raw = json.loads((tmp_path / "raw" / "40.json").read_text())
     assert raw["status"] == "failed"
@@ -71,20 +71,20 @@ def test_a_wrong_prompt_length_is_a_failed_trial(tmp_path, monkeypatch):
 
 def test_spec_of_a_configuration_is_self_contained():
     spec = tiny_spec("page16")
-    assert spec["name"] == "page16" and spec["args"]["page-size"] == 16
-    assert spec["lengths"] == [64, 128, 256, 512] and spec["protocol"]["trials"] == 2
-    assert "configurations" not in spec  # nothing of the other configurations
+    assert spec.name == "page16" and spec.args["page-size"] == 16
+    assert spec.lengths == [64, 128, 256, 512] and spec.protocol["trials"] == 2
+    assert "configurations" not in spec.to_dict()  # nothing of the other configurations
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_sweep_leaves_no_server_behind(tmp_path, sig):
     """Ctrl-C (SIGINT) or Snakemake's cancel (SIGTERM) mid-sweep: the server's process group goes too."""
     spec = tiny_spec("page1", lengths=[1000, 2000])
-    spec["protocol"].update(warmup=0, trials=100, output_tokens=500)
+    spec.protocol.update(warmup=0, trials=100, output_tokens=500)
     err = tmp_path / "bench.err"
     with open(err, "w") as stderr:
         # SIGINT as at a terminal even where this runs with it ignored (a shell's background job)
-        bench = subprocess.Popen([sys.executable, "-m", "longctx", "bench", "--spec", json.dumps(spec),
+        bench = subprocess.Popen([sys.executable, "-m", "longctx", "bench", "--spec", spec.to_json(),
                                   "--outdir", str(tmp_path / "raw"), "--server-log", str(tmp_path / "server.log")],
                                  stderr=stderr, start_new_session=True,
                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -115,7 +115,7 @@ def test_an_unexpected_error_at_one_length_keeps_the_others(tmp_path, monkeypatc
 
     monkeypatch.setattr(bench, "measure_length", flaky)
     spec = tiny_spec("page1", lengths=[32, 48, 64])
-    spec["protocol"].update(warmup=0, trials=1, output_tokens=3)
+    spec.protocol.update(warmup=0, trials=1, output_tokens=3)
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 1
     statuses = {n: json.loads((tmp_path / "raw" / f"{n}.json").read_text())["status"] for n in (32, 48, 64)}
     assert statuses == {32: "ok", 48: "failed", 64: "ok"}
@@ -140,7 +140,7 @@ def test_request_timeouts_follow_the_expected_duration():
 
 def test_a_sweep_records_the_timeout_it_used(tmp_path):
     spec = tiny_spec("page1", lengths=[32, 64, 128, 256])
-    spec["protocol"].update(warmup=0, trials=1, output_tokens=3, request_timeout_s=0.5, timeout_factor=1000)
+    spec.protocol.update(warmup=0, trials=1, output_tokens=3, request_timeout_s=0.5, timeout_factor=1000)
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
     timeouts = [json.loads((tmp_path / "raw" / f"{n}.json").read_text())["trials"][0]["timeout_s"] for n in (32, 64, 128, 256)]
     assert timeouts[0] == 0.5  # nothing measured yet: the configured timeout
@@ -149,7 +149,7 @@ def test_a_sweep_records_the_timeout_it_used(tmp_path):
 
 def test_concurrent_batches_overlap_and_report_their_overall_rate(tmp_path):
     spec = tiny_spec("page1", lengths=[200])
-    spec["protocol"].update(warmup=0, trials=2, output_tokens=30, concurrency=[3])
+    spec.protocol.update(warmup=0, trials=2, output_tokens=30, concurrency=[3])
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
     raw = json.loads((tmp_path / "raw" / "200.json").read_text())
     assert len(raw["trials"]) == 2 and [b["concurrency"] for b in raw["batches"]] == [3, 3]

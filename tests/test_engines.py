@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import sys
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from longctx import config as lcfg
 from longctx.measure.sweep import _spec_from_counters, run_configuration
 from longctx.measure.client import normalize_spec_fields
-from longctx.engines import get_adapter
+from longctx.engines import ConfigurationSpec, get_adapter
 from longctx.engines.base import run_preflight
 from longctx.engines.sglang import flags_for_version
 from longctx.engines.vllm import parse_spec_counters
@@ -31,7 +32,7 @@ needs_sglang = pytest.mark.skipif(
 KIMI = ROOT / "config" / "examples" / "kimi-k2.6-rtx-pro-6000.yaml"
 
 
-def sglang_spec(**args) -> dict:
+def sglang_spec(**args) -> ConfigurationSpec:
     config = lcfg.validate({"lengths": [1024], "model": {"path": "/models/Kimi-K2.6"},
                             "configurations": {"c": {"engine": "sglang", "python": sys.executable, "args": args}}})
     return lcfg.configuration_spec(config, "c")
@@ -77,15 +78,15 @@ WRONG_ERA = {"0.5.23": "ambiguous option: --cuda-graph-", "0.5.9": "unrecognized
 
 
 @pytest.fixture(scope="module")
-def kimi_bench_specs(tmp_path_factory) -> dict[str, dict]:
+def kimi_bench_specs(tmp_path_factory) -> dict[str, ConfigurationSpec]:
     """The specs `snakemake -n -p` on the study's deployment hands to its bench jobs (`longctx bench --spec`)."""
     work = copy_workflow(tmp_path_factory.mktemp("kimi"))
     plan = snakemake(work, "-n", "-p", "report/longctx.pdf", "--configfile", str(KIMI.relative_to(ROOT)))
     specs = {}
     for line in re.findall(r"^Shell command: (longctx bench .*)$", plan, re.M):
         words = shlex.split(line)
-        spec = json.loads(words[words.index("--spec") + 1])
-        specs[spec["name"]] = spec
+        spec = ConfigurationSpec.from_json(words[words.index("--spec") + 1])
+        specs[spec.name] = spec
     assert sorted(specs) == ["sm120-kernel", "sm120-kernel-defrag", "triton-page1"]
     return specs
 
@@ -96,7 +97,7 @@ def test_each_sglang_parser_accepts_the_command_lines_made_for_its_version_only(
     adapter = get_adapter("sglang")
     specs = {**kimi_bench_specs, "every-kind": sglang_spec(**EVERY_KIND), "new-names": sglang_spec(**NEW_NAMES)}
     # The version is read as the bench reads it: in the server's environment (configurations.<name>.env)
-    version = adapter.installed_version({"python": sys.executable, "env": sglang_parsers.env(parser)})
+    version = adapter.installed_version(replace(sglang_spec(), env=sglang_parsers.env(parser)))
     assert version == parser
     cases = [(era, name, adapter.launch_command(spec, "127.0.0.1", 30000, era)[3:])
              for era in sglang_parsers.ERAS for name, spec in specs.items()]
@@ -117,7 +118,7 @@ def test_sglang_preflight_runs_the_servers_own_parser():
     """The bench's check before a bring-up, with the SGLang installed in the test venv (0.5.23)."""
     adapter = get_adapter("sglang")
     config = lcfg.load(KIMI)
-    spec = {**lcfg.configuration_spec(config, "sm120-kernel-defrag"), "python": sys.executable}
+    spec = replace(lcfg.configuration_spec(config, "sm120-kernel-defrag"), python=sys.executable)
     version = adapter.installed_version(spec)
     assert adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 30000, version)) is None
     spec = sglang_spec(**{"cuda-graph-max-bs": 8})
@@ -126,9 +127,8 @@ def test_sglang_preflight_runs_the_servers_own_parser():
 
 
 def test_preflight_names_a_missing_engine(tmp_path):
-    spec = sglang_spec()
-    spec["python"] = sys.executable
-    problem = get_adapter("sglang").preflight({**spec, "python": str(tmp_path / "no-python")}, ["x", "-m", "y"])
+    spec = replace(sglang_spec(), python=sys.executable)
+    problem = get_adapter("sglang").preflight(replace(spec, python=str(tmp_path / "no-python")), ["x", "-m", "y"])
     assert problem and "cannot run" in problem
     # An engine whose parser module fails on import is not said to reject the command line
     problem = run_preflight(sys.executable, "raise RuntimeError('operator torchvision::nms does not exist')", [], "SGLang")
@@ -190,14 +190,14 @@ def test_vllm_version_and_parser_are_looked_up_in_the_python_that_runs_vllm(tmp_
     bin_dir.mkdir(parents=True)
     (bin_dir / "vllm").write_text(f"#!{sys.executable}\nimport sys\n")  # what pip writes into a venv
     (bin_dir / "vllm").chmod(0o755)
-    spec["env"] = {"PATH": f"{bin_dir}:/usr/bin:/bin"}  # `vllm serve` is found on the server's PATH
+    spec = replace(spec, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})  # `vllm serve` is found on the server's PATH
     assert adapter.python(spec) == sys.executable
     (bin_dir / "vllm").write_text("#!/usr/bin/env python3\n")
     assert adapter.python(spec) == "python3"
-    assert adapter.python({**spec, "env": {"PATH": str(tmp_path)}}) == "python3"  # no vllm there
+    assert adapter.python(replace(spec, env={"PATH": str(tmp_path)})) == "python3"  # no vllm there
     command = ["/opt/vllm/bin/python3.12", "-m", "vllm.entrypoints.openai.api_server"]
-    assert adapter.python({**spec, "command": command}) == command[0]
-    assert adapter.python({**spec, "command": command, "python": "/other/python"}) == "/other/python"
+    assert adapter.python(replace(spec, command=command)) == command[0]
+    assert adapter.python(replace(spec, command=command, python="/other/python")) == "/other/python"
 
 
 def test_vllm_spec_counters_from_metrics_text():

@@ -44,8 +44,8 @@ def inject_at(monkeypatch, length: int, fault):
 
 def sweep(tmp_path, lengths=(32, 64, 128), **protocol):
     spec = tiny_spec("page1", lengths=list(lengths))
-    spec["protocol"].update({"warmup": 0, "trials": 1, "output_tokens": 3, **protocol})
-    spec["server"]["stop_timeout_s"] = 2
+    spec.protocol.update({"warmup": 0, "trials": 1, "output_tokens": 3, **protocol})
+    spec.server["stop_timeout_s"] = 2
     failed = run_configuration(spec, tmp_path / "raw", tmp_path / "server.log", tmp_path / "partial")
     raws = {n: json.loads((tmp_path / "raw" / f"{n}.json").read_text()) for n in lengths}
     return failed, raws
@@ -132,8 +132,8 @@ def test_another_server_answering_on_the_chosen_port_is_not_measured(tmp_path, m
 
 def test_a_server_that_never_starts_names_its_log_for_every_length(tmp_path, monkeypatch, servers):
     spec = tiny_spec("page1", lengths=[32, 64])
-    spec["args"]["mem-fraction-static"] = 1e-9
-    spec["server"]["max_restarts"] = 1
+    spec.args["mem-fraction-static"] = 1e-9
+    spec.server["max_restarts"] = 1
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 2
     reason = json.loads((tmp_path / "raw" / "64.json").read_text())["reason"]
     assert "could not be (re)started after 2 starts" in reason and str(tmp_path / "server.log") in reason

@@ -48,7 +48,7 @@ def test_pass_and_fail_are_judged_from_the_answer(reader):
 
 def test_the_reference_engine_says_its_weights_are_random(tmp_path):
     spec = tiny_spec("page1", lengths=[64])
-    spec["protocol"].update(warmup=0, trials=1, output_tokens=3)
+    spec.protocol.update(warmup=0, trials=1, output_tokens=3)
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
     needle = json.loads((tmp_path / "raw" / "64.json").read_text())["needle"]
     assert needle == {"status": "not applicable", "reason": "the model's weights are random"}

@@ -114,8 +114,8 @@ def test_summaries_split_by_window():
 
 def test_bench_records_telemetry_per_length_and_window(tmp_path):
     spec = tiny_spec("page1", lengths=[200])
-    spec["protocol"].update(warmup=0, trials=1, output_tokens=120)
-    spec["telemetry"]["interval_s"] = 0.005
+    spec.protocol.update(warmup=0, trials=1, output_tokens=120)
+    spec.telemetry["interval_s"] = 0.005
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
     raw = json.loads((tmp_path / "raw" / "200.json").read_text())
     assert raw["telemetry"]["source"] == "psutil" and len(raw["telemetry"]["samples"]) >= 5
@@ -126,8 +126,8 @@ def test_bench_records_telemetry_per_length_and_window(tmp_path):
 
 def test_telemetry_can_be_turned_off(tmp_path):
     spec = tiny_spec("page1", lengths=[32])
-    spec["protocol"].update(warmup=0, trials=1, output_tokens=3)
-    spec["telemetry"]["enabled"] = False
+    spec.protocol.update(warmup=0, trials=1, output_tokens=3)
+    spec.telemetry["enabled"] = False
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
     raw = json.loads((tmp_path / "raw" / "32.json").read_text())
     assert "telemetry" not in raw and raw["provenance"]["telemetry"] == "off"

@@ -50,7 +50,7 @@ def test_vllm_own_parser_checks_our_command_lines():
     spec = lcfg.configuration_spec(config, "vllm-cpu")
     assert adapter.installed_version(spec) == "0.32.0"
     assert adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 8000, None)) is None
-    spec["args"]["block-size"] = "sixteen"
+    spec.args["block-size"] = "sixteen"
     problem = adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 8000, None))
     assert problem and "argument --block-size: invalid int value: 'sixteen'" in problem
 

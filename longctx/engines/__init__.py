@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .base import EngineAdapter
+from .configuration import ConfigurationSpec
 from .external import ExternalAdapter
 from .reference import ReferenceAdapter
 from .sglang import SGLangAdapter
@@ -19,4 +20,4 @@ def get_adapter(engine: str) -> EngineAdapter:
         raise ValueError(f"unknown engine {engine!r}; allowed values: {', '.join(_ADAPTERS)}") from None
 
 
-__all__ = ["ENGINES", "EngineAdapter", "get_adapter"]
+__all__ = ["ENGINES", "ConfigurationSpec", "EngineAdapter", "get_adapter"]

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..specs.model import ModelSpec, model_spec
 from .api import SGLANG, Api
+from .configuration import ConfigurationSpec
 
 # SGLang's KV pool line (0.5.9 to 0.5.23), which the reference engine writes too.
 SGLANG_KV_POOL_RE = re.compile(
@@ -77,9 +78,10 @@ def run_preflight(python: str, script: str, argv: list[str], what: str, env: dic
 
 
 class EngineAdapter(ABC):
-    """What longctx needs from an engine. A configuration spec (longctx.config.configuration_spec)
-    is passed to every method that depends on the whole configuration; the methods that read only
-    its engine flags take them (`args`), as the analysis finds them in the provenance."""
+    """What longctx needs from an engine. A configuration spec (ConfigurationSpec, cut by
+    longctx.config.configuration_spec) is passed to every method that depends on the whole
+    configuration; the methods that read only its engine flags take them (`args`), as the analysis
+    finds them in the provenance."""
 
     name: str
     title: str  # the engine as messages name it
@@ -90,23 +92,23 @@ class EngineAdapter(ABC):
     tp_size_flags: tuple[str, ...] = ()  # the engine's tensor-parallel size flag and its aliases
     prefill_absorbed = False  # MLA prefill in the absorbed (latent) form
 
-    def api(self, spec: dict) -> Api:
+    def api(self, spec: ConfigurationSpec) -> Api:
         return SGLANG
 
     @abstractmethod
-    def launch_command(self, spec: dict, host: str, port: int, version: str | None) -> list[str]:
+    def launch_command(self, spec: ConfigurationSpec, host: str, port: int, version: str | None) -> list[str]:
         """The command line that starts this configuration's server on host:port."""
 
-    def python(self, spec: dict) -> str:
-        return spec.get("python") or "python3"
+    def python(self, spec: ConfigurationSpec) -> str:
+        return spec.python or "python3"
 
     @staticmethod
-    def run_env(spec: dict) -> dict[str, str]:
+    def run_env(spec: ConfigurationSpec) -> dict[str, str]:
         """The environment the server runs in (ours plus configurations.<name>.env), where its version
         is read and its command line checked too: an env such as PYTHONPATH can choose the engine."""
-        return {**os.environ, **{k: str(v) for k, v in (spec.get("env") or {}).items()}}
+        return {**os.environ, **{k: str(v) for k, v in (spec.env or {}).items()}}
 
-    def installed_version(self, spec: dict) -> str | None:
+    def installed_version(self, spec: ConfigurationSpec) -> str | None:
         """The engine's version in the environment that will run it (None when not installed)."""
         if not self.package:
             return None
@@ -160,11 +162,11 @@ class EngineAdapter(ABC):
             except ValueError as exc:
                 raise ConfigError(f"config key '{where}.{key}': {exc}") from None
 
-    def preflight_argv(self, spec: dict, command: list[str]) -> list[str]:
+    def preflight_argv(self, spec: ConfigurationSpec, command: list[str]) -> list[str]:
         """The words of the launch command that the engine's parser reads."""
         return command
 
-    def preflight(self, spec: dict, command: list[str]) -> str | None:
+    def preflight(self, spec: ConfigurationSpec, command: list[str]) -> str | None:
         """Check the command line with the engine's own parser in the engine's environment,
         before a bring-up that can take minutes; the parser's complaint, or None."""
         if self.preflight_script is None:
@@ -233,6 +235,6 @@ class EngineAdapter(ABC):
         value = self.setting(args, server_info, "context-length")
         return int(value) if value else None
 
-    def served_model(self, spec: dict) -> str:
+    def served_model(self, spec: ConfigurationSpec) -> str:
         """The model name an OpenAI server expects in requests."""
-        return str(arg_value(spec["args"], "served-model-name") or spec["model"].get("path") or spec["model"]["name"])
+        return str(arg_value(spec.args, "served-model-name") or spec.model.get("path") or spec.model["name"])

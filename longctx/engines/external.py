@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .api import APIS
 from .base import EngineAdapter
+from .configuration import ConfigurationSpec
 
 
 class ExternalAdapter(EngineAdapter):
@@ -11,8 +12,8 @@ class ExternalAdapter(EngineAdapter):
     title = "the external server"
     managed = False  # it may run anywhere: this machine's ceilings and GPUs say nothing about it
 
-    def api(self, spec: dict):
-        return APIS[spec["api"]]
+    def api(self, spec: ConfigurationSpec):
+        return APIS[spec.api]
 
     def context_length(self, args: dict, server_info: dict) -> int | None:
         """As the server reports it: SGLang's context_length or vLLM's max_model_len (it has no flags here)."""
@@ -30,5 +31,5 @@ class ExternalAdapter(EngineAdapter):
         if conf.get("args"):
             raise ConfigError(f"config key '{where}.args': an external server's flags are its owner's; remove them")
 
-    def launch_command(self, spec: dict, host: str, port: int, version: str | None) -> list[str]:
+    def launch_command(self, spec: ConfigurationSpec, host: str, port: int, version: str | None) -> list[str]:
         raise RuntimeError("an external server is not launched by longctx")

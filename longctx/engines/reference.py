@@ -8,6 +8,7 @@ import sys
 
 from ..refengine.args import build_parser
 from .base import EngineAdapter, RaisingParser, arg_value, args_to_argv
+from .configuration import ConfigurationSpec
 
 
 class ReferenceAdapter(EngineAdapter):
@@ -33,10 +34,10 @@ class ReferenceAdapter(EngineAdapter):
                 f"kernel {conf.get('kernel')!r} of kind {kind!r}; allowed values: "
                 f"{'native' if kind == 'native' else 'torch'} (native runs a native kernel, torch a PyTorch one)")
 
-    def python(self, spec: dict) -> str:
-        return spec.get("python") or sys.executable
+    def python(self, spec: ConfigurationSpec) -> str:
+        return spec.python or sys.executable
 
-    def installed_version(self, spec: dict) -> str | None:
+    def installed_version(self, spec: ConfigurationSpec) -> str | None:
         from .. import __version__
 
         return __version__
@@ -66,8 +67,8 @@ class ReferenceAdapter(EngineAdapter):
         drafts = arg_value(args, "speculative-num-draft-tokens")
         return 1 + int(drafts if drafts is not None else 4)
 
-    def launch_command(self, spec: dict, host: str, port: int, version: str | None) -> list[str]:
-        model = spec["model"]
+    def launch_command(self, spec: ConfigurationSpec, host: str, port: int, version: str | None) -> list[str]:
+        model = spec.model
         cmd = [
             self.python(spec), "-m", "longctx.refengine",
             "--host", host,
@@ -76,6 +77,6 @@ class ReferenceAdapter(EngineAdapter):
             "--json-model-override-args", json.dumps(model["architecture"], sort_keys=True),
             "--random-seed", str(model["seed"]),
         ]
-        if spec.get("kernel_build"):
-            cmd += ["--kernel-dir", spec["kernel_build"]]
-        return cmd + args_to_argv(spec["args"]) + list(spec.get("extra_args") or [])
+        if spec.kernel_build:
+            cmd += ["--kernel-dir", spec.kernel_build]
+        return cmd + args_to_argv(spec.args) + list(spec.extra_args or [])

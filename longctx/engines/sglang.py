@@ -8,6 +8,7 @@ from packaging.version import InvalidVersion, Version
 
 from .api import SGLANG
 from .base import EngineAdapter, arg_value, args_to_argv
+from .configuration import ConfigurationSpec
 
 # (first version with the new name, old flag, new flag). 0.5.23 split --cuda-graph-max-bs and
 # --cuda-graph-bs into -decode and -prefill flags; the old names are then "ambiguous" to argparse, and
@@ -52,7 +53,7 @@ class SGLangAdapter(EngineAdapter):
     # --tp-size (an unambiguous prefix in both: `--tp 8` runs TP8)
     tp_size_flags = ("tp-size", "tensor-parallel-size", "tp")
 
-    def api(self, spec: dict):
+    def api(self, spec: ConfigurationSpec):
         return replace(SGLANG, health_path="/health_generate")  # ready means able to generate
 
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
@@ -74,12 +75,12 @@ class SGLangAdapter(EngineAdapter):
         drafts = arg_value(args, "speculative-num-draft-tokens")
         return int(drafts) if drafts else 1
 
-    def engine_argv(self, spec: dict, version: str | None) -> list[str]:
-        return args_to_argv(flags_for_version(spec["args"], version)) + list(spec.get("extra_args") or [])
+    def engine_argv(self, spec: ConfigurationSpec, version: str | None) -> list[str]:
+        return args_to_argv(flags_for_version(spec.args, version)) + list(spec.extra_args or [])
 
-    def launch_command(self, spec: dict, host: str, port: int, version: str | None) -> list[str]:
-        return [self.python(spec), "-m", "sglang.launch_server", "--model-path", spec["model"]["path"],
+    def launch_command(self, spec: ConfigurationSpec, host: str, port: int, version: str | None) -> list[str]:
+        return [self.python(spec), "-m", "sglang.launch_server", "--model-path", spec.model["path"],
                 "--host", host, "--port", str(port), *self.engine_argv(spec, version)]
 
-    def preflight_argv(self, spec: dict, command: list[str]) -> list[str]:
+    def preflight_argv(self, spec: ConfigurationSpec, command: list[str]) -> list[str]:
         return command[3:]  # after `python -m sglang.launch_server`

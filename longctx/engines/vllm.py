@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .api import OPENAI
 from .base import EngineAdapter, arg_value, args_to_argv
+from .configuration import ConfigurationSpec
 
 VLLM_KV_RE = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
 SPEC_COUNTERS = {  # vLLM metric (without _total) -> what it counts
@@ -44,7 +45,7 @@ class VLLMAdapter(EngineAdapter):
     preflight_script = _PREFLIGHT
     tp_size_flags = ("tensor-parallel-size",)  # and -tp, which a config key (written --<key>) cannot spell
 
-    def api(self, spec: dict):
+    def api(self, spec: ConfigurationSpec):
         return OPENAI
 
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
@@ -75,12 +76,12 @@ class VLLMAdapter(EngineAdapter):
         value = self.setting(args, server_info, "max-model-len")
         return int(value) if value else None
 
-    def python(self, spec: dict) -> str:
+    def python(self, spec: ConfigurationSpec) -> str:
         """The Python of vLLM's environment, where its version is read and its parser run: `python`;
         else the one `command` starts with; else the one the `vllm` script on the server's PATH
         names in its #! line (pip writes it); else python3."""
-        if spec.get("python"):
-            return spec["python"]
+        if spec.python:
+            return spec.python
         first = self.command(spec)[0]
         if Path(first).name.startswith("python"):
             return first
@@ -95,27 +96,27 @@ class VLLMAdapter(EngineAdapter):
             return words[0]
         return "python3"
 
-    def command(self, spec: dict) -> list[str]:
+    def command(self, spec: ConfigurationSpec) -> list[str]:
         """`command` as configured; else the OpenAI server module of `python`; else `vllm serve`."""
-        if spec.get("command"):
-            return list(spec["command"])
-        if spec.get("python"):
-            return [spec["python"], "-m", "vllm.entrypoints.openai.api_server"]
+        if spec.command:
+            return list(spec.command)
+        if spec.python:
+            return [spec.python, "-m", "vllm.entrypoints.openai.api_server"]
         return ["vllm", "serve"]
 
-    def engine_argv(self, spec: dict) -> list[str]:
-        args = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in spec["args"].items()}
-        return args_to_argv(args) + list(spec.get("extra_args") or [])
+    def engine_argv(self, spec: ConfigurationSpec) -> list[str]:
+        args = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in spec.args.items()}
+        return args_to_argv(args) + list(spec.extra_args or [])
 
-    def launch_command(self, spec: dict, host: str, port: int, version: str | None) -> list[str]:
+    def launch_command(self, spec: ConfigurationSpec, host: str, port: int, version: str | None) -> list[str]:
         cmd = self.command(spec)
-        model = [spec["model"]["path"]] if cmd[-1] == "serve" else ["--model", spec["model"]["path"]]
+        model = [spec.model["path"]] if cmd[-1] == "serve" else ["--model", spec.model["path"]]
         return [*cmd, *model, "--host", host, "--port", str(port), *self.engine_argv(spec)]
 
-    def preflight_argv(self, spec: dict, command: list[str]) -> list[str]:
+    def preflight_argv(self, spec: ConfigurationSpec, command: list[str]) -> list[str]:
         """The flags after the command and the model (which `vllm serve` takes as a word), with the model as --model."""
         cmd = self.command(spec)
-        return ["--model", spec["model"]["path"], *command[len(cmd) + (1 if cmd[-1] == "serve" else 2):]]
+        return ["--model", spec.model["path"], *command[len(cmd) + (1 if cmd[-1] == "serve" else 2):]]
 
     def kv_pool_from_log(self, text: str) -> dict | None:
         matches = list(VLLM_KV_RE.finditer(text))

@@ -22,7 +22,7 @@ import httpx
 from . import provenance
 from .client import request_body, stream_generate, timed_client
 from ..core.hashing import digest
-from ..engines import EngineAdapter, get_adapter
+from ..engines import ConfigurationSpec, EngineAdapter, get_adapter
 from ..core.fitting import fit_prefill, prefill_curve
 from ..specs.model import ModelSpecError
 from .process import ExternalServer, ManagedServer, PortTaken, ServerError, free_port
@@ -62,32 +62,32 @@ def fetch_server_info(client: httpx.Client, base: str, api) -> dict:
     return info
 
 
-def server_env(spec: dict) -> dict[str, str]:
+def server_env(spec: ConfigurationSpec) -> dict[str, str]:
     """The configuration's environment variables, plus LONGCTX_KERNEL_DIR (the absolute path of the
     kernel build it uses) for any engine: a server patched to run the kernel under study finds it there."""
-    env = dict(spec.get("env") or {})
-    if spec.get("kernel_build"):
-        env.setdefault("LONGCTX_KERNEL_DIR", str(Path(spec["kernel_build"]).resolve()))
+    env = dict(spec.env or {})
+    if spec.kernel_build:
+        env.setdefault("LONGCTX_KERNEL_DIR", str(Path(spec.kernel_build).resolve()))
     return env
 
 
-def resolved_model_spec(adapter: EngineAdapter, spec: dict) -> dict | None:
+def resolved_model_spec(adapter: EngineAdapter, spec: ConfigurationSpec) -> dict | None:
     """The architecture as this configuration serves it (TP size, KV dtype), for the analysis;
     None where the config gives kv_bytes_per_token for a model the spec cannot describe."""
     try:
-        return adapter.model_spec(spec["model"], spec["args"]).to_dict()
+        return adapter.model_spec(spec.model, spec.args).to_dict()
     except ModelSpecError as exc:
-        if spec["model"].get("kv_bytes_per_token"):
+        if spec.model.get("kv_bytes_per_token"):
             return None
         from ..core.errors import ConfigError
 
         raise ConfigError(str(exc)) from None
 
 
-def kernel_manifest(spec: dict) -> dict | None:
-    if not spec.get("kernel_build"):
+def kernel_manifest(spec: ConfigurationSpec) -> dict | None:
+    if not spec.kernel_build:
         return None
-    path = Path(spec["kernel_build"]) / "manifest.json"
+    path = Path(spec.kernel_build) / "manifest.json"
     try:
         m = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -118,14 +118,14 @@ def _spec_from_counters(before: dict | None, after: dict | None) -> dict:
             "spec_source": "metrics"}
 
 
-def measure_length(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, length: int, run_id: str,
+def measure_length(client: httpx.Client, base: str, adapter: EngineAdapter, spec: ConfigurationSpec, length: int, run_id: str,
                    telemetry=None, timeout_s: float | None = None) -> dict:
     """Warm-up and trials of one length; with a telemetry source, its samples over all of them
     and, per trial, their summaries over the prefill and the decode window."""
-    timeout_s = timeout_s or spec["protocol"]["request_timeout_s"]
+    timeout_s = timeout_s or spec.protocol["request_timeout_s"]
     if telemetry is None:
         return _requests(client, base, adapter, spec, length, run_id, timeout_s)
-    with Sampler(telemetry, spec["telemetry"]["interval_s"]) as sampler:
+    with Sampler(telemetry, spec.telemetry["interval_s"]) as sampler:
         result = _requests(client, base, adapter, spec, length, run_id, timeout_s)
     for t in result["trials"]:
         t["telemetry"] = {
@@ -133,7 +133,7 @@ def measure_length(client: httpx.Client, base: str, adapter: EngineAdapter, spec
             "decode": summarize(sampler.samples, t.get("t_first_token"), t.get("t_last_token"), telemetry.metrics),
         }
     result["telemetry"] = {"source": telemetry.kind, "description": telemetry.describe(),
-                           "interval_s": spec["telemetry"]["interval_s"],
+                           "interval_s": spec.telemetry["interval_s"],
                            "samples": [[round(t, 6), s] for t, s in sampler.samples]}
     return result
 
@@ -156,10 +156,10 @@ def request_timeout(proto: dict, history: list[tuple[int, float, float | None]],
     return max(floor, proto["timeout_factor"] * (ttft + decode))
 
 
-def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, length: int, run_id: str,
+def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: ConfigurationSpec, length: int, run_id: str,
               timeout_s: float) -> dict:
-    proto = spec["protocol"]
-    name = spec["name"]
+    proto = spec.protocol
+    name = spec.name
     api = adapter.api(spec)
     model = adapter.served_model(spec)
     warmup, trials = [], []
@@ -202,13 +202,13 @@ def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dic
     }
 
 
-def _needle(session: "Session", spec: dict, length: int, timeout_s: float) -> dict | None:
-    cfg = spec["protocol"]["needle"]
+def _needle(session: "Session", spec: ConfigurationSpec, length: int, timeout_s: float) -> dict | None:
+    cfg = spec.protocol["needle"]
     if not cfg["enabled"]:
         return None
     result = needle_probe(session.client, session.base, session.api.kind, session.adapter.served_model(spec), length, cfg,
                           timeout_s, session.random_weights)
-    log.info("%s L=%d needle: %s", spec["name"], length, result["status"])
+    log.info("%s L=%d needle: %s", spec.name, length, result["status"])
     return result
 
 
@@ -219,11 +219,11 @@ def _checked(summary: dict, length: int) -> dict:
     return summary
 
 
-def _batch(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, length: int, run_id: str,
+def _batch(client: httpx.Client, base: str, adapter: EngineAdapter, spec: ConfigurationSpec, length: int, run_id: str,
            timeout_s: float, concurrency: int, index: int) -> dict:
     """`concurrency` requests of `length` tokens sent together: each one's figures, and the batch's
     output rate (all output tokens over the span from the first send to the last token)."""
-    proto, api, name = spec["protocol"], adapter.api(spec), spec["name"]
+    proto, api, name = spec.protocol, adapter.api(spec), spec.name
     bodies = [request_body(api.kind, prompt_ids(length, proto["seed"], f"{run_id}/{name}/{length}/c{concurrency}/{index}/{j}",
                                                 tuple(proto["token_id_range"])), proto["output_tokens"], adapter.served_model(spec))
               for j in range(concurrency)]
@@ -252,14 +252,14 @@ def _batch(client: httpx.Client, base: str, adapter: EngineAdapter, spec: dict, 
     return {"concurrency": concurrency, "batch": index, "requests": requests, "aggregate": aggregate}
 
 
-def measure_itl_depth(session: "Session", spec: dict, run_id: str, history: list) -> dict:
+def measure_itl_depth(session: "Session", spec: ConfigurationSpec, run_id: str, history: list) -> dict:
     """One request of itl_depth.length prompt tokens decoding output_tokens: the gap before each
     token against the KV depth it was decoded at (prompt + tokens before it)."""
-    depth = spec["protocol"]["itl_depth"]
+    depth = spec.protocol["itl_depth"]
     length, n = depth["length"], depth["output_tokens"]
     api = session.api
-    ids = prompt_ids(length, spec["protocol"]["seed"], f"{run_id}/{spec['name']}/itl-depth", tuple(spec["protocol"]["token_id_range"]))
-    timeout = request_timeout({**spec["protocol"], "output_tokens": n}, history, length)
+    ids = prompt_ids(length, spec.protocol["seed"], f"{run_id}/{spec.name}/itl-depth", tuple(spec.protocol["token_id_range"]))
+    timeout = request_timeout({**spec.protocol, "output_tokens": n}, history, length)
     s = stream_generate(session.client, session.base + api.generate_path,
                         request_body(api.kind, ids, n, session.adapter.served_model(spec)), timeout, api.kind).summary()
     itl = s.pop("itl_s", None) or []
@@ -276,14 +276,14 @@ class Session:
     """The configuration's server: started when first needed, restarted on a fresh port after it
     died or hung (at most server.max_restarts times), stopped by its process group at the end."""
 
-    def __init__(self, adapter: EngineAdapter, spec: dict, server_log: Path, provenance_: dict):
+    def __init__(self, adapter: EngineAdapter, spec: ConfigurationSpec, server_log: Path, provenance_: dict):
         self.adapter, self.spec, self.log_path, self.prov = adapter, spec, server_log, provenance_
         self.api = adapter.api(spec)
         self.version = adapter.installed_version(spec) if adapter.managed else None
         self.server = None
         self.base: str | None = None
         self.source = None
-        self.random_weights = bool(spec["model"].get("random_weights"))
+        self.random_weights = bool(spec.model.get("random_weights"))
         self.starts = 0
         self.preflight_done = False
         self.client = timed_client()
@@ -294,7 +294,7 @@ class Session:
         if self.server is not None and self.server.alive():
             return
         self.down()
-        limit = 1 + self.spec["server"]["max_restarts"]
+        limit = 1 + self.spec.server["max_restarts"]
         last = None
         while self.starts < limit:
             self.starts += 1
@@ -305,27 +305,27 @@ class Session:
                 raise
             except ServerError as exc:
                 last = str(exc)
-                log.warning("%s: start %d of at most %d failed: %s", self.spec["name"], self.starts, limit, last)
+                log.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
                 self.down()
         raise ServerError(f"the server could not be (re)started after {self.starts} starts; last: {last}")
 
     def _start(self) -> None:
         a, spec = self.adapter, self.spec
-        timeout = spec.get("startup_timeout_s") or spec["server"]["startup_timeout_s"]
+        timeout = spec.startup_timeout_s or spec.server["startup_timeout_s"]
         if a.managed:
             cmd, startup_s = self._start_managed(timeout)
         else:
-            cmd, self.base = None, spec["url"].rstrip("/")
+            cmd, self.base = None, spec.url.rstrip("/")
             self.server = ExternalServer(self.base)
             startup_s = self.server.wait_healthy(self.base + self.api.health_path, timeout)
-        log.info("%s: server up in %.1f s (pid %s, %s)", spec["name"], startup_s, self.server.pid,
+        log.info("%s: server up in %.1f s (pid %s, %s)", spec.name, startup_s, self.server.pid,
                  self.log_path if a.managed else self.base)
         info = fetch_server_info(self.client, self.base, self.api)
         log_text = self.log_path.read_text(errors="replace") if a.managed else ""
-        telemetry = spec["telemetry"]
-        gpus = telemetry["gpus"] if telemetry["gpus"] is not None else visible_gpus({**os.environ, **(spec.get("env") or {})})
+        telemetry = spec.telemetry
+        gpus = telemetry["gpus"] if telemetry["gpus"] is not None else visible_gpus({**os.environ, **(spec.env or {})})
         self.source = make_source(self.server.pid, gpu_indices=gpus) if telemetry["enabled"] else None
-        self.random_weights = bool(spec["model"].get("random_weights") or info.get("random_weights"))
+        self.random_weights = bool(spec.model.get("random_weights") or info.get("random_weights"))
         self.prov.update(
             launch_command=cmd, base_url=self.base, server_pid=self.server.pid, startup_s=startup_s, starts=self.starts,
             server_info=info, engine_version=info.get("version") or self.version,
@@ -337,7 +337,7 @@ class Session:
         """Launch on a free port; when another process takes that port first (another bench job
         on the node), launch again on another, up to PORT_ATTEMPTS times: that is not a restart."""
         a, spec = self.adapter, self.spec
-        host = spec["server"]["host"]
+        host = spec.server["host"]
         for attempt in range(1, PORT_ATTEMPTS + 1):
             port = free_port(host)
             self.base = f"http://{host}:{port}"
@@ -348,12 +348,12 @@ class Session:
                     raise FatalServerError(problem)
                 self.preflight_done = True
             self.server = ManagedServer(cmd, self.log_path, env=server_env(spec),
-                                        stop_timeout_s=spec["server"]["stop_timeout_s"], unset=THREAD_LIMIT_VARS)
+                                        stop_timeout_s=spec.server["stop_timeout_s"], unset=THREAD_LIMIT_VARS)
             self.server.start()
             try:
                 return cmd, self.server.wait_healthy(self.base + self.api.health_path, timeout, port=port)
             except PortTaken as exc:
-                log.warning("%s: %s; launching on another port (%d of %d)", spec["name"], exc, attempt, PORT_ATTEMPTS)
+                log.warning("%s: %s; launching on another port (%d of %d)", spec.name, exc, attempt, PORT_ATTEMPTS)
         raise ServerError(f"every one of {PORT_ATTEMPTS} ports was taken by another process before the server bound it")
 
     def alive(self) -> bool:
@@ -378,14 +378,14 @@ class Session:
         self.down()
 
 
-def resume_key(spec: dict, kernel: dict | None, version: str | None) -> str:
+def resume_key(spec: ConfigurationSpec, kernel: dict | None, version: str | None) -> str:
     """What a reused measurement must share with this run: the spec (lengths aside), the kernel
     build and the engine version."""
-    return digest({"spec": {k: v for k, v in spec.items() if k != "lengths"},
+    return digest({"spec": {k: v for k, v in spec.to_dict().items() if k != "lengths"},
                    "kernel": kernel and kernel["build_hash"], "version": version})
 
 
-def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path,
+def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: str | Path,
                       resume_dir: str | Path | None = None) -> int:
     """Measure every length of one configuration; returns the number of failed lengths.
 
@@ -394,25 +394,25 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path,
     sweep resumes where it stopped)."""
     outdir, server_log = Path(outdir), Path(server_log)
     resume_dir = Path(resume_dir) if resume_dir else None
-    adapter = get_adapter(spec["engine"])
-    name = spec["name"]
+    adapter = get_adapter(spec.engine)
+    name = spec.name
     run_id = uuid.uuid4().hex
     if adapter.managed:
         server_log.parent.mkdir(parents=True, exist_ok=True)
         server_log.unlink(missing_ok=True)
     mspec = resolved_model_spec(adapter, spec)
     prov = {
-        "protocol": spec["protocol"],
-        "model": {**spec["model"], "kv_bytes_per_token": spec["model"].get("kv_bytes_per_token") or mspec["kv_bytes_per_token"]},
+        "protocol": spec.protocol,
+        "model": {**spec.model, "kv_bytes_per_token": spec.model.get("kv_bytes_per_token") or mspec["kv_bytes_per_token"]},
         "model_spec": mspec,
-        "args": spec["args"],
+        "args": spec.args,
         "git": provenance.git_info(),
         "packages": provenance.package_versions(),
         "hardware": provenance.hardware(),
         "run_started_at": provenance.now_iso(),
     }
     common = {"format": RAW_FORMAT, "configuration": name, "engine": adapter.name, "run_id": run_id,
-              "spec_hash": digest(spec), "provenance": prov}
+              "spec_hash": digest(spec.to_dict()), "provenance": prov}
     statuses: dict[int, str] = {}
     failure: str | None = None
 
@@ -426,7 +426,7 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path,
         session = Session(adapter, spec, server_log, prov)
         key = resume_key(spec, prov["kernel"], session.version)
         history: list[tuple[int, float, float | None]] = []  # (length, TTFT, TPOT) of ok trials
-        for length in spec["lengths"]:
+        for length in spec.lengths:
             kept = _resumable(resume_dir, length, key)
             if kept:
                 log.info("%s L=%d: measured before (run %s), reused", name, length, kept["run_id"])
@@ -436,7 +436,7 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path,
                 continue
             session.up()
             started = provenance.now_iso()
-            timeout_s = request_timeout(spec["protocol"], history, length)
+            timeout_s = request_timeout(spec.protocol, history, length)
             try:
                 result = measure_length(session.client, session.base, adapter, spec, length, run_id, session.source, timeout_s)
                 result["needle"] = _needle(session, spec, length, timeout_s)
@@ -459,7 +459,7 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path,
                 write_json(resume_dir / f"{length}.json", record)
             write_json(outdir / f"{length}.json", record)
             statuses[length] = result["status"]
-        depth = spec["protocol"]["itl_depth"]
+        depth = spec.protocol["itl_depth"]
         if depth["length"]:
             session.up()
             write_json(outdir / "itl_depth.json", {**common, "provenance": copy.deepcopy(prov),
@@ -470,10 +470,10 @@ def run_configuration(spec: dict, outdir: str | Path, server_log: str | Path,
         signal.signal(signal.SIGTERM, previous)
         if session is not None:
             session.close()
-    if spec["protocol"]["itl_depth"]["length"] and not (outdir / "itl_depth.json").exists():
+    if spec.protocol["itl_depth"]["length"] and not (outdir / "itl_depth.json").exists():
         write_json(outdir / "itl_depth.json", {**common, "status": "failed", "reason": f"not measured: {failure}",
-                                               "length": spec["protocol"]["itl_depth"]["length"], "itl_s": [], "depth": []})
-    for length in spec["lengths"]:
+                                               "length": spec.protocol["itl_depth"]["length"], "itl_s": [], "depth": []})
+    for length in spec.lengths:
         if length not in statuses:
             reason = f"not measured: {failure}"
             log.error("%s L=%d %s", name, length, reason)

@@ -1,0 +1,74 @@
+"""The configuration spec: everything the bench job of one configuration needs, and nothing of the
+other configurations. longctx.config.configuration_spec cuts it from the validated config; the
+workflow passes it as canonical JSON (rule bench_configuration, `longctx bench --spec`); the sweep
+(longctx.measure.sweep) and every engine adapter read it.
+
+It is defined with the adapter interface, the earliest stage that both the config and the sweep
+import, and its dictionary form (to_dict) is the one the raw files' spec_hash and resume_key are
+computed over.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+from ..core.hashing import canonical_json
+
+
+@dataclass(frozen=True)
+class ConfigurationSpec:
+    """One configuration as its bench job runs it (config/schema.yaml describes each key).
+
+    Its fields: the configuration's name and engine, what the job takes from the rest of the config
+    (lengths, protocol, server, telemetry, model), then the configuration's other keys
+    (configurations.<name> less `resources`, which only schedules the job) and its kernel's build.
+    Frozen: a field is not rebound (`dataclasses.replace` makes a changed copy); the sections are
+    the config's plain dicts."""
+
+    name: str  # the key of configurations
+    engine: str  # reference | sglang | vllm | external (longctx.engines.get_adapter)
+    lengths: list[int]  # prompt lengths in tokens, in the order measured
+    protocol: dict[str, Any]  # config key protocol: warm-up, trials, output tokens, needle, itl_depth, timeouts
+    server: dict[str, Any]  # config key server: host, start-up and stop timeouts, restarts
+    telemetry: dict[str, Any]  # config key telemetry: on/off, sampling interval, NVML devices
+    model: dict[str, Any]  # config key model: name, path, seed, hf_config, architecture, kv_bytes_per_token
+    kernel: str | None = None  # a key of kernels, or None
+    kernel_build: str | None = None  # the build directory of that kernel (build/kernels/<kernel>)
+    description: str = ""
+    args: dict[str, Any] = field(default_factory=dict)  # engine flags without the leading dashes
+    extra_args: list[str] = field(default_factory=list)  # more command-line words, appended as they are
+    env: dict[str, str] = field(default_factory=dict)  # the server's environment variables
+    python: str | None = None  # the Python that runs the engine (default: the adapter's)
+    command: list[str] | None = None  # vllm: the words that start the server
+    url: str | None = None  # external: the server's base URL
+    api: str | None = None  # external: sglang | openai
+    startup_timeout_s: float | None = None  # bring-up timeout (default: server.startup_timeout_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as a plain dictionary (a deep copy): what spec_hash and resume_key digest."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """Canonical JSON of to_dict(): what the workflow passes to `longctx bench --spec`."""
+        return canonical_json(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ConfigurationSpec":
+        """The spec of a dictionary such as to_dict() returns; ConfigError names a missing or unknown key."""
+        from ..core.errors import ConfigError
+
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise ConfigError(f"configuration spec: unknown keys {', '.join(unknown)}; allowed keys: {', '.join(names)}")
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING and f.name not in d]
+        if missing:
+            raise ConfigError(f"configuration spec: missing keys {', '.join(missing)}")
+        return cls(**copy.deepcopy(d))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ConfigurationSpec":
+        return cls.from_dict(json.loads(text))
