@@ -22,7 +22,6 @@ import importlib.machinery
 import importlib.util
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -30,6 +29,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from .microbench import cpu_name
 
 KINDS = ("torch", "native")
 CUDA_ARCHS = ("sm_120", "sm_90")
@@ -187,23 +188,13 @@ def cache_root() -> Path:
     return Path(base)
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def build_cpu_twin(name: str, source: Path, outdir: Path) -> dict:
     """Compile the CPU twin (cached by source, flags, torch, Python and CPU), copy it into outdir."""
     import torch
     from torch.utils import cpp_extension
 
     key = hashlib.sha256("\0".join([source.read_text(), *CPU_CFLAGS, torch.__version__, sys.version,
-                                     _cpu_model()]).encode()).hexdigest()[:16]
+                                     cpu_name()]).encode()).hexdigest()[:16]
     module = f"longctx_{re.sub(r'[^A-Za-z0-9_]', '_', name)}_cpu_{key}"
     cache = cache_root() / module
     library = cache / f"{module}.so"

@@ -23,7 +23,9 @@ import time
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo's "model name"), else what platform says of the machine.
+    The one reader: longctx's provenance and kernel builds import it from here."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -71,7 +73,7 @@ def measure(device: str = "cpu", copy_mib: int = 256, matmul_size: int = 1024, d
     elif device == "cpu":
         dev = torch.device("cpu")
         sync = lambda: None  # noqa: E731
-        name = _cpu_name()
+        name = cpu_name()
         if threads:
             torch.set_num_threads(threads)
     else:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from ..attention.microbench import cpu_name
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("longctx", "torch", "httpx", "snakemake", "pandas", "scipy", "matplotlib", "jinja2", "nvidia-ml-py")
 
@@ -40,16 +42,6 @@ def package_versions() -> dict:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return versions
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def gpus() -> list[dict]:
@@ -81,7 +73,7 @@ def gpus() -> list[dict]:
 def hardware() -> dict:
     return {
         "host": socket.gethostname(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_name(),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "memory_total_bytes": psutil.virtual_memory().total,
