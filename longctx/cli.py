@@ -103,20 +103,21 @@ def _plot(a) -> int:
     return 0
 
 
-def _report_config(a) -> tuple[dict | None, str | None]:
-    """The configuration (from --config-json or --configfile) and the baseline (--baseline, else the config's)."""
+def _report_inputs(a):
+    """The report's inputs from the options report_inputs adds: the data files, the configuration (from
+    --config-json or --configfile) and the baseline (--baseline, else the configuration's)."""
     from . import config as cfg
+    from .report.context import DATA_FILES, ReportInputs
 
     c = json.loads(a.config_json) if a.config_json else cfg.load(a.configfile) if a.configfile else None
-    return c, a.baseline or (cfg.report_baseline(c) if c else None)
+    baseline = a.baseline or (cfg.report_baseline(c) if c else None)
+    return ReportInputs(**{name: getattr(a, name) for name in DATA_FILES}, baseline=baseline, config=c)
 
 
 def _render(a) -> int:
     from .report.latex import render_report
 
-    c, baseline = _report_config(a)
-    record = render_report(a.template, a.out, a.version_out, a.results, a.fits, a.provenance, a.itl_depth, a.planner,
-                           baseline=baseline, config=c, versions_dir=a.versions)
+    record = render_report(a.template, a.out, a.version_out, _report_inputs(a), versions_dir=a.versions)
     print(f"{a.out}: version {record['n']} ({record['name']})")
     return 0
 
@@ -132,9 +133,7 @@ def _pdf(a) -> int:
 def _markdown(a) -> int:
     from .report.markdown import render_twin
 
-    c, baseline = _report_config(a)
-    render_twin(a.template, a.out, a.version, a.results, a.fits, a.provenance, a.itl_depth, a.planner,
-                baseline=baseline, config=c, versions_dir=a.versions)
+    render_twin(a.template, a.out, a.version, _report_inputs(a), versions_dir=a.versions)
     print(a.out)
     return 0
 
@@ -144,9 +143,7 @@ def _plan_section(a) -> int:
 
     from .report.markdown import plan_section
 
-    c, baseline = _report_config(a)
-    section = plan_section(a.template, a.plan, a.version, a.results, a.fits, a.provenance, a.itl_depth, a.planner,
-                           baseline=baseline, config=c, versions_dir=a.versions)
+    section = plan_section(a.template, a.plan, a.version, _report_inputs(a), versions_dir=a.versions)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(section)
     print(a.out)
@@ -249,10 +246,12 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_plot)
 
     def report_inputs(s, template_help: str) -> None:
+        """The options of the commands that render the report: the template and what _report_inputs reads
+        (one option per field of longctx.report.context.ReportInputs)."""
         s.add_argument("--template", required=True, help=template_help)
-        s.add_argument("--results", required=True)
-        s.add_argument("--fits", required=True)
-        s.add_argument("--provenance", required=True)
+        s.add_argument("--results", required=True, help="data/results.csv")
+        s.add_argument("--fits", required=True, help="data/fits.json")
+        s.add_argument("--provenance", required=True, help="data/provenance.json")
         s.add_argument("--itl-depth", help="data/itl_depth.csv")
         s.add_argument("--planner", help="data/planner.json (the KV memory planner)")
         s.add_argument("--config-json", help="the validated configuration as JSON (what the workflow passes)")

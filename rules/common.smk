@@ -24,6 +24,13 @@ MARKDOWN_PARTIALS = sorted(glob.glob("templates/markdown/*.md.j2"))
 BASELINE = lcfg.report_baseline(CFG)
 # What the report prints as its configuration (and hashes into its version).
 REPORT_CONFIG = json.dumps(CFG)  # in the config file's order
+# The data every rendering of the report reads (the PDF's .tex, the Markdown twin, a plan's section):
+# the inputs of those rules, each a field of longctx.report.context.ReportInputs and an option of
+# `longctx render/markdown/plan-section` (--results, --fits, --provenance, --itl-depth, --planner).
+REPORT_DATA = dict(results="data/results.csv", fits="data/fits.json", provenance="data/provenance.json",
+                   itl_depth="data/itl_depth.csv", planner="data/planner.json")
+# ... and the baseline and configuration those rules pass (their params).
+REPORT_PARAMS = dict(baseline=BASELINE, config=REPORT_CONFIG)
 
 
 # Only the bench jobs, the calibration (the ceilings of the machine the servers run on) and the
@@ -87,3 +94,12 @@ def bench_spec(wildcards):
 def bench_resource(name):
     """The bench job's Snakemake resource `name` (gpu, mem_mb, runtime) from the config."""
     return lambda wildcards: bench_resources(CFG, wildcards.configuration)[name]
+
+
+def report_shell(command, options):
+    """The shell command that renders the report, its twin or a plan's section, for rules whose input
+    holds REPORT_DATA and a template and whose params are REPORT_PARAMS: `longctx <command>` with the
+    template, the data, the baseline and the configuration, then `options`; its output to the log."""
+    data = " ".join(f"--{name.replace('_', '-')} {{input.{name}}}" for name in REPORT_DATA)
+    return (f"longctx {command} --template {{input.template}} {data} --baseline {{params.baseline:q}} "
+            f"--config-json {{params.config:q}} {options} > {{log}} 2>&1")

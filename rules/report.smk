@@ -40,27 +40,20 @@ rule plot_analysis_figures:
 # version is assigned from report/versions/log.json, which build_pdf appends to.
 rule render_report:
     input:
+        **REPORT_DATA,
         template="templates/longctx.tex.j2",
         templates=TEMPLATES,
-        results="data/results.csv",
-        fits="data/fits.json",
-        provenance="data/provenance.json",
-        itl_depth="data/itl_depth.csv",
-        planner="data/planner.json",
     output:
         tex="report/longctx.tex",
         version="report/version.json",
     log:
         "data/logs/render_report.log",
     params:
-        baseline=BASELINE,
-        config=REPORT_CONFIG,
+        **REPORT_PARAMS,
     conda:
         ENV
     shell:
-        "longctx render --template {input.template} --results {input.results} --fits {input.fits} "
-        "--provenance {input.provenance} --itl-depth {input.itl_depth} --planner {input.planner} "
-        "--baseline {params.baseline:q} --config-json {params.config:q} --out {output.tex} --version-out {output.version} > {log} 2>&1"
+        report_shell("render", "--out {output.tex} --version-out {output.version}")
 
 
 # Also keeps the PDF as report/versions/longctx-v{N}-{hash}.pdf and logs it.
@@ -83,57 +76,43 @@ rule build_pdf:
 
 rule render_markdown:
     input:
+        **REPORT_DATA,
         template="templates/longctx.md.j2",
         partials=MARKDOWN_PARTIALS,
         version="report/version.json",
         pdf="report/longctx.pdf",
         figures=expand("report/figures/{figure}.png", figure=FIGURES + ANALYSIS_FIGURES),
-        results="data/results.csv",
-        fits="data/fits.json",
-        provenance="data/provenance.json",
-        itl_depth="data/itl_depth.csv",
-        planner="data/planner.json",
     output:
         "report/longctx.md",
     log:
         "data/logs/render_markdown.log",
     params:
-        baseline=BASELINE,
-        config=REPORT_CONFIG,
+        **REPORT_PARAMS,
     conda:
         ENV
     shell:
-        "longctx markdown --template {input.template} --version {input.version} --results {input.results} "
-        "--fits {input.fits} --provenance {input.provenance} --itl-depth {input.itl_depth} --planner {input.planner} "
-        "--baseline {params.baseline:q} --config-json {params.config:q} --out {output} > {log} 2>&1"
+        report_shell("markdown", "--version {input.version} --out {output}")
 
 
 # The Results section for plans/<name>.md (its links relative to plans/), rendered apart from the plan.
 rule render_plan_section:
     input:
+        **REPORT_DATA,
         template="templates/plan.md.j2",
         partials=MARKDOWN_PARTIALS,
         version="report/version.json",
         pdf="report/longctx.pdf",
-        results="data/results.csv",
-        fits="data/fits.json",
-        provenance="data/provenance.json",
-        itl_depth="data/itl_depth.csv",
-        planner="data/planner.json",
     output:
         "report/plans/{plan}.md",
     log:
         "data/logs/render_plan_section/{plan}.log",
     params:
-        baseline=BASELINE,
-        config=REPORT_CONFIG,
+        **REPORT_PARAMS,
         plan="plans/{plan}.md",
     conda:
         ENV
     shell:
-        "longctx plan-section --template {input.template} --version {input.version} --results {input.results} "
-        "--fits {input.fits} --provenance {input.provenance} --itl-depth {input.itl_depth} --planner {input.planner} "
-        "--baseline {params.baseline:q} --config-json {params.config:q} --plan {params.plan} --out {output} > {log} 2>&1"
+        report_shell("plan-section", "--version {input.version} --plan {params.plan} --out {output}")
 
 
 # `snakemake --cores 1 -f plans/<name>.md` inserts or updates the plan's delimited Results section;

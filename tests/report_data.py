@@ -13,6 +13,7 @@ import pandas as pd
 from longctx.analysis.aggregate import COLUMNS, ITL_DEPTH_COLUMNS
 from longctx.analysis.fits import fit_file
 from longctx.analysis.memory import plan_file
+from longctx.report.context import ReportInputs
 
 # Every character TeX or Markdown would read as markup, in the strings a user or a server can write.
 NASTY = r"50% of {pool} & $x_1 #2 ~ ^3 \path <a|b> *c* [d] `e`"
@@ -75,6 +76,12 @@ def write_data(out: Path, lengths=(1000, 4000, 16000, 64000), trials: int = 3, s
     pd.DataFrame(d, columns=ITL_DEPTH_COLUMNS).to_csv(depth, index=False)
     return {"results_csv": results, "fits_json": fits, "provenance_json": provenance, "itl_depth_csv": depth,
             "planner_json": planner}
+
+
+def inputs(paths: dict, **options) -> ReportInputs:
+    """The report's inputs from write_data's paths; options: baseline, config."""
+    return ReportInputs(results=paths["results_csv"], fits=paths["fits_json"], provenance=paths["provenance_json"],
+                        itl_depth=paths["itl_depth_csv"], planner=paths["planner_json"], **options)
 
 
 def config(configs=tuple(LAWS), baseline=None) -> dict:

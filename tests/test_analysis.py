@@ -215,6 +215,7 @@ def test_the_studys_report_renders_with_datasheet_ceilings_and_sources(tmp_path)
     from longctx.report.figures.analysis import plot_analysis
     from longctx.analysis.memory import plan_file
     from longctx.report.figures.measured import plot_all
+    from longctx.report.context import ReportInputs
     from longctx.report.latex import build_pdf, render_report
 
     from .conftest import ROOT
@@ -233,8 +234,8 @@ def test_the_studys_report_renders_with_datasheet_ceilings_and_sources(tmp_path)
     style = ROOT / "templates" / "plot.mplstyle"
     plot_all(tmp_path / "results.csv", tmp_path / "fits.json", style, report / "figures")
     plot_analysis(tmp_path / "results.csv", tmp_path / "fits.json", tmp_path / "planner.json", style, report / "figures")
-    render_report(ROOT / "templates" / "longctx.tex.j2", report / "longctx.tex", report / "version.json", tmp_path / "results.csv",
-                  tmp_path / "fits.json", tmp_path / "prov.json", planner_json=tmp_path / "planner.json")
+    render_report(ROOT / "templates" / "longctx.tex.j2", report / "longctx.tex", report / "version.json",
+                  ReportInputs(tmp_path / "results.csv", tmp_path / "fits.json", tmp_path / "prov.json", planner=tmp_path / "planner.json"))
     build_pdf(report / "longctx.tex", report / "longctx.pdf", tmp_path / "prov.json", report / "version.json")
     text = subprocess.run(["pdftotext", "-layout", str(report / "longctx.pdf"), "-"], capture_output=True, text=True,
                           check=True).stdout

@@ -15,13 +15,15 @@ import pytest
 
 from longctx.analysis import bands
 from longctx.report import markdown, plans as plan, latex as report, versions
+from longctx.report.context import ReportError, context, version_of
 from longctx.analysis.tables import medians
 from longctx.report.numbers import display, group
 from longctx.report.figures.analysis import plot_analysis
-from longctx.report.figures.measured import _length_axis, plot_all, spans_decades
+from longctx.report.figures.measured import plot_all
+from longctx.report.figures.style import length_axis, spans_decades
 
 from .conftest import ROOT
-from .report_data import LAWS, NASTY, config, write_data
+from .report_data import LAWS, NASTY, config, inputs, write_data
 
 TEMPLATES = ROOT / "templates"
 LENGTHS = (1000, 4000, 16000, 64000)
@@ -54,7 +56,7 @@ def test_numbers_group_as_siunitx_does():
 def test_headline_speedups_are_against_the_baseline(tmp_path):
     paths = write_data(tmp_path)
     med = medians(pd.read_csv(paths["results_csv"])).set_index(["configuration", "length"])
-    h = report.context(**paths, baseline="base", config=config())["headline"]
+    h = context(inputs(paths, baseline="base", config=config()))["headline"]
     assert h["baseline"] == "base" and [r["configuration"] for r in h["rows"]][:len(LENGTHS)] == ["base"] * len(LENGTHS)
     rows = {(r["configuration"], r["length"]): r for r in h["rows"]}
     for L in LENGTHS:
@@ -65,13 +67,13 @@ def test_headline_speedups_are_against_the_baseline(tmp_path):
     (_, _, _, t0, beta), (*_, beta_fast) = LAWS["base"], LAWS["fast_kv"]
     assert rows[("fast_kv", 64000)]["decode_speedup"] == pytest.approx((t0 + beta * 64000) / (t0 + beta_fast * 64000), rel=0.05)
     # without report.baseline: the first configuration listed in the config
-    h = report.context(**paths, config=config(("fast_kv", "base")))["headline"]
+    h = context(inputs(paths, config=config(("fast_kv", "base"))))["headline"]
     assert h["baseline"] == "fast_kv" and h["rows"][0]["configuration"] == "fast_kv"
 
 
 def _build_version(tmp_path, paths, vdir, templates=TEMPLATES):
-    ctx = report.context(**paths, config=config(), template_dir=templates)
-    record = report.version_of(ctx, list(paths.values()), templates, vdir, config())
+    ctx = context(inputs(paths, config=config()), template_dir=templates)
+    record = version_of(ctx, inputs(paths, config=config()), templates, vdir)
     pdf = tmp_path / "fake.pdf"
     pdf.write_bytes(b"%PDF-1.5 " + record["hash"].encode())  # register copies any file; the PDF itself is tested below
     versions.register(vdir, record, pdf)
@@ -163,8 +165,8 @@ def test_plot_style_reads_in_grayscale_and_lengths_over_decades_get_log_axes():
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2)
-    _length_axis(a, [1000, 185000])
-    _length_axis(b, [64, 512])
+    length_axis(a, [1000, 185000])
+    length_axis(b, [64, 512])
     assert (a.get_xscale(), b.get_xscale()) == ("log", "linear") and spans_decades([1, 10]) and not spans_decades([2, 19])
     plt.close(fig)
 
@@ -184,9 +186,9 @@ def _break(tmp_path, section: str, line: int, text: str):
 def test_a_broken_template_fails_naming_the_template_and_line(tmp_path, text, what):
     paths = write_data(tmp_path / "data")
     t = _break(tmp_path, "prefill.tex.j2", 4, text)
-    with pytest.raises(report.ReportError) as err:
+    with pytest.raises(ReportError) as err:
         report.render_report(t / "longctx.tex.j2", tmp_path / "r" / "longctx.tex", tmp_path / "r" / "version.json",
-                             **paths, config=config())
+                             inputs(paths, config=config()))
     assert "sections/prefill.tex.j2 line 4:" in str(err.value) and what in str(err.value)
 
 
@@ -194,8 +196,8 @@ def test_latex_error_is_traced_to_the_template_line(tmp_path):
     paths = write_data(tmp_path / "data")
     t = _break(tmp_path, "summary.tex.j2", 2, r"Measured \nosuchmacro{} here.")
     out = tmp_path / "r"
-    report.render_report(t / "longctx.tex.j2", out / "longctx.tex", out / "version.json", **paths, config=config())
-    with pytest.raises(report.ReportError) as err:
+    report.render_report(t / "longctx.tex.j2", out / "longctx.tex", out / "version.json", inputs(paths, config=config()))
+    with pytest.raises(ReportError) as err:
         report.build_pdf(out / "longctx.tex", out / "longctx.pdf", paths["provenance_json"])
     assert "sections/summary.tex.j2 line 2" in str(err.value) and "Undefined control sequence" in str(err.value)
 
@@ -208,11 +210,11 @@ def built(tmp_path_factory):
     out = root / "report"
     plot_all(paths["results_csv"], paths["fits_json"], TEMPLATES / "plot.mplstyle", out / "figures", paths["itl_depth_csv"])
     plot_analysis(paths["results_csv"], paths["fits_json"], paths["planner_json"], TEMPLATES / "plot.mplstyle", out / "figures")
-    report.render_report(TEMPLATES / "longctx.tex.j2", out / "longctx.tex", out / "version.json", **paths, config=config())
+    report.render_report(TEMPLATES / "longctx.tex.j2", out / "longctx.tex", out / "version.json", inputs(paths, config=config()))
     report.build_pdf(out / "longctx.tex", out / "longctx.pdf", paths["provenance_json"], out / "version.json")
-    markdown.render_twin(TEMPLATES / "longctx.md.j2", out / "longctx.md", out / "version.json", **paths, config=config())
-    section = markdown.plan_section(TEMPLATES / "plan.md.j2", root / "plans" / "p.md", out / "version.json", **paths,
-                                    config=config())
+    markdown.render_twin(TEMPLATES / "longctx.md.j2", out / "longctx.md", out / "version.json", inputs(paths, config=config()))
+    section = markdown.plan_section(TEMPLATES / "plan.md.j2", root / "plans" / "p.md", out / "version.json",
+                                    inputs(paths, config=config()))
     return {"out": out, "text": pdftotext(out / "longctx.pdf"), "md": (out / "longctx.md").read_text(), "section": section,
             "paths": paths}
 
@@ -239,8 +241,7 @@ def test_the_twin_and_the_plan_section_carry_the_pdfs_headline_table(built):
 
 
 def test_the_twin_and_the_plan_section_carry_the_pdfs_diagnosis(built):
-    ctx = report.context(*report.data_files(*(built["paths"][k] for k in ("results_csv", "fits_json", "provenance_json",
-                                                                          "itl_depth_csv", "planner_json"))))
+    ctx = context(inputs(built["paths"]))
     sentences = [d["text"] for d in ctx["diagnosis"]]
     assert any("bound by the KV reads" in s for s in sentences) and any("KV pool holds" in s for s in sentences)
     pdf = " ".join(built["text"].split())

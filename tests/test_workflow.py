@@ -10,6 +10,7 @@ import pytest
 
 from longctx import config as lcfg
 from longctx.report import plans as plan, latex as report
+from longctx.report.context import ReportInputs
 from longctx.report.numbers import display
 
 from .conftest import ROOT, snakemake
@@ -54,13 +55,13 @@ def test_two_builds_from_the_same_data_are_byte_identical(workflow, tmp_path):
     """The workflow's PDF, and one built again from its data in another directory: the same bytes."""
     out = tmp_path / "report"
     shutil.copytree(workflow / "report" / "figures", out / "figures")
-    data = {k: workflow / "data" / f for k, f in (("results_csv", "results.csv"), ("fits_json", "fits.json"),
-                                                   ("provenance_json", "provenance.json"), ("itl_depth_csv", "itl_depth.csv"),
-                                                   ("planner_json", "planner.json"))}
+    data = {k: workflow / "data" / f for k, f in (("results", "results.csv"), ("fits", "fits.json"),
+                                                   ("provenance", "provenance.json"), ("itl_depth", "itl_depth.csv"),
+                                                   ("planner", "planner.json"))}
     cfg = lcfg.load(workflow / "tiny.yaml")
     record = report.render_report(workflow / "templates" / "longctx.tex.j2", out / "longctx.tex", out / "version.json",
-                                  **data, baseline=lcfg.report_baseline(cfg), config=cfg)
-    report.build_pdf(out / "longctx.tex", out / "longctx.pdf", data["provenance_json"], out / "version.json")
+                                  ReportInputs(**data, baseline=lcfg.report_baseline(cfg), config=cfg))
+    report.build_pdf(out / "longctx.tex", out / "longctx.pdf", data["provenance"], out / "version.json")
     built = (workflow / "report" / "longctx.pdf").read_bytes()
     assert (out / "longctx.pdf").read_bytes() == built
     kept = json.loads((workflow / "report" / "version.json").read_text())
@@ -69,7 +70,7 @@ def test_two_builds_from_the_same_data_are_byte_identical(workflow, tmp_path):
     assert [e["n"] for e in json.loads((workflow / "report" / "versions" / "log.json").read_text())["versions"]] == [1]
     # the PDF's date is the last measurement's, not the build's
     info = subprocess.run(["pdfinfo", "-isodates", str(out / "longctx.pdf")], capture_output=True, text=True, check=True).stdout
-    last = max(c["last_finished_at"] for c in json.loads(data["provenance_json"].read_text())["configurations"].values())
+    last = max(c["last_finished_at"] for c in json.loads(data["provenance"].read_text())["configurations"].values())
     assert re.search(r"CreationDate:\s+(\S+)", info)[1] == last.replace("+00:00", "Z")
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .numbers import is_number
+from .numbers import is_number, rounded
 
 # The figures (longctx.report.figures) the sentences point at, in the order the summary gives them.
 ORDER = ("roofline", "step_time", "ttft", "residuals", "extrapolation", "acceptance", "planner")
@@ -28,13 +28,8 @@ def _ci(ci, scale: float = 1.0, fmt: str = "{:.3g}", unit: str = "") -> str:
     return f" (interval {lo} to {hi}{unit})"
 
 
-def _num(x: float) -> str:
-    """3 significant digits, with thousands separators from 1,000 up."""
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
-
-
 def _rate(bps: float) -> str:
-    return f"{_num(bps / 1e9)} GB/s"
+    return f"{rounded(bps / 1e9)} GB/s"
 
 
 def _flops(f: float) -> str:
@@ -50,7 +45,7 @@ def _decode(name: str, top, L: int, fit: dict) -> list[tuple[str, str]]:
     share = d["beta_s_per_token"] * L / step if step > 0 else 0.0
     ceil = fit.get("ceilings") or {}
     roof = fit.get("roofline") or {}
-    head = f"{name}: decode at {L:,} tokens runs at {_num(top['decode_tok_s'])} tok/s ({_num(step * 1e3)} ms per step)"
+    head = f"{name}: decode at {L:,} tokens runs at {rounded(top['decode_tok_s'])} tok/s ({rounded(step * 1e3)} ms per step)"
     if share < ATTENTION_SHARE_BOUND:
         out.append(("step_time", f"{head}; it is bound by the fixed per-step work (t0 = {d['t0_s'] * 1e3:.3g} ms), "
                                  f"not by the KV cache: reading {L:,} tokens of it is {share:.0%} of the step."))
@@ -129,7 +124,7 @@ def _extrapolation(name: str, fit: dict) -> list[tuple[str, str]]:
     if "ttft_s" in ex:
         parts.append(f"a prefill of {ex['ttft_s']:.3g} s{_ci(ex.get('ci_ttft_s'), unit=' s')}")
     if "step_s" in ex:
-        parts.append(f"decode at {_num(ex['decode_tok_s'])} tok/s{_ci(ex.get('ci_decode_tok_s'), unit=' tok/s')}")
+        parts.append(f"decode at {rounded(ex['decode_tok_s'])} tok/s{_ci(ex.get('ci_decode_tok_s'), unit=' tok/s')}")
     verb = "the fits predict" if ex["beyond_measured"] else "within the measured range, the fits give"
     tail = (f", extrapolated beyond the longest length measured ({ex['longest_measured']:,})" if ex["beyond_measured"] else "")
     return [("extrapolation", f"{name}: {where} {verb} " + " and ".join(parts) + tail + ".")]

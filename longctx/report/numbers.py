@@ -3,7 +3,8 @@
 Each kind formats a number as plain digits ("1234.5"); units live in the column headers. The
 LaTeX report prints them through siunitx (`\\num{1234.5}`, which groups the integer part:
 1,234.5), Markdown through `display`, which groups the same way, so both read alike and tests
-can look for the same strings in either.
+can look for the same strings in either (longctx.report.dialect builds both renderings' filters
+from these). `rounded` writes a number inside a sentence (the diagnosis, figure labels).
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def group(digits: str) -> str:
     if len(whole) >= 4:
         whole = f"{int(whole):,}"
     return f"{sign}{whole}{rest}"
+
+
+def rounded(x: float) -> str:
+    """x in a sentence: 3 significant digits, with thousands separators from 1,000 up."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
 
 
 def display(value, kind: str, missing: str = "--") -> str:

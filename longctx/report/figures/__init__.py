@@ -3,4 +3,5 @@
 FIGURES = ("ttft", "decode_rate", "step_time", "acceptance", "itl_depth")
 # made by `longctx plot-analysis` (the plot_analysis_figures rule)
 ANALYSIS_FIGURES = ("roofline", "residuals", "extrapolation", "planner")
+# the formats each figure is saved in (PDF for LaTeX, PNG for Markdown): the files the plot rules expect
 FORMATS = ("pdf", "png")

@@ -15,10 +15,10 @@ import pandas as pd  # noqa: E402
 from ...analysis import bands  # noqa: E402
 from ...analysis.tables import ok_rows, step_seconds  # noqa: E402
 from ...core.fitting import decode_curve, prefill_curve  # noqa: E402
-from ..diagnosis import _num  # noqa: E402
+from ..numbers import rounded  # noqa: E402
 from . import ANALYSIS_FIGURES  # noqa: E402
 from ...analysis.memory import pool_tokens  # noqa: E402
-from .measured import _save, _shade, _styles  # noqa: E402
+from .style import outputs, save, shade, styles  # noqa: E402
 
 
 def length_label(n: float) -> str:
@@ -58,14 +58,14 @@ def plot_roofline(fits: dict, sty: dict, outdir: Path, kernels: dict | None = No
           + [p["intensity"] for pts in (kernels or {}).values() for p in pts])
     if not xs:
         ax.text(0.5, 0.5, "no decode measurement or model spec", transform=ax.transAxes, ha="center", va="center")
-        _save(fig, outdir, "roofline")
+        save(fig, outdir, "roofline")
         return
     x = np.geomspace(min(xs) / 8, max(xs) * 8, 200)
     for r in roofs:
         dashed = r["which"] == "measured"
         ridge = r["flops"] / r["bw"]
         label = (f"{'measured' if dashed else 'datasheet'}: {r['name']} "
-                 f"({_num(r['bw'] / 1e9)} GB/s, {_num(r['flops'] / 1e12)} TFLOP/s)")
+                 f"({rounded(r['bw'] / 1e9)} GB/s, {rounded(r['flops'] / 1e12)} TFLOP/s)")
         ax.plot(x, np.minimum(r["flops"], x * r["bw"]), color="0.2" if not dashed else "0.45",
                 linestyle="--" if dashed else "-", marker="", linewidth=1.4, label=label)
         ax.axvline(ridge, color="0.6", linestyle=":", linewidth=0.8)
@@ -93,7 +93,7 @@ def plot_roofline(fits: dict, sty: dict, outdir: Path, kernels: dict | None = No
            title="Decode attention on the roofline (one step, one device)")
     ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     fig.tight_layout()
-    _save(fig, outdir, "roofline")
+    save(fig, outdir, "roofline")
 
 
 def plot_residuals(ok: pd.DataFrame, fits: dict, sty: dict, outdir: Path) -> None:
@@ -122,7 +122,7 @@ def plot_residuals(ok: pd.DataFrame, fits: dict, sty: dict, outdir: Path) -> Non
         else:
             ax.text(0.5, 0.5, "no fit", transform=ax.transAxes, ha="center", va="center")
     fig.tight_layout()
-    _save(fig, outdir, "residuals")
+    save(fig, outdir, "residuals")
 
 
 def plot_extrapolation(ok: pd.DataFrame, fits: dict, sty: dict, outdir: Path) -> None:
@@ -136,7 +136,7 @@ def plot_extrapolation(ok: pd.DataFrame, fits: dict, sty: dict, outdir: Path) ->
             s = sty[name]
             L = np.asarray(curves["length"])
             ax.plot(L, curves[kind]["fit"], color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
-            _shade(ax, L, bands.band(fit, kind, L), s)
+            shade(ax, L, bands.band(fit, kind, L), s)
             med = ok[ok["configuration"] == name].groupby("length")[col].median().dropna()
             ax.plot(med.index, med.values, linestyle="none", marker=s["marker"], color=s["color"])
             ex = fit.get("extrapolation") or {}
@@ -152,7 +152,7 @@ def plot_extrapolation(ok: pd.DataFrame, fits: dict, sty: dict, outdir: Path) ->
     axes[0].set_title("Prefill, extrapolated (band: interval)")
     axes[1].set_title("Decode, extrapolated (diamond: max length)")
     fig.tight_layout()
-    _save(fig, outdir, "extrapolation")
+    save(fig, outdir, "extrapolation")
 
 
 def plot_planner(planner: dict, sty: dict, outdir: Path) -> None:
@@ -190,7 +190,7 @@ def plot_planner(planner: dict, sty: dict, outdir: Path) -> None:
         ax.set_yscale("log")
         ax.legend(fontsize=6)
     ax.set(xlabel="mem-fraction-static", ylabel="KV pool (tokens)", title="KV memory planner (markers: pools the servers allocated)")
-    _save(fig, outdir, "planner")
+    save(fig, outdir, "planner")
 
 
 def plot_analysis(results_csv: str | Path, fits_json: str | Path, planner_json: str | Path, style: str | Path,
@@ -204,9 +204,9 @@ def plot_analysis(results_csv: str | Path, fits_json: str | Path, planner_json: 
     planner = json.loads(Path(planner_json).read_text())
     ok = ok_rows(df).copy()
     ok["step_s"] = step_seconds(ok)
-    sty = _styles(sorted(set(df["configuration"]) | set(fits) | set(planner["configurations"])))
+    sty = styles(sorted(set(df["configuration"]) | set(fits) | set(planner["configurations"])))
     plot_roofline(fits, sty, outdir, (analysis.get("kernels") or {}).get("roofline"))
     plot_residuals(ok, fits, sty, outdir)
     plot_extrapolation(ok, fits, sty, outdir)
     plot_planner(planner, sty, outdir)
-    return [outdir / f"{stem}.{ext}" for stem in ANALYSIS_FIGURES for ext in ("pdf", "png")]
+    return outputs(outdir, ANALYSIS_FIGURES)

@@ -3,7 +3,8 @@
 Every figure takes its look from one style file (templates/plot.mplstyle, an input of the plot
 rule): colours that stay apart in grayscale, each configuration also told apart by line style and
 marker. Length axes are logarithmic where the lengths span a decade or more; fitted curves carry
-their bootstrap band from fits.json (longctx.analysis.bands).
+their bootstrap band from fits.json (longctx.analysis.bands). What every figure shares (styles,
+axes, bands, saving in each format) is in longctx.report.figures.style.
 """
 
 from __future__ import annotations
@@ -22,38 +23,7 @@ from ...analysis import bands  # noqa: E402
 from ...analysis.tables import medians, ok_rows, step_seconds  # noqa: E402
 from ...core.fitting import decode_curve, prefill_curve  # noqa: E402
 from . import FIGURES  # noqa: E402
-
-BAND_ALPHA = 0.15
-
-def _save(fig, outdir: Path, stem: str) -> None:
-    fig.savefig(outdir / f"{stem}.pdf", metadata={"CreationDate": None, "ModDate": None})
-    fig.savefig(outdir / f"{stem}.png", metadata={"Software": None})
-    plt.close(fig)
-
-
-def _styles(names):
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()
-    n = len(cycle["color"])
-    return {name: {k: v[i % n] for k, v in cycle.items()} for i, name in enumerate(names)}
-
-
-def spans_decades(lengths) -> bool:
-    """Lengths from smallest to largest cover a factor of ten or more: a log axis shows them evenly."""
-    L = np.asarray([x for x in lengths if x and x > 0], float)
-    return len(L) > 1 and L.max() / L.min() >= 10
-
-
-def _length_axis(ax, lengths) -> None:
-    if spans_decades(lengths):
-        ax.set_xscale("log")
-    else:
-        ax.set_xlim(left=0)
-
-
-def _shade(ax, x, band, style) -> None:
-    if band is not None:
-        lo, hi = band
-        ax.fill_between(x, lo, hi, color=style["color"], alpha=BAND_ALPHA, linewidth=0)
+from .style import length_axis, outputs, save, shade, spans_decades, styles  # noqa: E402
 
 
 def _tokens_per_step(med: pd.DataFrame, grid) -> np.ndarray | float:
@@ -75,7 +45,7 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
     med = medians(df)
     ok = ok_rows(df)
     names = sorted(df["configuration"].unique())
-    sty = _styles(names)
+    sty = styles(names)
     lengths = np.geomspace(max(1, df["length"].min()), df["length"].max(), 200)
 
     # TTFT against L, with the fitted a + bL + cL^2
@@ -88,12 +58,12 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
         ax.plot(m["length"], m["ttft_s"], linestyle="none", marker=s["marker"], color=s["color"], label=f"{name} (median)")
         if "prefill" in fits.get(name, {}):
             fit = fits[name]["prefill"]
-            _shade(ax, lengths, bands.band(fits[name], "prefill", lengths), s)
+            shade(ax, lengths, bands.band(fits[name], "prefill", lengths), s)
             ax.plot(lengths, prefill_curve(fit, lengths), color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
     ax.set(yscale="log", xlabel="prompt length L (tokens)", ylabel="TTFT (s)", title="Prefill: time to first token")
-    _length_axis(ax, df["length"])
+    length_axis(ax, df["length"])
     ax.legend()
-    _save(fig, outdir, "ttft")
+    save(fig, outdir, "ttft")
 
     # decode rate against L: medians, and k(L)/t(L) from the decode fit with its band (t: the time per
     # decode step; k: tokens a step produces, the acceptance length interpolated between lengths, else 1)
@@ -110,16 +80,16 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
             band = bands.band(fits[name], "decode", lengths)
             if band is not None:  # rate = k / step time; a step-time bound at or below 0 leaves the rate unbounded
                 band = (k / np.maximum(band[1], 1e-300), np.where(band[0] > 0, k / np.maximum(band[0], 1e-300), 1e300))
-            _shade(ax, lengths, band, s)
+            shade(ax, lengths, band, s)
             if (step > 0).all():
                 ax.plot(lengths, k / step, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
                 top = max(top, float((k / step).max()))
         ax.plot(m["length"], m["decode_tok_s"], linestyle="none", marker=s["marker"], color=s["color"], label=f"{name} (median)")
     ax.set(xlabel="context length L (tokens)", ylabel="decode (tokens/s)", title="Decode rate (one request)")
-    _length_axis(ax, df["length"])
+    length_axis(ax, df["length"])
     ax.set_ylim(0, top * 1.15 if top > 0 else 1)
     ax.legend()
-    _save(fig, outdir, "decode_rate")
+    save(fig, outdir, "decode_rate")
 
     # step time against L, with the fitted t0 + beta L
     fig, ax = plt.subplots()
@@ -131,14 +101,14 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
             fit = fits[name]["decode"]
             grid = lengths if spans_decades(df["length"]) else np.linspace(0, df["length"].max(), 50)
             band = bands.band(fits[name], "decode", grid)
-            _shade(ax, grid, None if band is None else (band[0] * 1e3, band[1] * 1e3), s)
+            shade(ax, grid, None if band is None else (band[0] * 1e3, band[1] * 1e3), s)
             ax.plot(grid, decode_curve(fit, grid) * 1e3, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
     ax.set(xlabel="context length L (tokens)", ylabel="time per decode step (ms)",
            title="Decode step time (per output token without speculation)")
-    _length_axis(ax, df["length"])
+    length_axis(ax, df["length"])
     ax.set_ylim(bottom=0)
     ax.legend()
-    _save(fig, outdir, "step_time")
+    save(fig, outdir, "step_time")
 
     # speculative acceptance length against L
     fig, ax = plt.subplots()
@@ -154,16 +124,16 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
         ax.legend()
     ax.set(xlabel="context length L (tokens)", ylabel="tokens per verify step",
            title="Speculative decoding: acceptance length")
-    _length_axis(ax, df["length"])
+    length_axis(ax, df["length"])
     ax.set_ylim(bottom=0)
-    _save(fig, outdir, "acceptance")
+    save(fig, outdir, "acceptance")
 
     # inter-token latency against KV depth, inside one long request per configuration
     fig, ax = plt.subplots()
     depth = pd.read_csv(itl_depth_csv) if itl_depth_csv else pd.DataFrame(columns=["configuration", "depth", "itl_s"])
     depth = depth[depth["itl_s"].notna()]
     for name in sorted(depth["configuration"].unique()):
-        s = sty.get(name) or _styles([name])[name]
+        s = sty.get(name) or styles([name])[name]
         d = depth[depth["configuration"] == name].sort_values("depth")
         ax.plot(d["depth"], d["itl_s"] * 1e3, linestyle="none", marker=".", color=s["color"], alpha=0.25, markersize=2)
         ax.plot(d["depth"], d["itl_s"].rolling(25, center=True, min_periods=5).median() * 1e3, color=s["color"],
@@ -174,5 +144,5 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
         ax.legend()
     ax.set(xlabel="KV depth (tokens in the cache)", ylabel="inter-token latency (ms)", title="ITL against KV depth, one request")
     ax.set_ylim(bottom=0)
-    _save(fig, outdir, "itl_depth")
-    return [outdir / f"{stem}.{ext}" for stem in FIGURES for ext in ("pdf", "png")]
+    save(fig, outdir, "itl_depth")
+    return outputs(outdir, FIGURES)

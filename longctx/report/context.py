@@ -1,0 +1,291 @@
+"""What every rendering of the report shares: the PDF (longctx.report.latex), its Markdown twin and
+a plan's Results section (longctx.report.markdown).
+
+`ReportInputs` names what a report is made from (the data files, the baseline, the configuration);
+`context` reads them into what the report shows: the medians, the fits with their intervals
+(fits.json), the memory planner (planner.json), one diagnosis (longctx.report.diagnosis) and one
+headline table (longctx.report.headline). `version_of` makes this build's version record and
+`with_version` adds it, with the comparison to the previous version (longctx.report.versions).
+`render_text` and `render` fill a template in a dialect's Jinja environment; an error names the
+template and its line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import jinja2
+import numpy as np
+import pandas as pd
+import yaml
+
+from .. import __version__
+from ..analysis import bands
+from ..analysis.tables import concurrency_table, medians
+from ..measure.provenance import git_info, package_versions
+from . import versions
+from .diagnosis import diagnose
+from .headline import choose_baseline, headline
+
+__all__ = ["DATA_FILES", "ReportError", "ReportInputs", "command_lines", "context", "itl_depth_summary", "mask",
+           "render", "render_text", "sections", "shown_path", "source_date_epoch", "template_error", "version_of",
+           "with_version"]
+
+# Front page: the title block and the summary (sections/summary.tex.j2). Then the body sections in
+# this order; a section file not named here (a new analysis) comes after the named ones that precede
+# "comparison". Files named appendix_* make the appendix, in APPENDIX_ORDER, then by name.
+BODY_ORDER = ("diagnosis", "prefill", "decode", "intervals", "roofline", "hardware", "speculative", "telemetry", "planner", "needle",
+              "concurrency", "itl_depth", "comparison", "failures")
+APPENDIX_ORDER = ("appendix_configuration", "appendix_servers", "appendix_hardware", "appendix_results",
+                  "appendix_versions")
+FRONT = ("summary",)
+# Config keys whose values are not printed (credentials passed to a server through its environment).
+SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|credential", re.I)
+# The data files a report reads: the fields of ReportInputs, in this order, are the keys of
+# rules/common.smk's REPORT_DATA and the options of `longctx render/markdown/plan-section`.
+DATA_FILES = ("results", "fits", "provenance", "itl_depth", "planner")
+
+
+class ReportError(SystemExit):
+    """A report that cannot be made; the message names the file and line at fault."""
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """What a report is made from: the same for the PDF, its Markdown twin and a plan's section."""
+
+    results: str | Path
+    """data/results.csv: one row per request (longctx.analysis.aggregate)."""
+    fits: str | Path
+    """data/fits.json: the fits per configuration, with their intervals (longctx.analysis.fits)."""
+    provenance: str | Path
+    """data/provenance.json: engine, launch command, server settings, hardware and model per configuration."""
+    itl_depth: str | Path | None = None
+    """data/itl_depth.csv: inter-token latency against KV depth; None where it was not measured."""
+    planner: str | Path | None = None
+    """data/planner.json: the KV memory planner (longctx.analysis.memory); None: no planner."""
+    baseline: str | None = None
+    """The configuration speedups are against; None: the first one in the configuration's order."""
+    config: dict | None = None
+    """The validated configuration: the configurations' order and descriptions, and the appendix's
+    listing of it (secrets hidden); a version's hash covers it."""
+
+    def files(self) -> list:
+        """The data files in DATA_FILES order, None where one is absent (a version's hash covers each)."""
+        return [getattr(self, name) for name in DATA_FILES]
+
+
+def shown_path(filename: str) -> str:
+    """A template's file name as an error shows it: relative to the working directory when it lies below it."""
+    rel = os.path.relpath(filename)
+    return rel if not rel.startswith("..") else filename
+
+
+def template_error(exc: BaseException, offset: int = 0) -> str | None:
+    """'<template> line <n>: <what>' for an error raised while rendering a template, or None."""
+    if isinstance(exc, jinja2.TemplateSyntaxError):
+        name = shown_path(exc.filename) if exc.filename else exc.name
+        return f"template {name} line {(exc.lineno or 0) - offset}: {exc.message}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(".j2")]
+    if not frames:
+        return None
+    f = frames[-1]
+    return f"template {shown_path(f.filename)} line {f.lineno - offset}: {type(exc).__name__}: {exc}"
+
+
+def source_date_epoch(provenance: dict) -> int:
+    """The time of the last measurement: the report's date, so a rebuild gives the same bytes."""
+    stamps = [c.get("last_finished_at") for c in provenance.get("configurations", {}).values()]
+    stamps = [datetime.fromisoformat(s) for s in stamps if s]
+    return int(max(stamps).timestamp()) if stamps else 0
+
+
+def itl_depth_summary(itl_depth_csv) -> list[dict]:
+    """Per configuration: the depth range, median ITL in the first and last tenth, and the slope."""
+    if not itl_depth_csv:
+        return []
+    df = pd.read_csv(itl_depth_csv)
+    out = []
+    for name, g in df.groupby("configuration", sort=True):
+        g = g[g["itl_s"].notna()].sort_values("depth")
+        if len(g) < 10:
+            out.append({"name": name, "reason": g["reason"].iloc[0] if "reason" in g and len(g) else "no tokens"})
+            continue
+        tenth = max(1, len(g) // 10)
+        slope = float(np.polyfit(g["depth"], g["itl_s"], 1)[0])
+        out.append({"name": name, "first": int(g["depth"].iloc[0]), "last": int(g["depth"].iloc[-1]),
+                    "itl_start_ms": g["itl_s"].iloc[:tenth].median() * 1e3, "itl_end_ms": g["itl_s"].iloc[-tenth:].median() * 1e3,
+                    "slope_us_per_1k": slope * 1e9, "reason": None})
+    return out
+
+
+def sections(template_dir: str | Path) -> dict[str, list[str]]:
+    """The section templates under template_dir/sections/, in the order the report shows them."""
+    names = sorted(p.name.removesuffix(".tex.j2") for p in (Path(template_dir) / "sections").glob("*.tex.j2"))
+    appendix = [n for n in APPENDIX_ORDER if n in names] + [n for n in names if n.startswith("appendix_") and n not in APPENDIX_ORDER]
+    known = [n for n in BODY_ORDER if n in names]
+    new = [n for n in names if n not in BODY_ORDER and n not in FRONT and not n.startswith("appendix_")]
+    cut = known.index("comparison") if "comparison" in known else len(known)
+    return {"front": [n for n in FRONT if n in names], "body": known[:cut] + new + known[cut:], "appendix": appendix}
+
+
+def mask(obj):
+    """The configuration with the values of secret-looking keys hidden."""
+    if isinstance(obj, dict):
+        return {k: ("(hidden)" if SECRET_KEY.search(str(k)) and isinstance(v, str) else mask(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [mask(v) for v in obj]
+    return obj
+
+
+def command_lines(cmd) -> list[str]:
+    """A launch command: the program on the first line, then one --flag and its value per line."""
+    if not cmd:
+        return []
+    head: list[str] = []
+    lines: list[str] = []
+    for word in cmd:
+        if word.startswith("--"):
+            lines.append(word)
+        elif lines:
+            lines[-1] += " " + word
+        else:
+            head.append(word)
+    return [" ".join(head), *lines] if head else lines
+
+
+def _scalars(info: dict) -> list[tuple[str, str]]:
+    """The server-reported settings that are single values, as (key, text) in key order."""
+    out = []
+    for k, v in sorted((info or {}).items()):
+        if isinstance(v, (dict, list)):
+            continue
+        out.append((str(k), json.dumps(v) if not isinstance(v, str) else v))
+    return out
+
+
+def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> dict:
+    """What the report shows, from the data files; the same for the PDF, the Markdown twin and a plan."""
+    config = inputs.config
+    df = pd.read_csv(inputs.results)
+    analysis = json.loads(Path(inputs.fits).read_text())
+    fits = analysis["configurations"]
+    planner = json.loads(Path(inputs.planner).read_text()) if inputs.planner else None
+    prov = json.loads(Path(inputs.provenance).read_text())
+    med = medians(df)
+    names = sorted(df["configuration"].unique())
+    order = list(config["configurations"]) if config else names
+    base = choose_baseline([n for n in order if n in names] + [n for n in names if n not in order], inputs.baseline)
+    configs = []
+    for name in names:
+        p = prov["configurations"].get(name, {})
+        configs.append({
+            "name": name,
+            "engine": p.get("engine"),
+            "engine_version": p.get("engine_version"),
+            "installed_version": p.get("installed_version"),
+            "description": ((config or {}).get("configurations", {}).get(name) or {}).get("description") or None,
+            "args": p.get("args", {}),
+            "launch": command_lines(p.get("launch_command")),
+            "url": p.get("base_url"),
+            "server_args": _scalars(p.get("server_info")),
+            "kv_pool": {"tokens": None, "log": None, **(p.get("kv_pool") or {})},
+            "kernel": p.get("kernel"),
+            "spec_hash": p.get("spec_hash"),
+            "startup_s": p.get("startup_s"),
+            "starts": p.get("starts"),
+            "fit": fits.get(name, {}),
+            "rows": med[med["configuration"] == name].to_dict("records"),
+            "speculative": bool(med[med["configuration"] == name]["spec_accept_length"].notna().any()),
+        })
+    first = next(iter(prov["configurations"].values()), {})
+    gpu = "decode_sm_util_pct_mean" in med and med["decode_sm_util_pct_mean"].notna().any()
+    telemetry = {
+        "description": first.get("telemetry", "off"),
+        "util": "sm_util_pct" if gpu else "cpu_util_pct",
+        "util_label": "SM utilisation (\\%)" if gpu else "CPU (\\% of one core)",
+        "util_text": "SM utilisation (%)" if gpu else "CPU (% of one core)",
+        "mem": "mem_used_gb" if gpu else "rss_gb",
+        "mem_label": "GPU memory used (GB)" if gpu else "server RSS (GB)",
+        "any": any(c.startswith("decode_") and med[c].notna().any() for c in med.columns),
+    }
+    failures = df[df["status"] != "ok"][["configuration", "length", "trial", "reason"]].to_dict("records")
+    machines = {json.dumps(p["hardware"], sort_keys=True): p["hardware"] for p in prov["configurations"].values() if p.get("hardware")}
+    epoch = source_date_epoch(prov)
+    lengths = sorted(int(x) for x in df["length"].unique())
+    return {
+        "longctx_version": __version__,
+        "git": git_info(),
+        "packages": package_versions(),
+        "hardware": first.get("hardware", {}),
+        "machines": list(machines.values()),
+        "model": first.get("model", {}),
+        "protocol": first.get("protocol", {}),
+        "lengths": lengths,
+        "configurations": configs,
+        "baseline": base,
+        "headline": headline(med, base, [n for n in order if n in names] + [n for n in names if n not in order]),
+        "diagnosis": diagnose(med, fits, planner),
+        "analysis": analysis,
+        "planner": planner,
+        "bands": {kind: bands.describe(analysis, kind) for kind in bands.KINDS},
+        "failures": failures,
+        "telemetry": telemetry,
+        "itl_depth": itl_depth_summary(inputs.itl_depth),
+        "concurrency": concurrency_table(df).to_dict("records"),
+        "needle": bool("needle" in med and med["needle"].notna().any()),
+        "measured_at": datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if prov.get("configurations") else None,
+        "source_date_epoch": epoch,
+        "config_yaml": yaml.safe_dump(mask(config), sort_keys=False, width=88).splitlines() if config else [],
+        "snapshot": versions.snapshot(med),
+        "sections": sections(template_dir) if template_dir else {"front": [], "body": [], "appendix": []},
+        "version": None,
+        "comparison": None,
+    }
+
+
+def version_of(ctx: dict, inputs: ReportInputs, template_dir: str | Path, versions_dir: str | Path) -> dict:
+    """This build's version record (longctx.report.versions): number, hash, previous version, the medians it keeps."""
+    extra = {"baseline": ctx["baseline"], "config": inputs.config, "git": ctx["git"], "packages": ctx["packages"]}
+    record = versions.assign(versions_dir, versions.content_hash(inputs.files(), template_dir, extra))
+    record["snapshot"] = ctx["snapshot"]
+    record["baseline"] = ctx["baseline"]
+    record["measured_at"] = ctx["measured_at"]
+    record["entry"] = {"n": record["n"], "hash": record["hash"], "pdf": f"{record['name']}.pdf",
+                       "measured_at": ctx["measured_at"], "commit": ctx["git"]["commit"],
+                       "configurations": [c["name"] for c in ctx["configurations"]], "lengths": ctx["lengths"]}
+    return record
+
+
+def with_version(ctx: dict, record: dict, versions_dir: str | Path) -> dict:
+    """The context with this build's version and the comparison with the previous version."""
+    return {**ctx, "version": record, "comparison": versions.comparison(versions_dir, record["previous"], ctx["snapshot"])}
+
+
+def render_text(template: str | Path, ctx: dict, env: jinja2.Environment) -> str:
+    """template (a file in the environment's template directory) rendered with ctx; an error in a
+    template names the template and its line."""
+    template = Path(template)
+    offset = getattr(env.loader, "LINE_OFFSET", 0)
+    try:
+        return env.get_template(template.name).render(**ctx)
+    except jinja2.TemplateNotFound as exc:
+        raise ReportError(f"template {exc.name} not found under {template.parent}") from None
+    except Exception as exc:
+        where = template_error(exc, offset)
+        if where is None:
+            raise
+        raise ReportError(f"cannot render {template}: {where}") from exc
+
+
+def render(template: str | Path, out: str | Path, ctx: dict, env: jinja2.Environment) -> None:
+    """render_text, written to out."""
+    text = render_text(template, ctx, env)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(text)

@@ -1,0 +1,85 @@
+"""How a rendering writes values: one `Dialect` per output language (TeX in longctx.report.latex,
+Markdown in longctx.report.markdown), and the Jinja filters and finalize hook built from it.
+
+A dialect says how text is escaped, what a missing value prints as, which string type is already
+in the language (printed as it is), how digits from longctx.report.numbers are typeset and how an
+unbounded interval end reads. `Dialect.environment` then gives every template the same filters (fmt,
+sig, num, ci and the dialect's extras) and the same finalize hook, so the PDF and its Markdown twin
+print the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jinja2
+
+from .numbers import interval, plain, sig
+
+
+class Dialect:
+    """The base: subclasses set `raw`, `unbounded` and `escape`, and may add filters in `extras`."""
+
+    raw: type[str]  # a string already in the dialect: the template prints it as it is
+    unbounded: str  # the high end of an interval without one
+    # What a value that is not there prints as. A None prints it as it is (TeX: an en dash); a filter
+    # returns it as plain text, escaped like any other (TeX: two hyphens, -{}-).
+    missing = "--"
+    nonfinite_missing = False  # whether nan and inf print as `missing` rather than as themselves
+
+    def escape(self, value) -> str:
+        """value as text that prints as itself."""
+        raise NotImplementedError
+
+    def number(self, digits: str) -> str:
+        """The digits of a number (longctx.report.numbers) as the reader sees them."""
+        return self.raw(digits)
+
+    def significant(self, digits: str) -> str:
+        """The digits `sig` gives, typeset; by default as `number` typesets them."""
+        return self.number(digits)
+
+    def finalize(self, value):
+        """Jinja's finalize hook: what \\VAR{x} or {{ x }} prints for x."""
+        if value is None:
+            return self.missing
+        if isinstance(value, self.raw):
+            return value
+        if self.nonfinite_missing and isinstance(value, float) and not math.isfinite(value):
+            return self.missing
+        return self.escape(value)
+
+    def extras(self) -> dict:
+        """Filters only this dialect has."""
+        return {}
+
+    def filters(self) -> dict:
+        """The Jinja filters: fmt(kind), sig(digits), num, ci(scale, digits), and the extras."""
+
+        def fmt(value, kind: str):
+            """A number as `kind` prints it; the missing mark where there is none."""
+            digits = plain(value, kind)
+            return self.missing if digits is None else self.number(digits)
+
+        def significant(value, digits: int = 3):
+            s = sig(value, digits)
+            return self.missing if s is None else self.significant(s)
+
+        def ci(pair, scale: float = 1.0, digits: int = 3):
+            """[low, high] of a fit's interval (times scale); the missing mark without one."""
+            ends = interval(pair, scale, digits)
+            if ends is None:
+                return self.missing
+            high = self.number(ends[1]) if ends[1] is not None else self.unbounded
+            return self.raw(f"[{self.number(ends[0])}, {high}]")
+
+        return {"fmt": fmt, "sig": significant, "num": lambda value: fmt(value, "int"), "ci": ci, **self.extras()}
+
+    def environment(self, loader: jinja2.BaseLoader, **syntax) -> jinja2.Environment:
+        """A strict Jinja environment that writes this dialect (syntax: the delimiters, where not Jinja's)."""
+        env = jinja2.Environment(
+            loader=loader, trim_blocks=True, lstrip_blocks=True, autoescape=False, undefined=jinja2.StrictUndefined,
+            finalize=self.finalize, keep_trailing_newline=True, **syntax,
+        )
+        env.filters.update(self.filters())
+        return env
