@@ -67,7 +67,7 @@ def main() -> None:
         # the calibrate step's measurements (longctx.attention.microbench), on a buffer of the KV read's size
         copy_bw = 2 * nbytes / statistics.median(microbench.copy_seconds(nbytes, "cpu", lambda: None, a.steps)) / 1e9
         src = torch.randn(nbytes // 4)
-        read_bw = nbytes / statistics.median(microbench._timed(lambda: src.sum(), lambda: None, a.steps)) / 1e9
+        read_bw = nbytes / statistics.median(microbench.timed(lambda: src.sum(), lambda: None, a.steps)) / 1e9
         for name, (page_size, order, defrag) in LAYOUTS.items():
             pool = KVPool(cfg.num_hidden_layers, cfg.cell_dim, cfg.dtype, length + 1024, page_size, 1, length + 1024, order, seed=0)
             row, pages = pool.alloc_row(), []

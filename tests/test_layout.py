@@ -72,6 +72,29 @@ def imports(module: str, path: Path, is_pkg: bool, known: dict) -> list[tuple[st
     return found
 
 
+def private_attributes(module: str, path: Path, is_pkg: bool, known: dict) -> list[tuple[str, str, str, int]]:
+    """(alias, module, name, line) for every `alias._name` where alias is another package module imported
+    by name (`from . import microbench`, `import longctx.x as y`)."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            target = _absolute(module, is_pkg, node.level, node.module)
+            for a in node.names:
+                if f"{target}.{a.name}" in known:
+                    aliases[a.asname or a.name] = f"{target}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in known:
+                    aliases[a.asname] = a.name
+    out = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__") and aliases[node.value.id] != module):
+            out.append((node.value.id, aliases[node.value.id], node.attr, node.lineno))
+    return out
+
+
 def problems(root: Path, stages=STAGES, refengine_may_import=REFENGINE_MAY_IMPORT) -> list[str]:
     """Every import that breaks the stage order, reaches another module's private names, leaves the
     reference engine's allowed stages, or closes a cycle."""
@@ -97,6 +120,8 @@ def problems(root: Path, stages=STAGES, refengine_may_import=REFENGINE_MAY_IMPOR
                 out.append(f"{where}:{line}: the reference engine imports {target} ({dst})")
             if name and name.startswith("_") and not name.startswith("__") and target != module:
                 out.append(f"{where}:{line}: imports the private name {name} of {target}")
+        for alias, target, name, line in private_attributes(module, path, is_pkg, known):
+            out.append(f"{where}:{line}: reads the private name {name} of {target} (as {alias}.{name})")
     out += [f"import cycle: {' -> '.join(c)}" for c in cycles(graph)]
     return out
 
@@ -197,11 +222,14 @@ def test_the_checker_finds_a_later_stage_a_cycle_a_private_name_and_the_engine_l
         "engines/base.py": "from ..config import late\n",  # config -> engines -> config
         "report/markdown.py": "from .latex import _escape\n",
         "report/latex.py": "def _escape(): ...\n",
+        "attention/kernelbench.py": "from . import microbench\n\ndef f():\n    return microbench._timed()\n",
+        "attention/microbench.py": "def _timed(): ...\n",
         "refengine/server.py": "from ..measure import sweep\n",
     })
     found = "\n".join(problems(root))
     assert "measure imports longctx.analysis.fits (analysis), a later stage" in found
     assert "imports the private name _escape of longctx.report.latex" in found
+    assert "reads the private name _timed of longctx.attention.microbench (as microbench._timed)" in found
     assert "import cycle: longctx.config -> longctx.engines.base -> longctx.config" in found
     assert "the reference engine imports longctx.measure.sweep (measure)" in found
     assert "engines imports longctx.config (config), a later stage" in found

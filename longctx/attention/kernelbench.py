@@ -47,7 +47,7 @@ def best_time(fn, device: str = "cpu", repeats: int = 20, min_total_s: float = 0
     shared machine."""
     times: list[float] = []
     while sum(times) < min_total_s and len(times) < 100 * repeats:
-        times += microbench._timed(fn, _sync(device), repeats)
+        times += microbench.timed(fn, _sync(device), repeats)
     return min(times)
 
 

@@ -36,7 +36,7 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _timed(fn, sync, repeats: int) -> list[float]:
+def timed(fn, sync, repeats: int) -> list[float]:
     fn()
     sync()
     out = []
@@ -55,7 +55,7 @@ def copy_seconds(n_bytes: int, dev, sync, repeats: int) -> list[float]:
 
     src = torch.ones(max(1, n_bytes // 4), dtype=torch.float32, device=dev)
     dst = torch.empty_like(src)
-    return _timed(lambda: dst.copy_(src), sync, repeats)
+    return timed(lambda: dst.copy_(src), sync, repeats)
 
 
 def measure(device: str = "cpu", copy_mib: int = 256, matmul_size: int = 1024, dtype: str = "float32",
@@ -81,12 +81,12 @@ def measure(device: str = "cpu", copy_mib: int = 256, matmul_size: int = 1024, d
     n_bytes = copy_mib * 2**20
     copy = copy_seconds(n_bytes, dev, sync, repeats)
     src = torch.ones(n_bytes // 4, dtype=torch.float32, device=dev)
-    read = _timed(lambda: src.sum(), sync, repeats)
+    read = timed(lambda: src.sum(), sync, repeats)
     del src
     tdtype = getattr(torch, dtype)
     a = torch.randn(matmul_size, matmul_size, device=dev).to(tdtype)
     b = torch.randn(matmul_size, matmul_size, device=dev).to(tdtype)
-    mm = _timed(lambda: a @ b, sync, repeats)
+    mm = timed(lambda: a @ b, sync, repeats)
     flops = 2.0 * matmul_size**3
     return {
         "status": "ok", "device": device, "name": name, "dtype": dtype,
