@@ -1,5 +1,5 @@
 """The calibrate step: measured ceilings (copy bandwidth, matmul rate) of every device the
-configurations' servers compute on, each measured by longctx/microbench.py run with the Python
+configurations' servers compute on, each measured by longctx/attention/microbench.py run with the Python
 that runs that engine, on this machine (the one the servers run on).
 
 data/calibration.json: {"devices": {"cpu": {...}, "cuda": {...}}}, one entry per device kind used;

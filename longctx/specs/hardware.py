@@ -1,5 +1,5 @@
-"""Hardware ceilings: datasheet figures (longctx/hardware.yaml, with units and sources) matched by
-the NVML device name, and the measured ones from the `calibrate` step (longctx/calibrate.py).
+"""Hardware ceilings: datasheet figures (longctx/specs/hardware.yaml, with units and sources) matched by
+the NVML device name, and the measured ones from the `calibrate` step (longctx/measure/calibration.py).
 
 A configuration's ceilings are those of the device its server computes on (the engine adapter's
 compute_device): the GPU for SGLang, vLLM and external servers on a GPU machine, the CPU for the
