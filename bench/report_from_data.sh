@@ -1,0 +1,28 @@
+#!/bin/bash
+# bench/report_from_data.sh TREE DATA OUT: the report of TREE's code (a checkout of longctx, e.g. a
+# `git worktree add` of an older commit) made from measurements taken before (DATA: a data/ folder
+# with raw/, calibration.json and kernels/), in OUT, as the workflow's report rules make it; prints
+# the path of its text (pdftotext -layout). Two trees, the same DATA, then `diff` of the two texts:
+# what a code change alters in the report. Runs TREE's code with this checkout's .venv.
+set -euo pipefail
+TREE=$(realpath "$1"); DATA=$(realpath "$2"); OUT=$(realpath -m "$3")
+VENV=$(realpath "$(dirname "$0")/../.venv")
+rm -rf "$OUT"; mkdir -p "$OUT/data" "$OUT/report"
+cp -r "$DATA/raw" "$DATA/calibration.json" "$DATA/kernels" "$OUT/data/"
+cp -r "$TREE/templates" "$OUT/"
+export PYTHONPATH=$TREE PATH=$VENV/bin:$PATH
+cd "$OUT"
+CFGJSON=$(python -c "import json,yaml,sys; sys.path.insert(0,'$TREE'); from longctx import config; print(json.dumps(config.load('$TREE/config/longctx.yaml')))")
+RAW=$(ls data/raw/*/*.json | sort)
+longctx aggregate --out-csv data/results.csv --out-provenance data/provenance.json --out-itl-depth data/itl_depth.csv $RAW
+SETTINGS=$(python -c "import json; c=json.loads('''$CFGJSON'''); print(json.dumps({k: v for k, v in c['analysis'].items() if k != 'mem_fractions'}, sort_keys=True, separators=(',', ':')))")
+longctx fit --results data/results.csv --provenance data/provenance.json --calibration data/calibration.json --settings "$SETTINGS" --kernel-bench data/kernels/*.json --out data/fits.json > /dev/null
+FR=$(python -c "import json; c=json.loads('''$CFGJSON'''); print(','.join(str(f) for f in c['analysis']['mem_fractions']))")
+longctx plan-memory --provenance data/provenance.json --results data/results.csv --fractions $FR --out data/planner.json > /dev/null
+longctx plot --results data/results.csv --fits data/fits.json --style templates/plot.mplstyle --itl-depth data/itl_depth.csv --outdir report/figures > /dev/null
+longctx plot-analysis --results data/results.csv --fits data/fits.json --planner data/planner.json --style templates/plot.mplstyle --outdir report/figures > /dev/null
+longctx render --template templates/longctx.tex.j2 --results data/results.csv --fits data/fits.json --provenance data/provenance.json --itl-depth data/itl_depth.csv --planner data/planner.json --config-json "$CFGJSON" --out report/longctx.tex --version-out report/version.json
+longctx pdf --tex report/longctx.tex --provenance data/provenance.json --version report/version.json --out report/longctx.pdf > /dev/null
+longctx markdown --template templates/longctx.md.j2 --version report/version.json --results data/results.csv --fits data/fits.json --provenance data/provenance.json --itl-depth data/itl_depth.csv --planner data/planner.json --config-json "$CFGJSON" --out report/longctx.md
+pdftotext -layout report/longctx.pdf report/longctx.txt
+echo "$OUT/report/longctx.txt"
