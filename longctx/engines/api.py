@@ -9,11 +9,12 @@ from dataclasses import dataclass
 class Api:
     kind: str  # "sglang" | "openai"
     generate_path: str
-    health_path: str
+    health_paths: tuple[str, ...]  # health probes in order of preference (server.health_path replaces them)
     info_paths: tuple[str, ...]  # every one that answers is merged into server_info
     flush_path: str | None  # None: the server has no cache flush; unique prompt prefixes still apply
 
 
-SGLANG = Api("sglang", "/generate", "/health", ("/server_info", "/get_server_info"), "/flush_cache")
-OPENAI = Api("openai", "/v1/completions", "/health", ("/version", "/v1/models"), None)
+SGLANG = Api("sglang", "/generate", ("/health", "/health_generate", "/get_model_info", "/v1/models"),
+             ("/server_info", "/get_server_info"), "/flush_cache")
+OPENAI = Api("openai", "/v1/completions", ("/health", "/health_generate", "/v1/models"), ("/version", "/v1/models"), None)
 APIS = {a.kind: a for a in (SGLANG, OPENAI)}

@@ -54,7 +54,8 @@ class SGLangAdapter(EngineAdapter):
     tp_size_flags = ("tp-size", "tensor-parallel-size", "tp")
 
     def api(self, spec: ConfigurationSpec):
-        return replace(SGLANG, health_path="/health_generate")  # ready means able to generate
+        # ready means able to generate: /health_generate first, the others for a build without it
+        return replace(SGLANG, health_paths=("/health_generate", *(p for p in SGLANG.health_paths if p != "/health_generate")))
 
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
         from ..core.errors import ConfigError

@@ -25,7 +25,7 @@ from ..core.hashing import digest
 from ..engines import ConfigurationSpec, EngineAdapter, get_adapter
 from ..core.fitting import fit_prefill, prefill_curve
 from ..specs.model import ModelSpecError
-from .process import ExternalServer, ManagedServer, PortTaken, ServerError, free_port
+from .process import ExternalServer, ManagedServer, NoHealthPath, PortTaken, ServerError, free_port
 from .telemetry import Sampler, make_source, summarize, visible_gpus
 from .needle import probe as needle_probe
 from .workload import prompt_ids
@@ -279,6 +279,9 @@ class Session:
     def __init__(self, adapter: EngineAdapter, spec: ConfigurationSpec, server_log: Path, provenance_: dict):
         self.adapter, self.spec, self.log_path, self.prov = adapter, spec, server_log, provenance_
         self.api = adapter.api(spec)
+        # the health probes in order (the first that answers 200 is used), or the configured path alone
+        self.health_paths = (spec.server["health_path"],) if spec.server.get("health_path") else self.api.health_paths
+        self.health_path: str | None = None  # the one chosen at start-up
         self.version = adapter.installed_version(spec) if adapter.managed else None
         self.server = None
         self.base: str | None = None
@@ -301,7 +304,7 @@ class Session:
             try:
                 self._start()
                 return
-            except FatalServerError:
+            except (FatalServerError, NoHealthPath):
                 raise
             except ServerError as exc:
                 last = str(exc)
@@ -317,9 +320,13 @@ class Session:
         else:
             cmd, self.base = None, spec.url.rstrip("/")
             self.server = ExternalServer(self.base)
-            startup_s = self.server.wait_healthy(self.base + self.api.health_path, timeout)
-        log.info("%s: server up in %.1f s (pid %s, %s)", spec.name, startup_s, self.server.pid,
-                 self.log_path if a.managed else self.base)
+            try:
+                self.health_path, startup_s = self.server.wait_ready(self.health_paths, timeout)
+            except ServerError as exc:  # longctx cannot start it: a restart would only wait again
+                raise FatalServerError(f"the external server of configuration {spec.name!r} (configurations."
+                                       f"{spec.name}.url: {spec.url}) is not ready: {exc}") from None
+        log.info("%s: server up in %.1f s (pid %s, %s), health on %s", spec.name, startup_s, self.server.pid,
+                 self.log_path if a.managed else self.base, self.health_path)
         info = fetch_server_info(self.client, self.base, self.api)
         log_text = self.log_path.read_text(errors="replace") if a.managed else ""
         telemetry = spec.telemetry
@@ -328,6 +335,7 @@ class Session:
         self.random_weights = bool(spec.model.get("random_weights") or info.get("random_weights"))
         self.prov.update(
             launch_command=cmd, base_url=self.base, server_pid=self.server.pid, startup_s=startup_s, starts=self.starts,
+            health_path=self.health_path,
             server_info=info, engine_version=info.get("version") or self.version,
             kv_pool={"tokens": a.pool_tokens(info), "log": a.kv_pool_from_log(log_text)},
             telemetry=self.source.describe() if self.source else "off",
@@ -351,7 +359,8 @@ class Session:
                                         stop_timeout_s=spec.server["stop_timeout_s"], unset=THREAD_LIMIT_VARS)
             self.server.start()
             try:
-                return cmd, self.server.wait_healthy(self.base + self.api.health_path, timeout, port=port)
+                self.health_path, startup_s = self.server.wait_ready(self.base, self.health_paths, timeout, port=port)
+                return cmd, startup_s
             except PortTaken as exc:
                 log.warning("%s: %s; launching on another port (%d of %d)", spec.name, exc, attempt, PORT_ATTEMPTS)
         raise ServerError(f"every one of {PORT_ATTEMPTS} ports was taken by another process before the server bound it")
@@ -364,7 +373,7 @@ class Session:
         if not self.alive():
             return False
         try:
-            return self.client.get(self.base + self.api.health_path, timeout=10).status_code == 200
+            return self.client.get(self.base + self.health_path, timeout=10).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -446,7 +455,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                 result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "warmup": [], "trials": []}
             if result["status"] != "ok" and not session.healthy():
                 if session.alive():
-                    what = f"the server stopped answering {session.api.health_path} while measuring length {length}"
+                    what = f"the server stopped answering {session.health_path} while measuring length {length}"
                     reason = f"{what}; it is restarted for the next length; server log: {session.log_path}"
                 else:
                     reason = session.server.died_message(f"the server died while measuring length {length}")
