@@ -11,8 +11,14 @@ from longctx import config as lcfg
 from .conftest import ROOT
 
 
+# the reference engine is built from the architecture the config gives (nothing is filled in)
+REF_ARCH = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 2, "kv_lora_rank": 64,
+            "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32}
+
+
 def base():
-    return {"lengths": [64], "configurations": {"a": {"engine": "reference", "args": {"page-size": 1}}}}
+    return {"lengths": [64], "model": {"architecture": dict(REF_ARCH)},
+            "configurations": {"a": {"engine": "reference", "args": {"page-size": 1}}}}
 
 
 def test_default_config_validates_with_defaults_filled_in():
@@ -25,6 +31,9 @@ def test_default_config_validates_with_defaults_filled_in():
     d = lcfg.validate(base())
     assert d["protocol"]["trials"] == 3 and d["server"]["host"] == "127.0.0.1"
     assert d["model"]["architecture"]["kv_lora_rank"] == 64
+    # a real engine's model nobody described gets no architecture (it used to get the reference engine's MLA)
+    ext = lcfg.validate({"lengths": [64], "model": {"name": "m"}, "configurations": {"x": {"engine": "external", "url": "http://h:1", "api": "openai"}}})
+    assert ext["model"]["architecture"] == {} and ext["model"]["kv_bytes_per_token"] is None
 
 
 @pytest.mark.parametrize("mutate, expected", [
@@ -42,6 +51,9 @@ def test_default_config_validates_with_defaults_filled_in():
     (lambda c: c["model"].update(architecture={"torch_dtype": "int8"}) if "model" in c else c.update(model={"architecture": {"torch_dtype": "int8"}}),
      "'model.architecture.torch_dtype': 'int8' is not allowed; allowed values: float32, bfloat16, float16"),
     (lambda c: c.update(model={"hf_config": "/models/x/config.json"}), "'model.hf_config': configuration 'a' runs the reference engine"),
+    (lambda c: c["model"].pop("architecture"), "'model.architecture': configuration 'a' runs the reference engine, an MLA model built from model.architecture, which must give num_hidden_layers, hidden_size,"),
+    (lambda c: c["model"]["architecture"].update(num_key_value_heads=2), "(not num_key_value_heads: the engine does not build them)"),
+    (lambda c: c["model"]["architecture"].update(sliding_windw=2), "'model.architecture.sliding_windw' is unknown"),
     (lambda c: c.update(analysis={"confidence": 1.5}), "'analysis.confidence': 1.5 is greater than or equal to the maximum of 1"),
     (lambda c: c.update(calibration={"dtype": "int8"}), "'calibration.dtype': 'int8' is not allowed; allowed values: None, float32"),
 ])

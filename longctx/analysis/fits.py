@@ -14,7 +14,7 @@ import pandas as pd
 from ..core.fitting import LEVEL, Fit, decode_summary, prefill_summary, regime_change
 from ..core.numbers import is_number
 from . import kernel_records
-from .memory import adapter_of, spec_of
+from .memory import adapter_of, kv_bytes, spec_absent_reason, spec_of
 from .tables import ok_rows, step_seconds
 
 
@@ -46,18 +46,25 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     out: dict = {"lengths": sorted(int(x) for x in g["length"].unique())}
     spec = spec_of(entry) if entry else None
     args = entry.get("args") or {}
-    kv = spec.kv_bytes_per_token() if spec else None
+    kv, kv_source = kv_bytes(entry, spec) if entry else (None, None)
     if kv is None and "kv_bytes_per_token" in g and g["kv_bytes_per_token"].notna().any():
-        kv = float(g["kv_bytes_per_token"].dropna().iloc[0])
+        kv, kv_source = float(g["kv_bytes_per_token"].dropna().iloc[0]), "results.csv"
+    out["kv_bytes_per_token"], out["kv_bytes_source"] = kv, kv_source
+    absent = spec_absent_reason(entry, spec) if entry else None
     if spec:
         out["model_spec"] = spec.to_dict()
+    if absent:  # the spec does not describe the model exactly: what needs it is left out, with why
+        out["model_spec_absent"] = absent
+    exact = None if absent else spec  # what the FLOPs, the intensity and the roofline need
     fits: dict = {}
-    if g["length"].nunique() >= 3:
-        fits["prefill"] = Fit("prefill", g["length"], g["ttft_s"], n_boot, level, seed)
+    # the fits weigh relative residuals: only positive times count (a server may report 0)
+    p = g[g["ttft_s"] > 0]
+    if p["length"].nunique() >= 3:
+        fits["prefill"] = Fit("prefill", p["length"], p["ttft_s"], n_boot, level, seed)
         out["prefill"] = prefill_summary(fits["prefill"])
-        out["prefill"]["regime_change"] = regime_change("prefill", g["length"], g["ttft_s"], st["regime_tolerance"],
+        out["prefill"]["regime_change"] = regime_change("prefill", p["length"], p["ttft_s"], st["regime_tolerance"],
                                                         min(n_boot, 400), level, seed)
-    d = g[g["step_s"].notna()]
+    d = g[g["step_s"] > 0]
     if d["length"].nunique() >= 2:
         fits["decode"] = Fit("decode", d["length"], d["step_s"], n_boot, level, seed)
         out["decode"] = decode_summary(fits["decode"], kv)
@@ -94,13 +101,13 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
             dec[f"bw_pct_{which}"] = _pct(bw, ref)
             dec["ci"][f"bw_pct_{which}"] = [_pct(x * 1e9, ref) if x is not None else None for x in ci] if ref else None
     pre = out.get("prefill")
-    if pre and spec and pre["c_s_per_token2"] > 0:
+    if pre and exact and pre["c_s_per_token2"] > 0:
         # attention FLOPs of a prompt: L(L+1)/2 pairs x per-pair FLOPs, so c L^2 buys per_pair/2 FLOP per L^2
-        rate = spec.prefill_flops_per_pair() / 2 / pre["c_s_per_token2"]
+        rate = exact.prefill_flops_per_pair() / 2 / pre["c_s_per_token2"]
         pre["attention_flops"] = rate
         c_ci = pre["ci"].get("c_s_per_token2")
-        pre["ci"]["attention_flops"] = [spec.prefill_flops_per_pair() / 2 / c_ci[1] if c_ci[1] else None,
-                                        spec.prefill_flops_per_pair() / 2 / c_ci[0] if c_ci[0] else None] if c_ci else None
+        pre["ci"]["attention_flops"] = [exact.prefill_flops_per_pair() / 2 / c_ci[1] if c_ci[1] else None,
+                                        exact.prefill_flops_per_pair() / 2 / c_ci[0] if c_ci[0] else None] if c_ci else None
         for which in ("datasheet", "measured"):
             pre[f"attention_pct_{which}"] = _pct(rate, (ceil.get(which) or {}).get("flops"))
     # extrapolation to the longest request the deployment could serve
@@ -121,15 +128,15 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
                 ex["tokens_per_step"] = tokens_per_step
         out["extrapolation"] = ex
     # roofline points from the median step time per length
-    if spec and len(d):
+    if exact and len(d):
         q = adapter.verify_width(args)
         steps = [(int(x), float(v)) for x, v in d.groupby("length")["step_s"].median().items()]
-        out["roofline"] = {"query_tokens": q, "intensity": spec.decode_intensity(q),
-                           "points": roofline.decode_points(spec, q, steps, ceil)}
+        out["roofline"] = {"query_tokens": q, "intensity": exact.decode_intensity(q),
+                           "points": roofline.decode_points(exact, q, steps, ceil)}
         for which in ("datasheet", "measured"):
             c = ceil.get(which) or {}
             out["roofline"][f"ridge_{which}"] = roofline.ridge(c.get("flops"), c.get("bandwidth_Bps"))
-            out["roofline"][f"bound_{which}"] = roofline.bound(spec.decode_intensity(q), c.get("flops"), c.get("bandwidth_Bps"))
+            out["roofline"][f"bound_{which}"] = roofline.bound(exact.decode_intensity(q), c.get("flops"), c.get("bandwidth_Bps"))
     return out
 
 

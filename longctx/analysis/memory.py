@@ -13,6 +13,7 @@ server allocated at its mem-fraction-static.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from ..engines import EngineAdapter, get_adapter
@@ -22,26 +23,52 @@ from ..specs.pool import PoolError, PoolSizing
 SGLANG_REQ_TO_TOKEN_BYTES = 4  # int32 entries, max_context_len = context_len + 4 (SGLang ReqToTokenPool)
 
 
-def _first(*values):
-    for v in values:
-        if v is not None:
-            return v
-    return None
-
-
 def adapter_of(entry: dict) -> EngineAdapter:
     """The adapter of the engine that served a provenance entry."""
     return get_adapter(entry["engine"])
 
 
 def spec_of(entry: dict) -> ModelSpec | None:
-    """The model as the entry's server ran it: as recorded when it was measured, else from its flags."""
+    """The model as the entry's server ran it: as recorded when it was measured, else from its flags;
+    model.kv_bytes_per_token overriding its KV figure (a record from before the spec carried it too)."""
+    model = entry.get("model") or {}
     if entry.get("model_spec"):
-        return ModelSpec.from_dict(entry["model_spec"])
+        spec = ModelSpec.from_dict(entry["model_spec"])
+        given = model.get("kv_bytes_per_token")
+        if "kv_bytes_override" not in entry["model_spec"] and given and int(given) != spec.kv_bytes_per_token():
+            spec = replace(spec, kv_bytes_override=int(given),
+                           field_sources={**spec.field_sources, "kv_bytes_per_token": "model.kv_bytes_per_token"})
+        return spec
+    if "model_spec_absent" in entry:  # recorded at measurement: the config described no model the spec can
+        return None
     try:
-        return adapter_of(entry).model_spec(entry.get("model") or {}, entry.get("args") or {})
+        return adapter_of(entry).model_spec(model, entry.get("args") or {})
     except (ModelSpecError, KeyError, TypeError):
         return None
+
+
+def spec_absent_reason(entry: dict, spec: ModelSpec | None) -> str | None:
+    """Why the figures that need the architecture (attention FLOPs, intensity, roofline) are left
+    out for this entry: no spec, or one that does not describe the model exactly; None: they are not."""
+    if spec is None:
+        return entry.get("model_spec_absent") or "the config describes no architecture (model.hf_config or model.architecture)"
+    return None if spec.exact else spec.inexact_reason
+
+
+def kv_bytes(entry: dict, spec: ModelSpec | None) -> tuple[int | None, str | None]:
+    """KV cache bytes per token on one GPU and where the figure came from: model.kv_bytes_per_token
+    over everything, else an exact spec's, else what the server reported; (None, why) otherwise."""
+    given = (entry.get("model") or {}).get("kv_bytes_per_token")
+    if spec and spec.kv_bytes_override:
+        return int(spec.kv_bytes_override), "model.kv_bytes_per_token"
+    if spec is None and given:
+        return int(given), "model.kv_bytes_per_token"
+    if spec and spec.exact:
+        return spec.kv_bytes_per_token(), f"the architecture ({spec.source})"
+    reported = (entry.get("server_info") or {}).get("kv_bytes_per_token")
+    if reported:
+        return int(reported), "the server"
+    return None, spec_absent_reason(entry, spec)
 
 
 def memory_model(entry: dict) -> dict:
@@ -50,14 +77,15 @@ def memory_model(entry: dict) -> dict:
     args = entry.get("args") or {}
     adapter = adapter_of(entry)
     spec = spec_of(entry)
-    cell = _first(info.get("kv_bytes_per_token"), spec.kv_bytes_per_token() if spec else None,
-                  (entry.get("model") or {}).get("kv_bytes_per_token"))
+    cell, cell_source = kv_bytes(entry, spec)
+    if spec and spec.exact and not spec.kv_bytes_override and info.get("kv_bytes_per_token"):
+        cell, cell_source = int(info["kv_bytes_per_token"]), "the server"
 
     def setting(flag: str):  # SGLang's flags, which the reference engine shares
         return adapter.setting(args, info, flag)
 
     mm = {
-        "cell_bytes": int(cell) if cell else None,
+        "cell_bytes": int(cell) if cell else None, "cell_source": cell_source,
         "page_size": int(setting("page-size") or 1),
         "max_total_tokens": setting("max-total-tokens"),
         "context_length": setting("context-length"),
@@ -127,16 +155,19 @@ def plan_configuration(entry: dict, fractions: list[float], longest: int | None)
     if mm["req_to_token_bytes"] is not None and mm["cell_bytes"]:
         out["req_to_token_tokens_equivalent"] = mm["req_to_token_bytes"] / mm["cell_bytes"]
     spec = spec_of(entry)
-    if spec:
+    if spec and (spec.exact or spec.kv_bytes_override):
+        arch = spec.exact and not spec.kv_bytes_override  # the other figures follow from the architecture
         out["kv_bytes_per_token"] = {
             "served": spec.kv_bytes_per_token(), "served_dtype": spec.kv_cache_dtype, "attention": spec.attention,
-            "tp_size": spec.tp_size, "all_ranks": spec.kv_bytes_per_token_all_ranks(),
-            "fp8": ModelSpec.from_dict({**spec.to_dict(), "kv_cache_dtype": "fp8_e4m3"}).kv_bytes_per_token(),
-            "mha_equivalent": spec.mha_equivalent_kv_bytes_per_token() if spec.attention == "mla" else None,
+            "tp_size": spec.tp_size, "all_ranks": spec.kv_bytes_per_token_all_ranks(), "source": mm["cell_source"],
+            "fp8": replace(spec, kv_cache_dtype="fp8_e4m3").kv_bytes_per_token() if arch else None,
+            "mha_equivalent": spec.mha_equivalent_kv_bytes_per_token() if arch and spec.attention == "mla" else None,
         }
     if not rows:
         missing = [k for k in ("memory_bytes", "weights_bytes", "cell_bytes") if mm[k] is None]
         out["reason"] = f"the pool cannot be modelled: unknown {', '.join(missing)}"
+        if mm["cell_bytes"] is None and mm["cell_source"]:
+            out["reason"] += f" ({mm['cell_source']})"
     return out
 
 

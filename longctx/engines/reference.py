@@ -26,6 +26,17 @@ class ReferenceAdapter(EngineAdapter):
         if config["model"].get("hf_config"):
             raise ConfigError(f"config key 'model.hf_config': configuration {configuration!r} runs the reference engine, "
                               "which is built from model.architecture; remove model.hf_config (it describes a real model)")
+        arch = config["model"].get("architecture") or {}
+        need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim",
+                "qk_nope_head_dim", "v_head_dim")
+        known = {*need, "intermediate_size", "torch_dtype"}  # what longctx.refengine.modelconfig builds
+        missing, extra = [k for k in need if k not in arch], sorted(set(arch) - known)
+        if missing or extra:
+            raise ConfigError(f"config key 'model.architecture': configuration {configuration!r} runs the reference engine, "
+                              "an MLA model built from model.architecture, which must give "
+                              + (f"{', '.join(missing)}" if missing else "no other fields")
+                              + (f" (not {', '.join(extra)}: the engine does not build them)" if extra else "")
+                              + f"; its fields: {', '.join(sorted(known))}")
         kind = config["kernels"][conf["kernel"]]["kind"] if conf.get("kernel") else "torch"
         backend = str(conf["args"].get("attention-backend", "torch"))
         if (kind == "native") != (backend == "native"):

@@ -24,7 +24,7 @@ from .client import request_body, stream_generate, timed_client
 from ..core.hashing import digest
 from ..engines import ConfigurationSpec, EngineAdapter, get_adapter
 from ..core.fitting import fit_prefill, prefill_curve
-from ..specs.model import ModelSpecError
+from ..specs.model import ModelNotDescribed, ModelSpecError
 from .process import ExternalServer, ManagedServer, NoHealthPath, PortTaken, ServerError, free_port
 from .telemetry import Sampler, make_source, summarize, visible_gpus
 from .needle import probe as needle_probe
@@ -71,14 +71,18 @@ def server_env(spec: ConfigurationSpec) -> dict[str, str]:
     return env
 
 
-def resolved_model_spec(adapter: EngineAdapter, spec: ConfigurationSpec) -> dict | None:
-    """The architecture as this configuration serves it (TP size, KV dtype), for the analysis;
-    None where the config gives kv_bytes_per_token for a model the spec cannot describe."""
+def resolved_model_spec(adapter: EngineAdapter, spec: ConfigurationSpec) -> tuple[dict | None, str | None]:
+    """The architecture as this configuration serves it (TP size, KV dtype, model.kv_bytes_per_token),
+    for the analysis, or None and why: the config describes no model, or one the spec cannot
+    (then model.kv_bytes_per_token, if given, is the only KV figure). A description that is wrong
+    (a missing file, a field an MHA/GQA/MLA model needs) is a ConfigError."""
     try:
-        return adapter.model_spec(spec.model, spec.args).to_dict()
+        return adapter.model_spec(spec.model, spec.args).to_dict(), None
+    except ModelNotDescribed as exc:
+        return None, str(exc)
     except ModelSpecError as exc:
         if spec.model.get("kv_bytes_per_token"):
-            return None
+            return None, str(exc)
         from ..core.errors import ConfigError
 
         raise ConfigError(str(exc)) from None
@@ -409,11 +413,13 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     if adapter.managed:
         server_log.parent.mkdir(parents=True, exist_ok=True)
         server_log.unlink(missing_ok=True)
-    mspec = resolved_model_spec(adapter, spec)
+    mspec, no_spec = resolved_model_spec(adapter, spec)
+    exact_kv = mspec["kv_bytes_per_token"] if mspec and (mspec["exact"] or mspec["kv_bytes_override"]) else None
     prov = {
         "protocol": spec.protocol,
-        "model": {**spec.model, "kv_bytes_per_token": spec.model.get("kv_bytes_per_token") or mspec["kv_bytes_per_token"]},
+        "model": {**spec.model, "kv_bytes_per_token": spec.model.get("kv_bytes_per_token") or exact_kv},
         "model_spec": mspec,
+        "model_spec_absent": no_spec,
         "args": spec.args,
         "git": provenance.git_info(),
         "packages": provenance.package_versions(),

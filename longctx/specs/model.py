@@ -1,8 +1,17 @@
 """The model's architecture as the analysis needs it: KV cache bytes and attention FLOPs per token.
 
 A ModelSpec comes from a local Hugging Face ``config.json`` (``model.hf_config``) or from the
-config's ``model.architecture`` (DeepSeek-V3 field names), with the deployment's tensor-parallel
-size and KV cache dtype (which the engine adapters read from a configuration's flags).
+config's ``model.architecture`` (the same field names), with the deployment's tensor-parallel
+size and KV cache dtype (which the engine adapters read from a configuration's flags), and
+``model.kv_bytes_per_token``, which overrides the KV figure the architecture gives.
+
+Families (``model_type``) it reads: Llama, Mistral, Qwen2, Qwen3, GPT-OSS (GQA, ``head_dim``
+where the config gives one) and DeepSeek-V2/V3, Kimi K2 (MLA). A field a config.json leaves out
+takes the default of that family's own Hugging Face config class (FAMILIES); a description without
+``model_type`` (a hand-written ``model.architecture``) must give num_key_value_heads, or the MLA
+fields, itself. Nothing is filled in for a model nobody described (ModelNotDescribed). A model it
+describes only roughly (sliding-window or hybrid layers, which it does not model; an unknown
+family) has exact=False and the reason: the figures that need the architecture are then left out.
 
 Attention kinds:
 - MLA (DeepSeek-V2/V3, Kimi K2): the cache holds one latent vector of kv_lora_rank +
@@ -24,7 +33,7 @@ FLOPs (multiply-add = 2), per layer summed over layers:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1, "int8": 1}
@@ -36,6 +45,25 @@ ATTENTION_KINDS = ("mla", "mha", "gqa")
 
 class ModelSpecError(ValueError):
     """An architecture the analysis cannot describe; the message says which field."""
+
+
+class ModelNotDescribed(ModelSpecError):
+    """The config describes no architecture (or too little of an unknown one): there is no spec,
+    and the figures that need one are absent with this reason (not an error in the config)."""
+
+
+# Per Hugging Face model_type: what its config class takes for a field config.json leaves out
+# (transformers' LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, GptOssConfig, DeepseekV2/V3Config).
+# "heads": num_attention_heads; "hidden/heads": hidden_size // num_attention_heads.
+_GQA = {"head_dim": "hidden/heads"}
+FAMILIES: dict[str, dict] = {
+    "llama": {**_GQA, "num_key_value_heads": "heads"},
+    "mistral": {**_GQA, "num_key_value_heads": 8, "sliding_window": 4096},
+    "qwen2": {**_GQA, "num_key_value_heads": 32, "use_sliding_window": False},
+    "qwen3": {"head_dim": 128, "num_key_value_heads": 32, "use_sliding_window": False},
+    "gpt_oss": {"head_dim": 64, "num_key_value_heads": 8, "sliding_window": 128, "layer_types": "alternating"},
+    "deepseek_v2": {"mla": True}, "deepseek_v3": {"mla": True}, "kimi_k2": {"mla": True},
+}
 
 
 def normalize_dtype(name: str | None, where: str) -> str:
@@ -63,6 +91,11 @@ class ModelSpec:
     tp_size: int = 1
     prefill_absorbed: bool = False  # MLA prefill in the absorbed (latent) form, as the reference engine runs it
     source: str = "config"
+    model_type: str | None = None
+    exact: bool = True  # False: the architecture is more than the spec models (inexact_reason says what)
+    inexact_reason: str | None = None
+    kv_bytes_override: int | None = None  # model.kv_bytes_per_token: per GPU, wins over the architecture's figure
+    field_sources: dict = field(default_factory=dict)  # figure -> where it came from
 
     def __post_init__(self):
         if self.attention not in ATTENTION_KINDS:
@@ -89,14 +122,15 @@ class ModelSpec:
 
     def kv_bytes_per_token(self, per_rank: bool = True) -> int:
         """KV cache bytes per token over all layers: on one tensor-parallel rank (what one GPU
-        stores and reads per step), or summed over the ranks' distinct data (per_rank=False)."""
+        stores and reads per step; model.kv_bytes_per_token where the config gives it), or
+        summed over the ranks' distinct data as the architecture gives it (per_rank=False)."""
+        if per_rank and self.kv_bytes_override:
+            return int(self.kv_bytes_override)
         return self.kv_values_per_token_layer(per_rank) * self.num_hidden_layers * self.kv_dtype_bytes
 
     def kv_bytes_per_token_all_ranks(self) -> int:
-        """Bytes per token held by the whole deployment: the MLA latent once per rank."""
-        if self.attention == "mla":
-            return self.kv_bytes_per_token() * self.tp_size
-        return self.kv_bytes_per_token(per_rank=True) * self.tp_size
+        """Bytes per token held by the whole deployment: one GPU's figure on every rank."""
+        return self.kv_bytes_per_token() * self.tp_size
 
     def mha_equivalent_kv_bytes_per_token(self) -> int:
         """For MLA: what the decompressed K (nope + rope) and V of every head would take per token."""
@@ -164,9 +198,30 @@ def _text_config(cfg: dict) -> dict:
     return cfg
 
 
-def from_hf_config(config: dict | str | Path, kv_cache_dtype: str | None = None, tp_size: int = 1) -> ModelSpec:
+def _inexact(cfg: dict, family: dict, model_type: str | None) -> str | None:
+    """Why the spec does not describe this model exactly (None: it does)."""
+    layers = cfg.get("layer_types", family.get("layer_types"))
+    window = cfg.get("sliding_window", family.get("sliding_window"))
+    if layers == "alternating":
+        return (f"{model_type} alternates sliding-window ({window} tokens) and full-attention layers (its default "
+                "layer_types); the spec models full attention on every layer")
+    if isinstance(layers, list) and any(t != "full_attention" for t in layers):
+        kinds = sorted(set(layers) - {"full_attention"})
+        return (f"hybrid layers: {sum(t != 'full_attention' for t in layers)} of {len(layers)} are {', '.join(kinds)}"
+                f"{f' (window {window} tokens)' if window else ''}; the spec models full attention on every layer")
+    if isinstance(layers, list):
+        return None
+    if window and cfg.get("use_sliding_window", family.get("use_sliding_window", True)):
+        return f"a sliding window of {window} tokens; the spec models full attention over the whole context"
+    if model_type and model_type not in FAMILIES:
+        return (f"model_type {model_type!r} is not a family the spec knows ({', '.join(sorted(FAMILIES))}); "
+                "its figures from the standard fields are not checked")
+    return None
+
+
+def from_hf_config(config: dict | str | Path, kv_cache_dtype: str | None = None, tp_size: int = 1,
+                   source: str = "config.json") -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json (a dict, the file, or the directory holding it)."""
-    source = "config.json"
     if not isinstance(config, dict):
         path = Path(config)
         if path.is_dir():
@@ -179,30 +234,82 @@ def from_hf_config(config: dict | str | Path, kv_cache_dtype: str | None = None,
             raise ModelSpecError(f"model.hf_config: {path} is not valid JSON ({exc})") from None
         source = str(path)
     cfg = _text_config(config)
+    if not cfg:
+        raise ModelNotDescribed("the config describes no model (neither model.hf_config nor model.architecture)")
     for key in ("num_hidden_layers", "num_attention_heads"):
         if key not in cfg:
             raise ModelSpecError(f"{source}: no {key!r}; is this a decoder's config.json?")
+    model_type = cfg.get("model_type")
+    family = FAMILIES.get(model_type, {})
+    given = f"{source}"
+    srcs = {k: given for k in ("num_hidden_layers", "num_attention_heads")}
     weight = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    srcs["weight_dtype"] = given if (cfg.get("torch_dtype") or cfg.get("dtype")) else "not given: bfloat16"
     weight = normalize_dtype(weight, f"{source} torch_dtype")
-    kv = normalize_dtype(kv_cache_dtype, "kv-cache-dtype") if kv_cache_dtype not in (None, "auto") else weight
-    common = dict(num_hidden_layers=int(cfg["num_hidden_layers"]), num_attention_heads=int(cfg["num_attention_heads"]),
-                  hidden_size=cfg.get("hidden_size"), weight_dtype=weight, kv_cache_dtype=kv, tp_size=tp_size, source=source)
-    if cfg.get("kv_lora_rank"):
-        return ModelSpec(attention="mla", kv_lora_rank=int(cfg["kv_lora_rank"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
-                         qk_nope_head_dim=cfg.get("qk_nope_head_dim"), v_head_dim=cfg.get("v_head_dim"), **common)
+    if kv_cache_dtype not in (None, "auto"):
+        kv, srcs["kv_cache_dtype"] = normalize_dtype(kv_cache_dtype, "kv-cache-dtype"), "the engine's --kv-cache-dtype"
+    else:
+        kv, srcs["kv_cache_dtype"] = weight, "the weights' dtype (no --kv-cache-dtype)"
+    srcs["tp_size"] = "the engine's tensor-parallel flag" if tp_size > 1 else "no tensor-parallel flag: 1"
     heads = int(cfg["num_attention_heads"])
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // heads if cfg.get("hidden_size") else None)
+    common = dict(num_hidden_layers=int(cfg["num_hidden_layers"]), num_attention_heads=heads,
+                  hidden_size=cfg.get("hidden_size"), weight_dtype=weight, kv_cache_dtype=kv, tp_size=tp_size, source=source,
+                  model_type=model_type)
+    reason = _inexact(cfg, family, model_type)
+    common.update(exact=reason is None, inexact_reason=reason)
+    if cfg.get("kv_lora_rank"):
+        srcs.update(kv_lora_rank=given, qk_rope_head_dim=given)
+        if not cfg.get("qk_rope_head_dim"):
+            raise ModelSpecError(f"{source}: MLA (kv_lora_rank) needs qk_rope_head_dim")
+        return ModelSpec(attention="mla", kv_lora_rank=int(cfg["kv_lora_rank"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+                         qk_nope_head_dim=cfg.get("qk_nope_head_dim"), v_head_dim=cfg.get("v_head_dim"),
+                         field_sources=srcs, **common)
+    if family.get("mla"):
+        raise ModelSpecError(f"{source}: model_type {model_type!r} is MLA but kv_lora_rank is not given")
+
+    def default(name: str):
+        rule = family.get(name)
+        if rule == "heads":
+            return heads, f"not given: num_attention_heads, as {model_type}'s config class takes it"
+        if rule == "hidden/heads" and cfg.get("hidden_size"):
+            return int(cfg["hidden_size"]) // heads, f"not given: hidden_size / num_attention_heads, as {model_type}'s config class takes it"
+        if isinstance(rule, int):
+            return rule, f"not given: {rule}, {model_type}'s config class default"
+        return None, None
+
+    values = {}
+    for name in ("num_key_value_heads", "head_dim"):
+        if cfg.get(name):
+            values[name], srcs[name] = int(cfg[name]), given
+        elif name == "head_dim" and "head_dim" not in family and cfg.get("hidden_size"):
+            values[name], srcs[name] = int(cfg["hidden_size"]) // heads, "not given: hidden_size / num_attention_heads"
+        else:
+            values[name], srcs[name] = default(name)
+    missing = [n for n in ("num_key_value_heads", "head_dim") if not values[n]]
+    if missing:
+        what = (f"model_type {model_type!r} is not a family the spec knows" if model_type and not family
+                else "no model_type says what a missing field defaults to" if not model_type else f"{model_type}")
+        err = ModelNotDescribed if model_type and not family else ModelSpecError
+        raise err(f"{source}: {', '.join(missing)} not given and {what} (give them, or the MLA fields "
+                  "kv_lora_rank and qk_rope_head_dim; MHA: num_key_value_heads = num_attention_heads)")
+    kv_heads = values["num_key_value_heads"]
     return ModelSpec(attention="mha" if kv_heads == heads else "gqa", num_key_value_heads=kv_heads,
-                     head_dim=int(head_dim) if head_dim else None, **common)
+                     head_dim=values["head_dim"], field_sources=srcs, **common)
 
 
 def model_spec(model: dict, tp_size: int = 1, kv_cache_dtype: str | None = None, prefill_absorbed: bool = False) -> ModelSpec:
     """The spec of the config's model (``model`` section) as a deployment runs it: on tp_size
     tensor-parallel ranks, its KV cache in kv_cache_dtype (None or "auto": the weights' dtype), MLA
-    prefill absorbed or not. An engine adapter (longctx.engines) reads these from its flags."""
+    prefill absorbed or not, its KV bytes per token model.kv_bytes_per_token where that is given.
+    An engine adapter (longctx.engines) reads these from its flags. ModelNotDescribed where the
+    config describes no architecture."""
     if model.get("hf_config"):
         spec = from_hf_config(model["hf_config"], kv_cache_dtype, tp_size)
     else:
-        spec = replace(from_hf_config(dict(model["architecture"]), kv_cache_dtype, tp_size), source="config model.architecture")
+        spec = from_hf_config(dict(model.get("architecture") or {}), kv_cache_dtype, tp_size, source="model.architecture")
+    if model.get("kv_bytes_per_token"):
+        spec = replace(spec, kv_bytes_override=int(model["kv_bytes_per_token"]),
+                       field_sources={**spec.field_sources, "kv_bytes_per_token": "model.kv_bytes_per_token"})
+    else:
+        spec.field_sources["kv_bytes_per_token"] = "the architecture"
     return replace(spec, prefill_absorbed=True) if prefill_absorbed else spec
