@@ -373,7 +373,7 @@ class Session:
         return self.server is not None and self.server.alive()
 
     def healthy(self) -> bool:
-        """Alive and answering its health endpoint within a few seconds."""
+        """Alive and answering the health path chosen at start-up within a few seconds."""
         if not self.alive():
             return False
         try:
