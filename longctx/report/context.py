@@ -204,7 +204,10 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "rows": med[med["configuration"] == name].to_dict("records"),
             "speculative": bool(med[med["configuration"] == name]["spec_accept_length"].notna().any()),
         })
-    first = next(iter(prov["configurations"].values()), {})
+    # the served model, hardware and protocol: from the first configuration whose server started
+    # (one whose every length failed before a server answered records none of them)
+    entries = list(prov["configurations"].values())
+    first = next((p for p in entries if p.get("model")), entries[0] if entries else {})
     gpu = "decode_sm_util_pct_mean" in med and med["decode_sm_util_pct_mean"].notna().any()
     telemetry = {
         "description": first.get("telemetry", "off"),
@@ -225,7 +228,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "packages": package_versions(),
         "hardware": first.get("hardware", {}),
         "machines": list(machines.values()),
-        "model": first.get("model", {}),
+        "model": {"name": None, "kv_bytes_per_token": None, "architecture": None, **first.get("model", {})},
         "protocol": first.get("protocol", {}),
         "lengths": lengths,
         "configurations": configs,
@@ -236,6 +239,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "planner": planner,
         "bands": {kind: bands.describe(analysis, kind) for kind in bands.KINDS},
         "failures": failures,
+        "measured": bool((med["ttft_s"] > 0).any()),  # False: no length of any configuration has a usable TTFT
         "telemetry": telemetry,
         "itl_depth": itl_depth_summary(inputs.itl_depth),
         "concurrency": concurrency_table(df).to_dict("records"),

@@ -176,6 +176,39 @@ def _planner(planner: dict | None) -> list[tuple[str, str]]:
     return out
 
 
+def _failed(name: str, rows: pd.DataFrame) -> str | None:
+    """What became of the lengths of name with no successful trial, each reason with its lengths;
+    None when every length has one."""
+    failed = rows[rows["ttft_s"].isna()]
+    if failed.empty:
+        return None
+    reasons: dict[str, list[int]] = {}
+    for length, reason in zip(failed["length"], failed["reason"]):
+        why = reason.strip().rstrip(".") if isinstance(reason, str) and reason.strip() else "no trial returned a first token"
+        reasons.setdefault(why, []).append(int(length))
+    where = "; ".join(f"at {_lengths(ls)} tokens: {why}" for why, ls in reasons.items())
+    if len(failed) == len(rows):
+        return f"{name}: no length was measured successfully ({where})."
+    return f"{name}: {len(failed)} of {len(rows)} lengths failed ({where})."
+
+
+def _unusable(name: str, rows: pd.DataFrame) -> list[str]:
+    """What the successful trials of name did not measure: a time to first token at or below 0, no decode rate."""
+    out = []
+    bad = rows[rows["ttft_s"] <= 0]
+    if len(bad):
+        out.append(f"{name}: the time to first token reads at or below 0 at {_lengths(bad['length'].tolist())} tokens, "
+                   "which no fit or figure can use.")
+    if not (rows["decode_tok_s"] > 0).any():
+        out.append(f"{name}: no decode rate was measured (no trial decoded a second token).")
+    return out
+
+
+def _lengths(ls: list[int]) -> str:
+    text = [f"{x:,}" for x in sorted(ls)]
+    return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " and " + text[-1]
+
+
 def diagnose(med: pd.DataFrame, fits: dict, planner: dict | None = None) -> list[dict]:
     """[{text, figure, configuration, headline}], in report order: by figure (ORDER), then configuration.
     headline marks each configuration's decode sentence (what bounds it, how far from the ceiling): the
@@ -183,17 +216,23 @@ def diagnose(med: pd.DataFrame, fits: dict, planner: dict | None = None) -> list
     items: list[tuple[str, str, str]] = []
     for name, fit in sorted(fits.items()):
         rows = med[(med["configuration"] == name) & med["ttft_s"].notna()]
+        failed = _failed(name, med[med["configuration"] == name])
         if rows.empty:
-            items.append(("", name, f"{name}: no length was measured successfully.", True))
+            items.append(("", name, failed or f"{name}: no length was measured successfully.", True))
             continue
+        if failed:  # the lengths that failed, before what the others say
+            items.append(("", name, failed, False))
         top = rows.iloc[-1]
         L = int(top["length"])
         decode = _decode(name, top, L, fit)
+        for text in _unusable(name, rows):
+            items.append(("", name, text, not decode))
         for i, (figure, text) in enumerate(decode + _prefill(name, top, L, fit) + _speculative(name, top, L)
                                            + _regimes(name, fit) + _extrapolation(name, fit)):
             items.append((figure, name, text, i == 0 and bool(decode)))
     for name in sorted(set(med["configuration"]) - set(fits)):
-        items.append(("", name, f"{name}: no length was measured successfully.", True))
+        rows = med[med["configuration"] == name]
+        items.append(("", name, _failed(name, rows) or f"{name}: no length was measured successfully.", True))
     for figure, text in _planner(planner):
         items.append((figure, "", text, False))
     rank = {f: i for i, f in enumerate(ORDER)}

@@ -23,7 +23,7 @@ from ...analysis import bands  # noqa: E402
 from ...analysis.tables import medians, ok_rows, step_seconds  # noqa: E402
 from ...core.fitting import decode_curve, prefill_curve  # noqa: E402
 from . import FIGURES  # noqa: E402
-from .style import length_axis, outputs, save, shade, spans_decades, styles  # noqa: E402
+from .style import length_axis, not_measured, outputs, save, shade, spans_decades, styles  # noqa: E402
 
 
 def _tokens_per_step(med: pd.DataFrame, grid) -> np.ndarray | float:
@@ -33,6 +33,16 @@ def _tokens_per_step(med: pd.DataFrame, grid) -> np.ndarray | float:
     if m.empty:
         return 1.0
     return np.interp(np.log(np.asarray(grid, float)), np.log(m["length"].to_numpy(float)), m["spec_accept_length"].to_numpy(float))
+
+
+def _legend_or_not_measured(ax, what: str, yscale: str | None = None) -> None:
+    """The legend of what was drawn (on a yscale axis), or, with nothing drawn, "not measured: what"."""
+    if any(len(line.get_xdata()) for line in ax.lines):
+        if yscale:
+            ax.set_yscale(yscale)
+        ax.legend()
+    else:
+        not_measured(ax, what)
 
 
 def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, outdir: str | Path,
@@ -52,17 +62,17 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
     fig, ax = plt.subplots()
     for name in names:
         s = sty[name]
-        pts = ok[ok["configuration"] == name]
+        pts = ok[(ok["configuration"] == name) & (ok["ttft_s"] > 0)]  # a log axis: no time at or below 0
         ax.plot(pts["length"], pts["ttft_s"], linestyle="none", marker=s["marker"], color=s["color"], alpha=0.35, markersize=3)
-        m = med[(med["configuration"] == name) & med["ttft_s"].notna()]
+        m = med[(med["configuration"] == name) & (med["ttft_s"] > 0)]
         ax.plot(m["length"], m["ttft_s"], linestyle="none", marker=s["marker"], color=s["color"], label=f"{name} (median)")
         if "prefill" in fits.get(name, {}):
             fit = fits[name]["prefill"]
             shade(ax, lengths, bands.band(fits[name], "prefill", lengths), s)
             ax.plot(lengths, prefill_curve(fit, lengths), color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
-    ax.set(yscale="log", xlabel="prompt length L (tokens)", ylabel="TTFT (s)", title="Prefill: time to first token")
+    ax.set(xlabel="prompt length L (tokens)", ylabel="TTFT (s)", title="Prefill: time to first token")
     length_axis(ax, df["length"])
-    ax.legend()
+    _legend_or_not_measured(ax, "no time to first token above 0", yscale="log")
     save(fig, outdir, "ttft")
 
     # decode rate against L: medians, and k(L)/t(L) from the decode fit with its band (t: the time per
@@ -88,14 +98,14 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
     ax.set(xlabel="context length L (tokens)", ylabel="decode (tokens/s)", title="Decode rate (one request)")
     length_axis(ax, df["length"])
     ax.set_ylim(0, top * 1.15 if top > 0 else 1)
-    ax.legend()
+    _legend_or_not_measured(ax, "no decode rate (no trial decoded a second token)")
     save(fig, outdir, "decode_rate")
 
     # step time against L, with the fitted t0 + beta L
     fig, ax = plt.subplots()
     for name in names:
         s = sty[name]
-        pts = ok[(ok["configuration"] == name) & ok["tpot_s"].notna()]
+        pts = ok[(ok["configuration"] == name) & (ok["tpot_s"] > 0)]
         ax.plot(pts["length"], step_seconds(pts) * 1e3, linestyle="none", marker=s["marker"], color=s["color"], alpha=0.5, label=f"{name}")
         if "decode" in fits.get(name, {}):
             fit = fits[name]["decode"]
@@ -107,7 +117,7 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
            title="Decode step time (per output token without speculation)")
     length_axis(ax, df["length"])
     ax.set_ylim(bottom=0)
-    ax.legend()
+    _legend_or_not_measured(ax, "no decode step time (no trial decoded a second token)")
     save(fig, outdir, "step_time")
 
     # speculative acceptance length against L

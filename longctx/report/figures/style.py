@@ -51,6 +51,11 @@ def length_axis(ax, lengths) -> None:
         ax.set_xlim(left=0)
 
 
+def not_measured(ax, what: str) -> None:
+    """An axes with nothing to draw says so (a run whose every length failed still gets its figure)."""
+    ax.text(0.5, 0.5, f"not measured: {what}", transform=ax.transAxes, ha="center", va="center")
+
+
 def shade(ax, x, band, style) -> None:
     """The interval band (lo, hi) around a curve, in the configuration's colour; nothing without one."""
     if band is not None:

@@ -1,0 +1,182 @@
+"""A failed run still reports: raw files where every length (of one configuration, or of all)
+failed, a single successful length, or successful trials whose times read 0 or below go through
+the report rules' commands (aggregate, fit, plan-memory, plot, plot-analysis, render, pdf,
+markdown) to a PDF and its Markdown twin that say what was not measured and why."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from longctx import cli
+
+from .conftest import ROOT
+from .report_data import NASTY, config
+
+TEMPLATES = ROOT / "templates"
+LENGTHS = (1000, 4000, 16000)
+PROVENANCE = {  # what a sweep records once a server answered (longctx.measure.sweep)
+    "protocol": {"warmup": 1, "trials": 3, "output_tokens": 32, "flush_cache": True},
+    "model": {"name": "refmla", "kv_bytes_per_token": 160}, "args": {"page-size": 1},
+    "hardware": {"host": "h", "cpu": "Test CPU", "logical_cpus": 4, "usable_cpus": 2, "memory_total_bytes": 2**34,
+                 "gpus": [], "os": "Linux"},
+    "kv_pool": {"tokens": 200000},
+    "server_info": {"memory_total_bytes": 10**9, "weights_bytes": 468 * 10**6, "mem_fraction_static": 0.5,
+                    "context_length": 65536},
+}
+
+
+def trial(L: int, ttft: float, tpot: float | None, tokens: int = 32) -> dict:
+    return {"status": "ok", "ttft_s": ttft, "tpot_s": tpot, "decode_tok_s": 1 / tpot if tpot else None,
+            "e2e_s": ttft + (tokens - 1) * (tpot or 0), "prompt_tokens": L, "completion_tokens": tokens}
+
+
+def write_raw(data, name: str, L: int, trials=(), reason: str | None = None, started: bool = True) -> None:
+    """data/raw/<name>/<L>.json as the sweep writes it: failed (with reason) where trials is empty;
+    a server that never started leaves no provenance."""
+    d = data / "raw" / name
+    d.mkdir(parents=True, exist_ok=True)
+    raw = {"format": "longctx.raw/1", "configuration": name, "engine": "reference", "length": L,
+           "status": "ok" if trials else "failed", "reason": reason, "warmup": [], "trials": list(trials),
+           "run_id": "r1", "spec_hash": "abc", "finished_at": "2026-01-02T03:04:05+00:00"}
+    if started:
+        raw["provenance"] = PROVENANCE
+    (d / f"{L}.json").write_text(json.dumps(raw))
+
+
+def case_all_failed(data):
+    for name in ("base", "fast_kv"):
+        for L in LENGTHS:
+            write_raw(data, name, L, reason=f"not measured: the server of {name} did not start: {NASTY}", started=False)
+    return ("base", "fast_kv")
+
+
+def case_one_failed(data):
+    for L in LENGTHS:
+        write_raw(data, "base", L, reason=f"timeout after 30 s at {L}")
+        write_raw(data, "fast_kv", L, [trial(L, 0.02 + 2e-5 * L + 4e-10 * L * L, 2e-3 + 1e-8 * L) for _ in range(3)])
+    return ("base", "fast_kv")
+
+
+def case_single_length(data):
+    write_raw(data, "base", 1000, [trial(1000, 0.05, 2e-3) for _ in range(3)])
+    write_raw(data, "base", 4000, reason="out of memory")
+    return ("base",)
+
+
+def case_non_positive(data):
+    for L in LENGTHS:
+        write_raw(data, "base", L, [trial(L, 0.0, None, tokens=1) for _ in range(3)])  # one output token: no decode rate
+        write_raw(data, "fast_kv", L, [trial(L, -0.01, 0.0, tokens=1) for _ in range(3)])
+    return ("base", "fast_kv")
+
+
+def run_chain(data, out, names) -> None:
+    """The report rules' commands (rules/report.smk, bench/report_from_data.sh), in order."""
+    (data / "calibration.json").write_text("{}\n")
+    raws = sorted(str(p) for p in (data / "raw").glob("*/*.json"))
+    f = {n: str(data / n) for n in ("results.csv", "provenance.json", "itl_depth.csv", "fits.json", "planner.json",
+                                    "calibration.json")}
+    style = str(TEMPLATES / "plot.mplstyle")
+    common = ["--results", f["results.csv"], "--fits", f["fits.json"], "--provenance", f["provenance.json"],
+              "--itl-depth", f["itl_depth.csv"], "--planner", f["planner.json"], "--config-json", json.dumps(config(names))]
+    steps = [
+        ["aggregate", "--out-csv", f["results.csv"], "--out-provenance", f["provenance.json"], "--out-itl-depth",
+         f["itl_depth.csv"], *raws],
+        ["fit", "--results", f["results.csv"], "--provenance", f["provenance.json"], "--calibration", f["calibration.json"],
+         "--settings", '{"bootstrap": 50}', "--out", f["fits.json"]],
+        ["plan-memory", "--provenance", f["provenance.json"], "--results", f["results.csv"], "--fractions", "0.5,0.9",
+         "--out", f["planner.json"]],
+        ["plot", "--results", f["results.csv"], "--fits", f["fits.json"], "--style", style, "--itl-depth", f["itl_depth.csv"],
+         "--outdir", str(out / "figures")],
+        ["plot-analysis", "--results", f["results.csv"], "--fits", f["fits.json"], "--planner", f["planner.json"],
+         "--style", style, "--outdir", str(out / "figures")],
+        ["render", "--template", str(TEMPLATES / "longctx.tex.j2"), *common, "--out", str(out / "longctx.tex"),
+         "--version-out", str(out / "version.json")],
+        ["pdf", "--tex", str(out / "longctx.tex"), "--provenance", f["provenance.json"], "--version",
+         str(out / "version.json"), "--out", str(out / "longctx.pdf")],
+        ["markdown", "--template", str(TEMPLATES / "longctx.md.j2"), "--version", str(out / "version.json"), *common,
+         "--out", str(out / "longctx.md")],
+    ]
+    for argv in steps:
+        assert cli.main(argv) in (0, None), argv[0]
+
+
+def text_of(pdf) -> str:
+    return " ".join(subprocess.run(["pdftotext", "-layout", str(pdf), "-"], capture_output=True, text=True,
+                                   check=True).stdout.split())
+
+
+def unescape_md(text: str) -> str:
+    return " ".join(re.sub(r"\\(.)", r"\1", text).split())
+
+
+CASES = {"all_failed": case_all_failed, "one_failed": case_one_failed, "single_length": case_single_length,
+         "non_positive": case_non_positive}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def report(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    names = CASES[request.param](root / "data")
+    run_chain(root / "data", root / "report", names)
+    out = root / "report"
+    return {"case": request.param, "out": out, "pdf": text_of(out / "longctx.pdf"),
+            "md": unescape_md((out / "longctx.md").read_text()), "raw": root / "data" / "raw"}
+
+
+def test_the_pdf_and_the_twin_are_built_with_every_figure(report):
+    from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS
+
+    for figure in FIGURES + ANALYSIS_FIGURES:
+        for ext in FORMATS:
+            assert (report["out"] / "figures" / f"{figure}.{ext}").is_file(), (figure, ext)
+    assert report["pdf"] and report["md"].startswith("# longctx report v1")
+
+
+def test_every_failure_is_listed_with_its_reason(report):
+    reasons = {json.loads(p.read_text())["reason"] for p in report["raw"].glob("*/*.json")} - {None}
+    pdf_failures = report["pdf"][re.search(r"\d+ Failures ", report["pdf"]).start():]
+    md_failures = report["md"][report["md"].index("## Failures"):]
+    for reason in reasons:
+        assert " ".join(reason.split()) in pdf_failures, reason
+        assert reason in md_failures, reason
+    if not reasons:
+        assert "Every trial of every length succeeded" in pdf_failures
+
+
+def test_the_summary_says_what_was_not_measured(report):
+    pdf, md, case = report["pdf"], report["md"], report["case"]
+    summary = pdf[:pdf.index("2 Diagnosis")]
+    nothing = "Nothing was measured"
+    if case in ("all_failed", "non_positive"):
+        assert nothing in summary and nothing in md
+        assert "What bounds decode" not in summary
+    else:
+        assert nothing not in pdf and nothing not in md
+    if case == "all_failed":
+        for name in ("base", "fast_kv"):
+            said = f"{name}: no length was measured successfully (at 1,000, 4,000 and 16,000 tokens: not measured: the server of {name} did not start"
+            assert said in summary and said in md
+        assert "Protocol: not recorded" in pdf
+    if case == "one_failed":
+        assert "base: no length was measured successfully (at 1,000 tokens: timeout after 30 s at 1000;" in summary
+        assert "fast_kv: decode at 16,000 tokens runs at" in summary  # the measured configuration as before
+    if case == "single_length":
+        assert "base: 1 of 2 lengths failed (at 4,000 tokens: out of memory)." in pdf
+        assert "fewer than three measured lengths: no fit" in pdf
+    if case == "non_positive":
+        assert "fast_kv: the time to first token reads at or below 0 at 1,000, 4,000 and 16,000 tokens" in summary
+        assert "base: no decode rate was measured (no trial decoded a second token)." in summary
+
+
+def test_figures_without_data_say_not_measured(report):
+    if report["case"] not in ("all_failed", "non_positive"):
+        pytest.skip("figures with data")
+    figures = report["out"] / "figures"
+    assert "not measured: no time to first token above 0" in text_of(figures / "ttft.pdf")
+    assert "not measured: no decode rate" in text_of(figures / "decode_rate.pdf")
+    assert "not measured: no decode step time" in text_of(figures / "step_time.pdf")
