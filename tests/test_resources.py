@@ -32,7 +32,8 @@ def test_sglang_gpus_come_from_its_parallelism_flags(args, gpus):
 
 
 def test_other_engines_gpus_and_the_per_configuration_override():
-    c = lcfg.validate({"lengths": [1000], "model": {"path": "/m"}, "configurations": {
+    arch = lcfg.load(TINY)["model"]["architecture"]  # the reference engine's model is described in full
+    c = lcfg.validate({"lengths": [1000], "model": {"path": "/m", "architecture": arch}, "configurations": {
         "vllm": {"engine": "vllm", "args": {"tensor-parallel-size": 4, "pipeline-parallel-size": 2}},
         "vllm-cpu": {"engine": "vllm", "resources": {"gpus": 0}},
         "ref": {"engine": "reference"},

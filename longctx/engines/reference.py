@@ -6,7 +6,8 @@ import json
 import os
 import sys
 
-from ..refengine.args import build_parser
+from ..refengine.args import DEFAULT_TORCH_DTYPE, build_parser
+from ..specs.model import ModelSpec
 from .base import EngineAdapter, RaisingParser, arg_value, args_to_argv
 from .configuration import ConfigurationSpec
 
@@ -70,6 +71,12 @@ class ReferenceAdapter(EngineAdapter):
         n = arg_value(args, "num-threads")
         usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         return int(n) if n else max(1, usable - 1)
+
+    def model_spec(self, model: dict, args: dict) -> ModelSpec:
+        """The model as the engine builds it: the architecture given, in the engine's default dtype where
+        it names none."""
+        arch = {"torch_dtype": DEFAULT_TORCH_DTYPE, **(model.get("architecture") or {})}
+        return super().model_spec({**model, "architecture": arch}, args)
 
     def verify_width(self, args: dict) -> int:
         """The last token plus its drafts (speculative-num-draft-tokens, 4 by default) when speculating."""

@@ -13,6 +13,9 @@ ATTENTION_BACKENDS = ("torch", "native")
 SPECULATIVE_ALGORITHMS = ("NGRAM",)
 DEFAULT_KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "reference"
 KERNEL_MODULE = "paged_mla_decode.py"
+# The dtype of the weights and the KV cache where model.architecture gives no torch_dtype
+# (longctx.refengine.modelconfig builds with it; the adapter describes the model with it).
+DEFAULT_TORCH_DTYPE = "float32"
 
 
 def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
+from .args import DEFAULT_TORCH_DTYPE
 from .tokenizer import VOCAB_SIZE
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -26,7 +27,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 262144
-    torch_dtype: str = "float32"
+    torch_dtype: str = DEFAULT_TORCH_DTYPE
 
     @property
     def cell_dim(self) -> int:
