@@ -82,6 +82,8 @@ def test_no_health_but_models_answers_is_measured_on_v1_models(tmp_path):
     assert raw["trials"][0]["prompt_tokens"] == 32 and raw["trials"][0]["completion_tokens"] == 3
     assert raw["provenance"]["health_path"] == "/v1/models"
     assert hits["/health"] >= 1 and hits["/health_generate"] >= 1  # tried in order, before /v1/models
+    # the OpenAI API has no cache flush: none is sent, and the record says so (the report then does)
+    assert raw["provenance"]["flush_path"] is None and hits.get("/flush_cache", 0) == 0
 
 
 @pytest.mark.parametrize("codes, default", [({}, 404), ({"/v1/models": 500}, 404)])
@@ -135,4 +137,6 @@ def test_a_managed_server_records_its_chosen_health_path(tmp_path):
     spec.protocol.update(warmup=0, trials=1, output_tokens=3)
     spec.server.update(health_path="/health_generate", stop_timeout_s=2)
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
-    assert json.loads((tmp_path / "raw" / "32.json").read_text())["provenance"]["health_path"] == "/health_generate"
+    prov = json.loads((tmp_path / "raw" / "32.json").read_text())["provenance"]
+    assert prov["health_path"] == "/health_generate"
+    assert prov["flush_path"] == "/flush_cache"  # SGLang's API, which the reference engine serves, flushes there

@@ -4,6 +4,7 @@ and one real PDF (matplotlib, Jinja, latexmk) and its Markdown twin from synthet
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import shutil
 import subprocess
@@ -275,3 +276,26 @@ def test_the_twin_links_its_figures_and_the_pdf_version(built):
     text = built["text"]
     assert "longctx report v1" in text and "the first version" in text
     assert re.search(r"Change since the previous version\s+This is the first version", text)
+
+
+@pytest.mark.parametrize("flush_paths, protocol_flush, said", [
+    ({}, True, "a prompt prefix unique to each request, the prefix cache flushed before each."),  # records before flush_path
+    ({"base": "/flush_cache", "fast_kv": None}, True,
+     "the prefix cache flushed before each on base; on fast_kv no flush (the server offers no flush endpoint): unique prefixes only."),
+    ({"base": None, "fast_kv": None}, True, "no cache flush (the servers offer no flush endpoint): unique prefixes only."),
+    ({"base": "/flush_cache", "fast_kv": "/flush_cache"}, False, "no cache flush (protocol.flush_cache is off): unique prefixes only."),
+])
+def test_the_report_says_which_caches_were_flushed(tmp_path, flush_paths, protocol_flush, said):
+    """A server without a flush endpoint (the OpenAI API has none) is not said to have been flushed."""
+    paths = write_data(tmp_path / "data")
+    prov = json.loads(paths["provenance_json"].read_text())
+    for name, entry in prov["configurations"].items():
+        entry["protocol"]["flush_cache"] = protocol_flush
+        if name in flush_paths:
+            entry["flush_path"] = flush_paths[name]
+    paths["provenance_json"].write_text(json.dumps(prov))
+    report.render_report(TEMPLATES / "longctx.tex.j2", tmp_path / "longctx.tex", tmp_path / "version.json", inputs(paths, config=config()))
+    tex = " ".join((tmp_path / "longctx.tex").read_text().split()).replace("fast\\_kv", "fast_kv").replace("protocol.flush\\_cache", "protocol.flush_cache")
+    assert said in tex
+    if flush_paths.get("fast_kv", "") is None or not protocol_flush:
+        assert "flushed before each." not in tex

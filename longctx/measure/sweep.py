@@ -294,7 +294,7 @@ class Session:
         self.starts = 0
         self.preflight_done = False
         self.client = timed_client()
-        self.prov.update(installed_version=self.version, api=self.api.kind,
+        self.prov.update(installed_version=self.version, api=self.api.kind, flush_path=self.api.flush_path,
                          server_log=str(server_log) if adapter.managed else None, starts=0)
 
     def up(self) -> None:

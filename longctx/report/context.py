@@ -170,6 +170,23 @@ def _scalars(info: dict) -> list[tuple[str, str]]:
     return out
 
 
+def flushes(entries: dict, names: list[str]) -> dict[str, list[str]]:
+    """Which configurations' prefix caches were flushed before each request ("flushed"), and which
+    servers offer no flush, so that only the unique prompt prefixes kept caches from serving a trial
+    ("unique"): from each one's protocol and the flush endpoint its API has (provenance flush_path;
+    a record from before it was kept counts as flushed where the protocol asked for it)."""
+    out: dict[str, list[str]] = {"flushed": [], "unique": []}
+    for name in names:
+        p = entries.get(name) or {}
+        if not (p.get("protocol") or {}).get("flush_cache"):
+            out["unique"].append(name)
+        elif "flush_path" not in p or p["flush_path"]:
+            out["flushed"].append(name)
+        else:
+            out["unique"].append(name)
+    return out
+
+
 def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> dict:
     """What the report shows, from the data files; the same for the PDF, the Markdown twin and a plan."""
     config = inputs.config
@@ -219,6 +236,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "any": any(c.startswith("decode_") and med[c].notna().any() for c in med.columns),
     }
     failures = df[df["status"] != "ok"][["configuration", "length", "trial", "reason"]].to_dict("records")
+    cache_flush = flushes(prov["configurations"], names)
     machines = {json.dumps(p["hardware"], sort_keys=True): p["hardware"] for p in prov["configurations"].values() if p.get("hardware")}
     epoch = source_date_epoch(prov)
     lengths = sorted(int(x) for x in df["length"].unique())
@@ -239,6 +257,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "planner": planner,
         "bands": {kind: bands.describe(analysis, kind) for kind in bands.KINDS},
         "failures": failures,
+        "cache_flush": cache_flush,
         "measured": bool((med["ttft_s"] > 0).any()),  # False: no length of any configuration has a usable TTFT
         "telemetry": telemetry,
         "itl_depth": itl_depth_summary(inputs.itl_depth),
