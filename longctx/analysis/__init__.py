@@ -1,1 +1,7 @@
-"""longctx.analysis."""
+"""longctx.analysis: from raw files to the figures the report states (rules/analyze.smk).
+
+- aggregate: raw files -> results.csv, provenance.json, itl_depth.csv.
+- tables: single-request rows, medians per length, concurrency, step time.
+- fits: per configuration, the scaling models (longctx.core.fitting) against the model and the ceilings.
+- roofline, bands, memory (the KV memory planner), kernel_records (kernels timed alone).
+"""
