@@ -91,6 +91,7 @@ class EngineAdapter(ABC):
     preflight_script: str | None = None  # Python that runs the engine's own parser over sys.argv[1:]
     tp_size_flags: tuple[str, ...] = ()  # the engine's tensor-parallel size flag and its aliases
     prefill_absorbed = False  # MLA prefill in the absorbed (latent) form
+    context_length_flag = "context-length"  # the flag that caps one request's tokens (SGLang's name)
 
     def api(self, spec: ConfigurationSpec) -> Api:
         return SGLANG
@@ -231,8 +232,9 @@ class EngineAdapter(ABC):
         return value if value is not None else server_info.get(flag.replace("-", "_"))
 
     def context_length(self, args: dict[str, Any], server_info: dict) -> int | None:
-        """The most tokens (prompt and output) one request may hold: --context-length, else as reported."""
-        value = self.setting(args, server_info, "context-length")
+        """The most tokens (prompt and output) one request may hold: the engine's context_length_flag,
+        else as reported."""
+        value = self.setting(args, server_info, self.context_length_flag)
         return int(value) if value else None
 
     def served_model(self, spec: ConfigurationSpec) -> str:

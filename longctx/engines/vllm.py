@@ -44,6 +44,7 @@ class VLLMAdapter(EngineAdapter):
     managed_args = frozenset({"host", "port", "model"})
     preflight_script = _PREFLIGHT
     tp_size_flags = ("tensor-parallel-size",)  # and -tp, which a config key (written --<key>) cannot spell
+    context_length_flag = "max-model-len"
 
     def api(self, spec: ConfigurationSpec):
         return OPENAI
@@ -70,11 +71,6 @@ class VLLMAdapter(EngineAdapter):
             except json.JSONDecodeError:
                 cfg = None
         return 1 + int(cfg.get("num_speculative_tokens", 0)) if isinstance(cfg, dict) else 1
-
-    def context_length(self, args: dict, server_info: dict) -> int | None:
-        """--max-model-len, else as reported."""
-        value = self.setting(args, server_info, "max-model-len")
-        return int(value) if value else None
 
     def python(self, spec: ConfigurationSpec) -> str:
         """The Python of vLLM's environment, where its version is read and its parser run: `python`;

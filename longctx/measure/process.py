@@ -265,7 +265,8 @@ def wait_health(base: str, paths: tuple[str, ...], timeout_s: float, alive=lambd
 
 
 class ExternalServer:
-    """A server someone else runs: the same interface as ManagedServer, with no lifecycle."""
+    """A server someone else runs: ManagedServer's interface with no lifecycle (wait_ready probes the
+    server's own base URL)."""
 
     pid = None
 
