@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..measure.telemetry import NVML_METRICS, PSUTIL_METRICS
+from .memory import observed_pool
 
 COLUMNS = [
     "configuration", "engine", "length", "concurrency", "trial", "request", "status", "reason",
@@ -32,7 +33,7 @@ def _rows(path: Path) -> tuple[list[dict], dict | None]:
         "engine": raw.get("engine"),
         "length": raw.get("length", length),
         "kv_bytes_per_token": prov.get("model", {}).get("kv_bytes_per_token"),
-        "kv_pool_tokens": (prov.get("kv_pool") or {}).get("tokens"),
+        "kv_pool_tokens": observed_pool(prov)[0],  # the server's info, else its log (vLLM reports it only there)
         "run_id": raw.get("run_id"),
         "needle": (raw.get("needle") or {}).get("status"),
     }

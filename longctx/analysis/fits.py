@@ -14,7 +14,7 @@ import pandas as pd
 from ..core.fitting import LEVEL, Fit, decode_summary, prefill_summary, regime_change
 from ..core.numbers import is_number
 from . import kernel_records
-from .memory import adapter_of, kv_bytes, spec_absent_reason, spec_of
+from .memory import adapter_of, kv_bytes, observed_pool, spec_absent_reason, spec_of
 from .tables import ok_rows, step_seconds
 
 
@@ -22,10 +22,11 @@ SETTINGS = {"bootstrap": 1000, "confidence": LEVEL, "seed": 0, "regime_tolerance
 
 
 def max_length(entry: dict) -> tuple[int | None, str | None]:
-    """The longest request the deployment could serve: the KV pool's tokens, capped by the context length."""
+    """The longest request the deployment could serve: the KV pool's tokens as the server allocated
+    them (its info, else its log: longctx.analysis.memory.observed_pool), capped by the context length."""
     if not entry:
         return None, None
-    pool = (entry.get("kv_pool") or {}).get("tokens")
+    pool, _ = observed_pool(entry)
     ctx = adapter_of(entry).context_length(entry.get("args") or {}, entry.get("server_info") or {})
     if pool and ctx and int(ctx) < int(pool):
         return int(ctx), "the context length, below the KV pool's size"
@@ -112,7 +113,9 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
             pre[f"attention_pct_{which}"] = _pct(rate, (ceil.get(which) or {}).get("flops"))
     # extrapolation to the longest request the deployment could serve
     if lmax:
-        ex: dict = {"length": lmax, "why": why, "beyond_measured": lmax > measured_max, "longest_measured": measured_max}
+        pool, pool_source = observed_pool(entry)
+        ex: dict = {"length": lmax, "why": why, "beyond_measured": lmax > measured_max, "longest_measured": measured_max,
+                    "kv_pool_tokens": pool, "kv_pool_source": pool_source}
         accept = g[g["length"] == measured_max]["spec_accept_length"].median() if "spec_accept_length" in g else np.nan
         tokens_per_step = float(accept) if is_number(accept) else 1.0
         for kind, f in fits.items():

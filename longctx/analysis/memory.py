@@ -2,12 +2,19 @@
 context and the concurrency that fit, and what the req-to-token table of max-running-requests
 costs, per configuration, from what its server reported (data/provenance.json).
 
-The pool follows SGLang's sizing rule (longctx.specs.pool.PoolSizing, which the reference
+The pool the server allocated is read from its report (SGLang's max_total_num_tokens in its server
+info) or else from its log line (vLLM's "GPU KV cache size: N tokens"), as the engine adapter
+recorded them in the provenance (kv_pool); observed_pool says which.
+
+Where the server has a mem-fraction-static (SGLang, the reference engine, an external SGLang
+server), the pool follows SGLang's sizing rule (longctx.specs.pool.PoolSizing, which the reference
 engine itself allocates by), per GPU: tokens = ((M - weights) - M (1 - f)) // cell bytes, capped
 by max-total-tokens and rounded down to the page size. M and the weights come from the server
 where it reports them (the reference engine); otherwise M is the GPU's memory as NVML reports it
 and the weights (everything SGLang subtracts before the pool) are backed out of the pool the
-server allocated at its mem-fraction-static.
+server allocated at its mem-fraction-static. For a server without one (vLLM sizes its pool from
+gpu-memory-utilization or VLLM_CPU_KVCACHE_SPACE by a rule of its own) nothing is tabulated: the
+plan says so and gives the pool as allocated (`allocated`).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from ..specs.model import ModelSpec, ModelSpecError
 from ..specs.pool import PoolError, PoolSizing
 
 SGLANG_REQ_TO_TOKEN_BYTES = 4  # int32 entries, max_context_len = context_len + 4 (SGLang ReqToTokenPool)
+SGLANG_RULE = "SGLang's (mem-fraction-static)"
 
 
 def adapter_of(entry: dict) -> EngineAdapter:
@@ -71,6 +79,21 @@ def kv_bytes(entry: dict, spec: ModelSpec | None) -> tuple[int | None, str | Non
     return None, spec_absent_reason(entry, spec)
 
 
+def observed_pool(entry: dict) -> tuple[int | None, str | None]:
+    """The KV pool's tokens as the server allocated it, and where the figure came from: what the
+    server reports (the adapter's pool_tokens: SGLang's max_total_num_tokens), else its log line (the
+    adapter's kv_pool_from_log: vLLM's "CPU/GPU KV cache size: N tokens", SGLang's "KV Cache is
+    allocated. #tokens: N"); (None, None) where neither was recorded."""
+    pool = entry.get("kv_pool") or {}
+    if pool.get("tokens"):
+        return int(pool["tokens"]), "the server's info"
+    log = pool.get("log") or {}
+    if log.get("tokens"):
+        line = log.get("line")
+        return int(log["tokens"]), f"the server's log ({line})" if line else "the server's log"
+    return None, None
+
+
 def memory_model(entry: dict) -> dict:
     """What the pool size depends on, for one configuration, with where each figure came from."""
     info = entry.get("server_info") or {}
@@ -81,17 +104,21 @@ def memory_model(entry: dict) -> dict:
     if spec and spec.exact and not spec.kv_bytes_override and info.get("kv_bytes_per_token"):
         cell, cell_source = int(info["kv_bytes_per_token"]), "the server"
 
-    def setting(flag: str):  # SGLang's flags, which the reference engine shares
+    def setting(flag: str):  # SGLang's flags, which the reference engine shares; None where the server has none
         return adapter.setting(args, info, flag)
 
+    observed, observed_source = observed_pool(entry)
+    fraction = setting("mem-fraction-static")
     mm = {
         "cell_bytes": int(cell) if cell else None, "cell_source": cell_source,
+        # SGLang's rule applies where the server has SGLang's mem-fraction-static (as configured or as it reports it)
+        "sizing_rule": SGLANG_RULE if fraction is not None else None,
         "page_size": int(setting("page-size") or 1),
         "max_total_tokens": setting("max-total-tokens"),
-        "context_length": setting("context-length"),
+        "context_length": adapter.context_length(args, info),
         "max_running_requests": setting("max-running-requests"),
-        "mem_fraction_static": setting("mem-fraction-static"),
-        "observed_tokens": (entry.get("kv_pool") or {}).get("tokens"),
+        "mem_fraction_static": fraction,
+        "observed_tokens": observed, "observed_source": observed_source,
         "memory_bytes": None, "memory_source": None, "weights_bytes": None, "weights_source": None,
     }
     gpus = (entry.get("hardware") or {}).get("gpus") or []
@@ -108,7 +135,7 @@ def memory_model(entry: dict) -> dict:
         mm["weights_source"] = "backed out of the pool the server allocated (weights, activations and all else SGLang sets aside)"
     if info.get("req_to_token_bytes") is not None:
         mm["req_to_token_bytes"], mm["req_to_token_source"] = int(info["req_to_token_bytes"]), "the server (int64 table)"
-    elif mm["max_running_requests"] and mm["context_length"]:
+    elif mm["sizing_rule"] and mm["max_running_requests"] and mm["context_length"]:
         mm["req_to_token_bytes"] = int(mm["max_running_requests"]) * (int(mm["context_length"]) + 4) * SGLANG_REQ_TO_TOKEN_BYTES
         mm["req_to_token_source"] = "SGLang's int32 table of max-running-requests x (context-length + 4)"
     else:
@@ -118,7 +145,7 @@ def memory_model(entry: dict) -> dict:
 
 def pool_tokens(mm: dict, fraction: float, capped: bool = True) -> int | None:
     """Tokens the pool holds at this mem-fraction-static (0 when not one page fits)."""
-    if not (mm["memory_bytes"] and mm["weights_bytes"] is not None and mm["cell_bytes"]):
+    if not (mm.get("sizing_rule", SGLANG_RULE) and mm["memory_bytes"] and mm["weights_bytes"] is not None and mm["cell_bytes"]):
         return None
     sizing = PoolSizing(memory_total_bytes=mm["memory_bytes"], mem_fraction_static=fraction, weights_bytes=mm["weights_bytes"],
                         cell_bytes=mm["cell_bytes"], page_size=mm["page_size"],
@@ -163,12 +190,39 @@ def plan_configuration(entry: dict, fractions: list[float], longest: int | None)
             "fp8": replace(spec, kv_cache_dtype="fp8_e4m3").kv_bytes_per_token() if arch else None,
             "mha_equivalent": spec.mha_equivalent_kv_bytes_per_token() if arch and spec.attention == "mla" else None,
         }
+    if mm["observed_tokens"]:
+        out["allocated"] = allocated(mm, longest)
     if not rows:
-        missing = [k for k in ("memory_bytes", "weights_bytes", "cell_bytes") if mm[k] is None]
-        out["reason"] = f"the pool cannot be modelled: unknown {', '.join(missing)}"
+        if not mm["sizing_rule"]:
+            out["reason"] = (f"the planner tabulates SGLang's sizing rule, by mem-fraction-static, which "
+                             f"{adapter_of(entry).title} does not have")
+        else:
+            missing = [WHAT[k] for k in ("memory_bytes", "weights_bytes", "cell_bytes") if mm[k] is None]
+            listed = missing[0] if len(missing) == 1 else ", ".join(missing[:-1]) + " and " + missing[-1]
+            out["reason"] = f"the pool cannot be modelled: {listed} {'is' if len(missing) == 1 else 'are'} unknown"
         if mm["cell_bytes"] is None and mm["cell_source"]:
-            out["reason"] += f" ({mm['cell_source']})"
+            out["reason"] += f" (KV bytes per token: {mm['cell_source']})"
+        a = out.get("allocated")
+        if a:
+            out["reason"] += f"; the pool it allocated holds {a['pool_tokens']:,} tokens ({mm['observed_source']})"
+            if a["kv_bytes"] is not None:
+                out["reason"] += f", {a['kv_bytes'] / 2**30:.3g} GiB at {mm['cell_bytes']:,} bytes per token"
     return out
+
+
+WHAT = {"memory_bytes": "the memory free before loading", "weights_bytes": "the weights' memory",
+        "cell_bytes": "the KV bytes per token"}
+
+
+def allocated(mm: dict, longest: int | None) -> dict:
+    """The pool the server allocated, whatever its sizing rule: its tokens, the bytes they take at
+    the KV figure, the largest context and the concurrency that fit."""
+    tokens, ctx = int(mm["observed_tokens"]), mm["context_length"]
+    return {"pool_tokens": tokens, "source": mm["observed_source"],
+            "kv_bytes": tokens * mm["cell_bytes"] if mm["cell_bytes"] else None,
+            "largest_context": min(tokens, int(ctx)) if ctx else tokens,
+            "concurrency_at_context_length": tokens // int(ctx) if ctx else None,
+            "concurrency_at_longest": tokens // longest if longest else None}
 
 
 def plan(provenance: dict, fractions: list[float], longest: dict[str, int] | None = None) -> dict:
