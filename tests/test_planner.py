@@ -1,4 +1,7 @@
-"""KV memory planner (SGLang's pool rule, shared with the reference engine) and the calibrate step."""
+"""KV memory planner (SGLang's pool rule, shared with the reference engine) and the calibrate step.
+
+The planner's figures are checked against SGLang's formula worked by hand (in the tests' comments)
+and against what a real server allocated, never against longctx.specs.pool itself."""
 
 import json
 import sys
@@ -10,7 +13,6 @@ from longctx.attention import microbench
 from longctx.measure.calibration import plan as calibration_plan
 from longctx.measure.calibration import run_device
 from longctx.analysis.memory import memory_model, plan, plan_configuration, pool_tokens
-from longctx.specs.pool import PoolSizing
 
 from .conftest import ROOT
 
@@ -27,50 +29,116 @@ def sglang_entry(tokens: int, fraction: float = 0.94, **args) -> dict:
             "kv_pool": {"tokens": tokens}, "server_info": {}}
 
 
-def test_planner_reproduces_the_studys_pool_and_predicts_other_fractions():
-    # the pool the study's deployment would allocate with 74 GiB of weights per GPU (SGLang's rule)
-    observed = PoolSizing(95 * GiB, 0.94, 74 * GiB, 70_272, 1, None).tokens()
-    p = plan_configuration(sglang_entry(observed), [0.9, 0.95], longest=185_000)
+def test_planner_follows_sglangs_own_formula_worked_by_hand():
+    """SGLang's rule, from its source (0.5.9: python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py,
+    ModelRunner.profile_max_num_token; 0.5.23 moved it to srt/mem_cache/kv_cache_configurator.py as
+    slack = pre_model_load_memory * (1 - mem_fraction_static)):
+
+        rest_memory = available_gpu_memory - total_gpu_memory * (1 - mem_fraction_static)
+        max_num_token = int(rest_memory * (1 << 30)) // cell_size
+
+    with available = memory free after loading (M - weights), total = M, and for MLA
+    cell_size = (kv_lora_rank + qk_rope_head_dim) * layers * dtype bytes. Every figure below is that
+    arithmetic done by hand for the study's deployment (Kimi K2, RTX PRO 6000 at 95 GiB, f = 0.94) with
+    a pool of 240,000 tokens as the server allocated it; none comes from longctx.specs.pool."""
+    p = plan_configuration(sglang_entry(240_000), [0.9, 0.95], longest=185_000)
     mm = p["memory"]
-    assert mm["cell_bytes"] == 70_272 and mm["memory_bytes"] == 95 * GiB
-    assert mm["weights_bytes"] == pytest.approx(74 * GiB, abs=70_272)  # backed out of the pool, to one token
+    assert mm["cell_bytes"] == (512 + 64) * 61 * 2 == 70_272 and mm["memory_bytes"] == 95 * 2**30 == 102_005_473_280
+    # weights backed out: M f - tokens x cell = 95,885,144,883.2 - 16,865,280,000
+    assert mm["weights_bytes"] == 79_019_864_883
     assert p["check"] == "calibrated" and p["kv_bytes_per_token"]["all_ranks"] == 8 * 70_272
     rows = {r["mem_fraction_static"]: r for r in p["rows"]}
-    assert set(rows) == {0.9, 0.94, 0.95} and rows[0.94]["configured"] and rows[0.94]["pool_tokens"] == observed
-    for f in (0.9, 0.95):  # the other fractions follow the same rule with the same weights
-        assert rows[f]["pool_tokens"] == pytest.approx(PoolSizing(95 * GiB, f, 74 * GiB, 70_272, 1, None).tokens(), abs=1)
-    assert rows[0.9]["pool_tokens"] < observed < rows[0.95]["pool_tokens"]
+    assert set(rows) == {0.9, 0.94, 0.95} and rows[0.94]["configured"]
+    # f = 0.94: (102,005,473,280 - 79,019,864,883) - 102,005,473,280 x 0.06 = 16,865,280,000 B -> 240,000 tokens
+    assert rows[0.94]["pool_tokens"] == 240_000
+    # f = 0.90: 22,985,608,397 - 10,200,547,328 = 12,785,061,069 B; // 70,272 = 181,936
+    assert rows[0.9]["pool_tokens"] == 181_936
+    # f = 0.95: 22,985,608,397 - 5,100,273,664 = 17,885,334,733 B; // 70,272 = 254,515
+    assert rows[0.95]["pool_tokens"] == 254_515
     r = rows[0.94]
-    assert r["largest_context"] == min(observed, 200_000)
-    assert r["concurrency_at_context_length"] == observed // 200_000 and r["concurrency_at_longest"] == observed // 185_000
-    # SGLang's req-to-token table: int32, max-running-requests x (context-length + 4)
-    assert mm["req_to_token_bytes"] == 8 * 200_004 * 4
-    assert p["req_to_token_tokens_equivalent"] == pytest.approx(8 * 200_004 * 4 / 70_272)
+    assert r["kv_bytes"] == 240_000 * 70_272 == 16_865_280_000
+    assert r["largest_context"] == 200_000  # the context length, below the pool
+    assert r["concurrency_at_context_length"] == 1 and r["concurrency_at_longest"] == 1  # 240,000 // 200,000, // 185,000
+    # SGLang's req-to-token table: int32, max-running-requests x (context-length + 4) = 8 x 200,004 x 4
+    assert mm["req_to_token_bytes"] == 6_400_128
+    assert p["req_to_token_tokens_equivalent"] == pytest.approx(91.0765, abs=1e-4)  # 6,400,128 / 70,272
+    assert p["allocated"]["pool_tokens"] == 240_000 and p["allocated"]["source"] == "the server's info"
 
 
 def test_planner_with_fp8_kv_and_a_token_cap():
     entry = sglang_entry(100_000, **{"kv-cache-dtype": "fp8_e4m3", "max-total-tokens": 100_000})
     mm = memory_model(entry)
-    assert mm["cell_bytes"] == 35_136
+    assert mm["cell_bytes"] == (512 + 64) * 61 * 1 == 35_136  # one byte per value
     assert mm["weights_bytes"] is None  # a capped pool says nothing about the weights
     p = plan_configuration(entry, [0.9], None)
-    assert p["rows"] == [] and "unknown weights_bytes" in p["reason"]
+    assert p["rows"] == [] and p["reason"].startswith("the pool cannot be modelled: the weights' memory is unknown")
+    assert "weights_bytes" not in p["reason"]  # words, not key names
+    assert "the pool it allocated holds 100,000 tokens" in p["reason"]
     mm.update(weights_bytes=74 * GiB)
-    assert pool_tokens(mm, 0.94) == 100_000 and pool_tokens(mm, 0.94, capped=False) > 100_000
-    assert pool_tokens(mm, 0.5) == 0  # not one page left after the weights
+    # (95 GiB - 74 GiB) - 95 GiB x 0.06 = 16,428,249,907 B; // 35,136 = 467,561, capped at 100,000
+    assert pool_tokens(mm, 0.94) == 100_000 and pool_tokens(mm, 0.94, capped=False) == 467_561
+    assert pool_tokens(mm, 0.5) == 0  # 47.5 GiB - 74 GiB: not one page left after the weights
 
 
-def test_planner_reference_engine_matches_what_the_server_allocated():
-    info = {"memory_total_bytes": 8 * GiB, "weights_bytes": 3_000_000, "kv_bytes_per_token": 640, "page_size": 16,
-            "max_total_tokens": None, "context_length": 40960, "mem_fraction_static": 0.5, "max_running_requests": 4,
-            "req_to_token_bytes": 4 * 40960 * 8}
-    tokens = PoolSizing(8 * GiB, 0.5, 3_000_000, 640, 16, None).tokens()
-    doc = plan({"configurations": {"r": {"engine": "reference", "args": {"page-size": 16}, "server_info": info,
-                                         "kv_pool": {"tokens": tokens}, "model": {"architecture": {}}}}}, [0.3])
-    p = doc["configurations"]["r"]
-    assert p["check"] == "match" and p["predicted_tokens_at_configured"] == tokens
-    assert p["memory"]["req_to_token_bytes"] == 4 * 40960 * 8  # the server's own int64 table
-    assert [r["mem_fraction_static"] for r in p["rows"]] == [0.3, 0.5]
+def test_planner_matches_a_real_reference_server(tmp_path):
+    """A reference engine started with a known memory budget: the planner's prediction against the
+    pool the server reports (/server_info max_total_num_tokens) and the tensor it allocated
+    (kv_cache_bytes), and both against SGLang's formula worked by hand from the tiny model's shapes."""
+    import httpx
+
+    from longctx.engines import get_adapter
+    from longctx.measure.process import ManagedServer, free_port
+
+    from .conftest import TINY_ARCH
+
+    port, log = free_port(), tmp_path / "server.log"
+    args = {"page-size": 16, "mem-fraction-static": 0.5, "memory-total-gb": 0.0625, "context-length": 2048}
+    cmd = [sys.executable, "-m", "longctx.refengine", "--port", str(port), "--json-model-override-args", json.dumps(TINY_ARCH),
+           *(w for k, v in args.items() for w in (f"--{k}", str(v)))]
+    with ManagedServer(cmd, log) as server:
+        server.wait_healthy(f"http://127.0.0.1:{port}/health", 60)
+        info = httpx.get(f"http://127.0.0.1:{port}/server_info").json()
+    adapter = get_adapter("reference")
+    entry = {"engine": "reference", "args": args, "server_info": info, "model": {"name": "t", "architecture": TINY_ARCH},
+             "kv_pool": {"tokens": adapter.pool_tokens(info), "log": adapter.kv_pool_from_log(log.read_text())}}
+    p = plan({"configurations": {"r": entry}}, [0.3])["configurations"]["r"]
+    # by hand: float32 weights of the tiny MLA model (h 64, 2 heads, nope 16, rope 16, latent 32, v 16,
+    # MLP 128, 1 layer, vocab 258): embed + lm_head 2 x 258 x 64, final norm 64, and per layer the norms
+    # 64 + 32 + 64, w_q 64 x 64, w_kv_a 64 x 48, w_uk 2 x 16 x 32, w_uv 2 x 32 x 16, w_o 32 x 64, MLP 3 x 64 x 128
+    params = 2 * 258 * 64 + 64 + (64 + 32 + 64 + 64 * 64 + 64 * 48 + 2 * 16 * 32 + 2 * 32 * 16 + 32 * 64 + 3 * 64 * 128)
+    assert info["weights_bytes"] == 4 * params == 276_352
+    cell = (32 + 16) * 1 * 4  # latent + rope, 1 layer, float32
+    assert p["memory"]["cell_bytes"] == cell == 192 and info["kv_bytes_per_token"] == cell
+    # SGLang's formula: (2^26 - 276,352) - 2^26 x 0.5 = 33,278,080 B; // 192 = 173,323; down to 16: 173,312
+    assert info["max_total_num_tokens"] == 173_312
+    assert p["predicted_tokens_at_configured"] == 173_312 and p["check"] == "match"
+    # the tensor the server allocated: the pool and the padding page 0, 192 bytes per token
+    assert info["kv_cache_bytes"] == (173_312 + 16) * 192
+    assert entry["kv_pool"]["log"]["tokens"] == 173_312
+    # another fraction: 2^26 x 0.3 - 276,352 = 19,856,307 B; // 192 = 103,418; down to 16: 103,408
+    assert [(r["mem_fraction_static"], r["pool_tokens"]) for r in p["rows"]] == [(0.3, 103_408), (0.5, 173_312)]
+    # the server's own req-to-token table: int64, max-running-requests (8 by default) x context length
+    assert p["memory"]["req_to_token_bytes"] == info["req_to_token_bytes"] == 8 * 2048 * 8
+
+
+def test_a_server_without_sglangs_rule_gives_its_allocated_pool_and_says_why_no_table():
+    """vLLM: its pool is in its log only ("CPU KV cache size: N tokens"), its sizing rule not SGLang's."""
+    line = "CPU KV cache size: 1,048,576 tokens"
+    entry = {"engine": "vllm", "args": {"max-model-len": 2048, "gpu-memory-utilization": 0.9},
+             "model": {"name": "m", "architecture": {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                     "num_key_value_heads": 2, "head_dim": 64, "hidden_size": 128}},
+             "server_info": {"data": [{"max_model_len": 2048}]}, "hardware": {"gpus": []},
+             "kv_pool": {"tokens": None, "log": {"tokens": 1_048_576, "line": line}}}
+    p = plan_configuration(entry, [0.9], longest=512)
+    mm = p["memory"]
+    assert mm["observed_tokens"] == 1_048_576 and line in mm["observed_source"]
+    assert mm["cell_bytes"] == 2 * 2 * 64 * 2 * 2 == 1024 and mm["context_length"] == 2048  # vLLM's max-model-len
+    assert p["rows"] == [] and mm["sizing_rule"] is None and mm["req_to_token_bytes"] is None
+    assert "SGLang's sizing rule" in p["reason"] and "vLLM does not have" in p["reason"]
+    assert "1,048,576 tokens" in p["reason"] and "1 GiB at 1,024 bytes per token" in p["reason"]
+    a = p["allocated"]
+    assert a["kv_bytes"] == 2**30 and a["largest_context"] == 2048
+    assert a["concurrency_at_context_length"] == 512 and a["concurrency_at_longest"] == 2048  # 2^20 / 2^11, / 2^9
 
 
 def test_calibration_plan_measures_each_device_kind_with_the_engines_python():
