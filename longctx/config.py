@@ -91,6 +91,9 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
                 f"allowed values: {', '.join(sorted(config['kernels'])) or '(none defined)'}"
             )
         adapter = get_adapter(conf["engine"])
+        if "device" in conf and adapter.managed:
+            raise ConfigError(f"config key 'configurations.{name}.device' is for external servers; a {conf['engine']} "
+                              "server's device comes from its flags and installation (remove the key)")
         adapter.check_spec(name, conf, config)
         adapter.check_args(name, conf["args"])
     return config

@@ -82,3 +82,40 @@ def test_a_native_kernel_needs_the_native_attention_backend():
     with pytest.raises(lcfg.ConfigError, match=r"'configurations.page16.args.attention-backend': 'torch' does not run "
                                                r"kernel 'paged_mla_decode_twin' of kind 'native'; allowed values: native"):
         lcfg.validate(raw)
+
+
+def external(**conf) -> dict:
+    return {"lengths": [64], "model": {"name": "m"},
+            "configurations": {"x": {"engine": "external", "url": "http://127.0.0.1:8080", "api": "openai", **conf}}}
+
+
+def test_an_external_server_says_where_it_computes():
+    with pytest.raises(lcfg.ConfigError, match=r"'configurations.x.device': 'tpu' is not allowed; allowed values: cpu, gpu, remote"):
+        lcfg.validate(external(device="tpu"))
+    c = base()
+    c["configurations"]["a"]["device"] = "cpu"
+    with pytest.raises(lcfg.ConfigError, match=r"'configurations.a.device' is for external servers; a reference server's device "
+                                               r"comes from its flags"):
+        lcfg.validate(c)
+    from longctx.engines import get_adapter
+
+    adapter = get_adapter("external")
+    for device, expected in ((None, "remote"), ("remote", "remote"), ("cpu", "cpu"), ("gpu", "gpu")):
+        conf = {"device": device} if device else {}
+        assert adapter.device(lcfg.configuration_spec(lcfg.validate(external(**conf)), "x")) == expected
+
+
+def test_the_device_key_changes_the_spec_only_of_configurations_that_set_it():
+    from longctx.core.hashing import digest
+    from longctx.engines import ConfigurationSpec
+
+    plain = lcfg.configuration_spec(lcfg.validate(external()), "x")
+    assert "device" not in plain.to_dict() and "device" not in plain.to_json()
+    # the keys of every spec before `device` existed: its spec_hash, resume key and bench params are as they were
+    assert sorted(plain.to_dict()) == sorted(
+        ["name", "engine", "lengths", "protocol", "server", "telemetry", "model", "kernel", "kernel_build", "description",
+         "args", "extra_args", "env", "python", "command", "url", "api", "startup_timeout_s"])
+    assert ConfigurationSpec.from_dict(plain.to_dict()) == plain
+    cpu = lcfg.configuration_spec(lcfg.validate(external(device="cpu")), "x")
+    assert cpu.to_dict()["device"] == "cpu" and ConfigurationSpec.from_json(cpu.to_json()) == cpu
+    assert digest(cpu.to_dict()) != digest(plain.to_dict())

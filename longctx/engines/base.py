@@ -218,8 +218,16 @@ class EngineAdapter(ABC):
         return 1
 
     def compute_device(self, args: dict[str, Any]) -> str:
-        """'cpu' or 'gpu': where the server computes."""
+        """'cpu' or 'gpu': where a server with these flags computes, as far as its flags say (the
+        analysis reads it from the provenance's args; `device` below also asks the installation)."""
         return "gpu"
+
+    def device(self, spec: ConfigurationSpec) -> str:
+        """Where this configuration's server computes: 'cpu' or 'gpu' of the machine that runs its bench
+        job, or 'remote' (another machine, whose CPU, GPUs and ceilings longctx cannot see). A managed
+        server runs here, on the device its flags (and, where the engine decides by its build, the
+        installation in its Python) give."""
+        return self.compute_device(spec.args)
 
     def cpu_threads(self, args: dict[str, Any]) -> int | None:
         """The threads a server on the CPU computes with (None: the engine does not say)."""

@@ -46,10 +46,17 @@ class ConfigurationSpec:
     url: str | None = None  # external: the server's base URL
     api: str | None = None  # external: sglang | openai
     startup_timeout_s: float | None = None  # bring-up timeout (default: server.startup_timeout_s)
+    # external: where the server computes, cpu | gpu (of this machine) | remote; None: remote. Left out
+    # of to_dict when None, so that the specs (and spec_hash) of configurations that do not set it stay as they were.
+    device: str | None = field(default=None, metadata={"omit_if_none": True})
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a plain dictionary (a deep copy): what spec_hash and resume_key digest."""
-        return asdict(self)
+        d = asdict(self)
+        for f in fields(self):
+            if f.metadata.get("omit_if_none") and d[f.name] is None:
+                del d[f.name]
+        return d
 
     def to_json(self) -> str:
         """Canonical JSON of to_dict(): what the workflow passes to `longctx bench --spec`."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from .api import APIS
 from .base import EngineAdapter
 from .configuration import ConfigurationSpec
@@ -10,10 +12,21 @@ from .configuration import ConfigurationSpec
 class ExternalAdapter(EngineAdapter):
     name = "external"
     title = "the external server"
-    managed = False  # it may run anywhere: this machine's ceilings and GPUs say nothing about it
+    managed = False  # it may run anywhere: configurations.<name>.device says where (default: remote)
+    devices = ("cpu", "gpu", "remote")  # what configurations.<name>.device may say (config/schema.yaml)
 
     def api(self, spec: ConfigurationSpec):
         return APIS[spec.api]
+
+    def device(self, spec: ConfigurationSpec) -> str:
+        """configurations.<name>.device: 'cpu' or 'gpu' of this machine (the one that runs the bench job),
+        or 'remote' (the default: this machine's telemetry and ceilings say nothing about it)."""
+        return spec.device or "remote"
+
+    def python(self, spec: ConfigurationSpec) -> str:
+        """The Python that calibrates this machine for a local server: `python` as configured (one with a
+        CUDA torch for a server on the GPU), else longctx's own."""
+        return spec.python or sys.executable
 
     def context_length(self, args: dict, server_info: dict) -> int | None:
         """As the server reports it: SGLang's context_length or vLLM's max_model_len (it has no flags here)."""

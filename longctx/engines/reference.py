@@ -55,16 +55,16 @@ class ReferenceAdapter(EngineAdapter):
         return __version__
 
     @staticmethod
-    def device(args: dict) -> str:
-        """--device as configured (cpu by default)."""
+    def torch_device(args: dict) -> str:
+        """--device as configured (cpu by default): a torch device name."""
         return str(arg_value(args, "device") or "cpu")
 
     def gpus(self, args: dict) -> int:
         """One GPU where `device` puts the engine on CUDA, else none (it runs on the CPU)."""
-        return 1 if self.device(args).startswith("cuda") else 0
+        return 1 if self.torch_device(args).startswith("cuda") else 0
 
     def compute_device(self, args: dict) -> str:
-        return "cpu" if self.device(args) == "cpu" else "gpu"
+        return "cpu" if self.torch_device(args) == "cpu" else "gpu"
 
     def cpu_threads(self, args: dict) -> int | None:
         """Its torch threads: --num-threads, or the usable CPUs but one."""

