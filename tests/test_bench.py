@@ -59,8 +59,10 @@ def test_a_server_that_cannot_start_gives_failed_rows_naming_its_log(tmp_path):
 def test_a_wrong_prompt_length_is_a_failed_trial(tmp_path, monkeypatch):
     import longctx.measure.sweep as bench
 
-    real = bench.prompt_ids
-    monkeypatch.setattr(bench, "prompt_ids", lambda length, *a, **k: real(length + 1, *a, **k))
+    from longctx.measure.prompts import Prompter
+
+    real = Prompter.prompt  # the sweep's prompts one token longer than asked; the probe's as they are
+    monkeypatch.setattr(Prompter, "prompt", lambda self, length, key: real(self, length + 1, key))
     spec = tiny_spec("page1", lengths=[40])
     spec.protocol.update(warmup=0, trials=1, output_tokens=3)
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 1
@@ -108,10 +110,10 @@ def test_an_unexpected_error_at_one_length_keeps_the_others(tmp_path, monkeypatc
 
     real = bench.measure_length
 
-    def flaky(client, base, adapter, spec, length, *rest):
+    def flaky(session, spec, length, *rest):
         if length == 48:
             raise RuntimeError("surprise")
-        return real(client, base, adapter, spec, length, *rest)
+        return real(session, spec, length, *rest)
 
     monkeypatch.setattr(bench, "measure_length", flaky)
     spec = tiny_spec("page1", lengths=[32, 48, 64])

@@ -34,10 +34,10 @@ def servers(monkeypatch):
 def inject_at(monkeypatch, length: int, fault):
     real = bench.measure_length
 
-    def measure(client, base, adapter, spec, n, *rest):
+    def measure(session, spec, n, *rest):
         if n == length:
             fault()
-        return real(client, base, adapter, spec, n, *rest)
+        return real(session, spec, n, *rest)
 
     monkeypatch.setattr(bench, "measure_length", measure)
 

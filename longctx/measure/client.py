@@ -29,27 +29,32 @@ import httpx
 SPEC_FIELDS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts")
 
 
-def sglang_body(input_ids: list[int], max_new_tokens: int, rid: str | None = None) -> bytes:
+def sglang_body(prompt: list[int] | str, max_new_tokens: int, rid: str | None = None, stream: bool = True) -> bytes:
+    """/generate with a token-id prompt (input_ids) or a text one (text)."""
     body = {
-        "input_ids": input_ids,
+        "input_ids" if isinstance(prompt, list) else "text": prompt,
         "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0},
-        "stream": True,
+        "stream": stream,
     }
     if rid:
         body["rid"] = rid
     return json.dumps(body).encode()
 
 
-def openai_body(input_ids: list[int], max_new_tokens: int, model: str) -> bytes:
-    """/v1/completions with a token-id prompt; usage in the last chunk (vLLM, SGLang, llama.cpp)."""
-    return json.dumps({
-        "model": model, "prompt": input_ids, "max_tokens": max_new_tokens, "temperature": 0.0,
-        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-    }).encode()
+def openai_body(prompt: list[int] | str, max_new_tokens: int, model: str, stream: bool = True) -> bytes:
+    """/v1/completions with a token-id or text prompt; usage in the last chunk where the server honours
+    stream_options (vLLM, SGLang, llama.cpp)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True,
+            "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return json.dumps(body).encode()
 
 
-def request_body(api: str, input_ids: list[int], max_new_tokens: int, model: str) -> bytes:
-    return sglang_body(input_ids, max_new_tokens) if api == "sglang" else openai_body(input_ids, max_new_tokens, model)
+def request_body(api: str, prompt: list[int] | str, max_new_tokens: int, model: str, stream: bool = True) -> bytes:
+    if api == "sglang":
+        return sglang_body(prompt, max_new_tokens, stream=stream)
+    return openai_body(prompt, max_new_tokens, model, stream=stream)
 
 
 def normalize_spec_fields(meta: dict) -> dict:
@@ -200,7 +205,9 @@ class StreamRecord:
     meta: dict = field(default_factory=dict)  # the last meta_info seen
     http_status: int | None = None
     error: str | None = None
-    tokens_estimated: bool = False  # OpenAI streams: tokens per chunk inferred, the last chunk given the rest
+    tokens_estimated: bool = False  # OpenAI streams: the events counted did not match the server's count (or it gave none)
+    events_counted: int = 0  # OpenAI streams: the events counted as tokens, before any correction from usage
+    event_text: list[bool] = field(default_factory=list)  # OpenAI streams: whether each counted event carried text
 
     @property
     def ok(self) -> bool:
@@ -262,8 +269,14 @@ def _sglang_event(rec: "StreamRecord", obj: dict) -> int | None:
     return rec.meta.get("completion_tokens")
 
 
-def _openai_event(rec: "StreamRecord", obj: dict, seen: int) -> int | None:
-    """OpenAI chunks carry text, not counts: a chunk with text is one token; usage corrects the total."""
+# Which OpenAI stream events are tokens (the prompt probe decides, from the server's own count):
+# every event with a choice, empty text included; only those with text; every one but a final empty
+# event that only carries the finish reason (llama.cpp-style servers).
+EVENT_RULES = ("every", "text", "every-but-final")
+
+
+def _openai_event(rec: "StreamRecord", obj: dict, seen: int, rule: str) -> int | None:
+    """OpenAI chunks carry text, not counts: an event is one token by `rule`; usage corrects the total."""
     usage = obj.get("usage")
     if usage:
         rec.meta.update(prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
@@ -274,11 +287,39 @@ def _openai_event(rec: "StreamRecord", obj: dict, seen: int) -> int | None:
     choice = choices[0]
     if choice.get("finish_reason"):
         rec.meta["finish_reason"] = {"type": choice["finish_reason"]}
-    return seen + 1 if choice.get("text") or choice.get("token_ids") else None
+    has_text = bool(choice.get("text") or choice.get("token_ids"))
+    if rule == "text" and not has_text:
+        return None
+    rec.event_text.append(has_text)
+    return seen + 1
 
 
-def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: float, api: str = "sglang") -> StreamRecord:
-    """POST a streaming request (SGLang /generate or OpenAI /v1/completions) and time every event."""
+def _count_openai(rec: StreamRecord, seen: int, rule: str) -> None:
+    """Tokens of an OpenAI stream: the events counted by `rule`, checked against the server's own
+    completion count where it gave one. More tokens than events (chunks that carried several) gives
+    the last event the rest; fewer drops the latest events; either way the counts are estimated."""
+    if rule == "every-but-final" and rec.event_text and not rec.event_text[-1] and rec.meta.get("finish_reason"):
+        for series in (rec.event_times, rec.event_seen, rec.event_tokens, rec.event_sent, rec.event_text):
+            series.pop()
+        seen -= 1
+    rec.events_counted = seen
+    reported = rec.meta.get("completion_tokens")
+    if reported is None:
+        return
+    if reported > seen and rec.event_tokens:
+        rec.event_tokens[-1] += reported - seen
+        rec.tokens_estimated = True
+    elif reported < seen:
+        while rec.event_tokens and sum(rec.event_tokens) > max(reported, 1):  # event_text keeps every event seen
+            for series in (rec.event_times, rec.event_seen, rec.event_tokens, rec.event_sent):
+                series.pop()
+        rec.tokens_estimated = True
+
+
+def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: float, api: str = "sglang",
+                    events: str = "every") -> StreamRecord:
+    """POST a streaming request (SGLang /generate or OpenAI /v1/completions) and time every event;
+    `events` says which OpenAI events are tokens (EVENT_RULES)."""
     rec = StreamRecord()
     seen_tokens = 0
     buf = b""
@@ -314,7 +355,7 @@ def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: floa
                             err = obj["error"]
                             rec.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
                             continue
-                        total = _sglang_event(rec, obj) if api == "sglang" else _openai_event(rec, obj, seen_tokens)
+                        total = _sglang_event(rec, obj) if api == "sglang" else _openai_event(rec, obj, seen_tokens, events)
                         if total is not None and total > seen_tokens:
                             rec.event_times.append(now)
                             rec.event_seen.append(seen)
@@ -326,10 +367,8 @@ def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: floa
                     return rec
         if rec.t_done is None and rec.error is None:
             rec.error = "the stream ended without [DONE]"
-        reported = rec.meta.get("completion_tokens")
-        if api == "openai" and rec.event_tokens and reported and reported > seen_tokens:
-            rec.event_tokens[-1] += reported - seen_tokens  # chunks that carried several tokens
-            rec.tokens_estimated = True
+        if api == "openai":
+            _count_openai(rec, seen_tokens, events)
     except httpx.TimeoutException as exc:
         rec.error = f"timed out after {timeout_s:.0f} s ({type(exc).__name__})"
     except httpx.HTTPError as exc:

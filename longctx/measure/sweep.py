@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from . import provenance
-from .client import request_body, stream_generate, timed_client
+from .client import timed_client
 from ..core.hashing import digest
 from ..engines import ConfigurationSpec, EngineAdapter, get_adapter
 from ..core.fitting import fit_prefill, prefill_curve
@@ -28,7 +28,7 @@ from ..specs.model import ModelNotDescribed, ModelSpecError
 from .process import ExternalServer, ManagedServer, NoHealthPath, PortTaken, ServerError, free_port
 from .telemetry import Sampler, make_source, summarize, visible_gpus
 from .needle import probe as needle_probe
-from .workload import prompt_ids
+from .prompts import Prompter, PromptError, probe as prompt_probe, tokenizer_path
 
 log = logging.getLogger("longctx.measure.sweep")
 RAW_FORMAT = "longctx.raw/1"
@@ -122,15 +122,16 @@ def _spec_from_counters(before: dict | None, after: dict | None) -> dict:
             "spec_source": "metrics"}
 
 
-def measure_length(client: httpx.Client, base: str, adapter: EngineAdapter, spec: ConfigurationSpec, length: int, run_id: str,
-                   telemetry=None, timeout_s: float | None = None) -> dict:
-    """Warm-up and trials of one length; with a telemetry source, its samples over all of them
-    and, per trial, their summaries over the prefill and the decode window."""
+def measure_length(session: "Session", spec: ConfigurationSpec, length: int, run_id: str,
+                   timeout_s: float | None = None) -> dict:
+    """Warm-up and trials of one length; with the session's telemetry source, its samples over all
+    of them and, per trial, their summaries over the prefill and the decode window."""
     timeout_s = timeout_s or spec.protocol["request_timeout_s"]
+    telemetry = session.source
     if telemetry is None:
-        return _requests(client, base, adapter, spec, length, run_id, timeout_s)
+        return _requests(session, spec, length, run_id, timeout_s)
     with Sampler(telemetry, spec.telemetry["interval_s"]) as sampler:
-        result = _requests(client, base, adapter, spec, length, run_id, timeout_s)
+        result = _requests(session, spec, length, run_id, timeout_s)
     for t in result["trials"]:
         t["telemetry"] = {
             "prefill": summarize(sampler.samples, t.get("t_sent"), t.get("t_first_token"), telemetry.metrics),
@@ -160,26 +161,23 @@ def request_timeout(proto: dict, history: list[tuple[int, float, float | None]],
     return max(floor, proto["timeout_factor"] * (ttft + decode))
 
 
-def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: ConfigurationSpec, length: int, run_id: str,
-              timeout_s: float) -> dict:
+def _requests(session: "Session", spec: ConfigurationSpec, length: int, run_id: str, timeout_s: float) -> dict:
     proto = spec.protocol
     name = spec.name
-    api = adapter.api(spec)
-    model = adapter.served_model(spec)
+    client, base, adapter, api, prompter = session.client, session.base, session.adapter, session.api, session.prompter
     warmup, trials = [], []
     total = proto["warmup"] + proto["trials"]
     for i in range(total):
         is_warmup = i < proto["warmup"]
-        ids = prompt_ids(length, proto["seed"], f"{run_id}/{name}/{length}/{i}", tuple(proto["token_id_range"]))
-        body = request_body(api.kind, ids, proto["output_tokens"], model)
+        body = prompter.body(length, f"{run_id}/{name}/{length}/{i}", proto["output_tokens"])
         flush_error = _flush(client, base, api, timeout_s) if proto["flush_cache"] else None
         counters = adapter.spec_counters(client, base)
-        summary = stream_generate(client, base + api.generate_path, body, timeout_s, api.kind).summary()
+        summary = prompter.generate(client, base + api.generate_path, body, timeout_s, length)
         summary["timeout_s"] = timeout_s
         if counters is not None and summary["spec_verify_ct"] is None:
             summary.update(_spec_from_counters(counters, adapter.spec_counters(client, base)))
         summary["flush_error"] = flush_error
-        _checked(summary, length)
+        _checked(summary, length, proto["output_tokens"])
         if is_warmup:
             summary.pop("itl_s", None)
             warmup.append(summary)
@@ -191,15 +189,19 @@ def _requests(client: httpx.Client, base: str, adapter: EngineAdapter, spec: Con
                      summary["ttft_s"], summary["decode_tok_s"] or float("nan"))
         else:
             log.warning("%s L=%d trial %d/%d failed: %s", name, length, len(trials), proto["trials"], summary["reason"])
-    batches = [_batch(client, base, adapter, spec, length, run_id, timeout_s, c, b)
+    batches = [_batch(session, spec, length, run_id, timeout_s, c, b)
                for c in proto["concurrency"] for b in range(proto["trials"])]
     every = trials + [r for batch in batches for r in batch["requests"]]
     ok = [t for t in every if t["status"] == "ok"]
     status = "ok" if len(ok) == len(every) else ("partial" if ok else "failed")
     reasons = sorted({t["reason"] for t in every if t["status"] != "ok"})
+    failed_warmups = [w for w in warmup if w["status"] != "ok"]
+    if failed_warmups:  # said beside the trials' reasons: a length measured after a failed warm-up is not cold-start clean
+        reasons.append(f"{len(failed_warmups)} of {len(warmup)} warm-up request(s) failed: {failed_warmups[0]['reason']}")
     return {
         "status": status,
         "reason": "; ".join(reasons) or None,
+        "warmup_failed": len(failed_warmups),
         "warmup": warmup,
         "trials": trials,
         "batches": batches,
@@ -216,20 +218,28 @@ def _needle(session: "Session", spec: ConfigurationSpec, length: int, timeout_s:
     return result
 
 
-def _checked(summary: dict, length: int) -> dict:
-    if summary["status"] == "ok" and summary["prompt_tokens"] != length:
+def _checked(summary: dict, length: int, output_tokens: int) -> dict:
+    """A trial whose prompt the server counted otherwise than asked fails; one that stopped before
+    output_tokens (an early stop: a server that ignores ignore_eos) is flagged `early_stop`, and its
+    decode figures are over fewer tokens than asked."""
+    if summary["status"] != "ok":
+        return summary
+    if summary["prompt_tokens"] != length:
         summary["status"] = "failed"
         summary["reason"] = f"the server counted {summary['prompt_tokens']} prompt tokens, expected {length}"
+    done = summary.get("completion_tokens")
+    summary["early_stop"] = done is not None and done < output_tokens
+    if summary["early_stop"]:
+        summary["reason"] = f"stopped after {done} of {output_tokens} output tokens"
     return summary
 
 
-def _batch(client: httpx.Client, base: str, adapter: EngineAdapter, spec: ConfigurationSpec, length: int, run_id: str,
-           timeout_s: float, concurrency: int, index: int) -> dict:
+def _batch(session: "Session", spec: ConfigurationSpec, length: int, run_id: str, timeout_s: float,
+           concurrency: int, index: int) -> dict:
     """`concurrency` requests of `length` tokens sent together: each one's figures, and the batch's
     output rate (all output tokens over the span from the first send to the last token)."""
-    proto, api, name = spec.protocol, adapter.api(spec), spec.name
-    bodies = [request_body(api.kind, prompt_ids(length, proto["seed"], f"{run_id}/{name}/{length}/c{concurrency}/{index}/{j}",
-                                                tuple(proto["token_id_range"])), proto["output_tokens"], adapter.served_model(spec))
+    proto, api, name, client, base = spec.protocol, session.api, spec.name, session.client, session.base
+    bodies = [session.prompter.body(length, f"{run_id}/{name}/{length}/c{concurrency}/{index}/{j}", proto["output_tokens"])
               for j in range(concurrency)]
     if proto["flush_cache"]:
         _flush(client, base, api, timeout_s)
@@ -237,10 +247,10 @@ def _batch(client: httpx.Client, base: str, adapter: EngineAdapter, spec: Config
 
     def one(body: bytes) -> dict:
         start.wait()
-        return stream_generate(client, base + api.generate_path, body, timeout_s, api.kind).summary()
+        return session.prompter.generate(client, base + api.generate_path, body, timeout_s, length)
 
     with ThreadPoolExecutor(concurrency) as pool:
-        requests = [_checked(s, length) for s in pool.map(one, bodies)]
+        requests = [_checked(s, length, proto["output_tokens"]) for s in pool.map(one, bodies)]
     for j, r in enumerate(requests):
         r.update(concurrency=concurrency, batch=index, request=j, timeout_s=timeout_s)
     ok = [r for r in requests if r["status"] == "ok"]
@@ -261,13 +271,11 @@ def measure_itl_depth(session: "Session", spec: ConfigurationSpec, run_id: str, 
     token against the KV depth it was decoded at (prompt + tokens before it)."""
     depth = spec.protocol["itl_depth"]
     length, n = depth["length"], depth["output_tokens"]
-    api = session.api
-    ids = prompt_ids(length, spec.protocol["seed"], f"{run_id}/{spec.name}/itl-depth", tuple(spec.protocol["token_id_range"]))
     timeout = request_timeout({**spec.protocol, "output_tokens": n}, history, length)
-    s = stream_generate(session.client, session.base + api.generate_path,
-                        request_body(api.kind, ids, n, session.adapter.served_model(spec)), timeout, api.kind).summary()
+    body = session.prompter.body(length, f"{run_id}/{spec.name}/itl-depth", n)
+    s = session.prompter.generate(session.client, session.base + session.api.generate_path, body, timeout, length)
     itl = s.pop("itl_s", None) or []
-    _checked(s, length)
+    _checked(s, length, n)
     return {"kind": "itl_depth", "length": length, "output_tokens": n, **s,
             "itl_s": itl, "depth": [length + 1 + i for i in range(len(itl))]}
 
@@ -293,6 +301,8 @@ class Session:
         self.random_weights = bool(spec.model.get("random_weights"))
         self.starts = 0
         self.preflight_done = False
+        tokenizer_path(spec.model)  # a model.tokenizer that is not there is a config error, before any server starts
+        self.prompter: Prompter | None = None  # decided by the prompt probe once the server first answers
         self.client = timed_client()
         self.prov.update(installed_version=self.version, api=self.api.kind, flush_path=self.api.flush_path,
                          server_log=str(server_log) if adapter.managed else None, starts=0)
@@ -307,6 +317,7 @@ class Session:
             self.starts += 1
             try:
                 self._start()
+                self._probe()
                 return
             except (FatalServerError, NoHealthPath):
                 raise
@@ -344,6 +355,20 @@ class Session:
             kv_pool={"tokens": a.pool_tokens(info), "log": a.kv_pool_from_log(log_text)},
             telemetry=self.source.describe() if self.source else "off",
         )
+
+    def _probe(self) -> None:
+        """Once per sweep: how this server takes prompts and counts tokens (measure.prompts)."""
+        if self.prompter is not None:
+            return
+        spec = self.spec
+        try:
+            plan, self.prompter = prompt_probe(self.client, self.base + self.api.generate_path, self.api.kind,
+                                               self.adapter.served_model(spec), spec.protocol, spec.model,
+                                               spec.protocol["request_timeout_s"])
+        except PromptError as exc:  # the same server would answer the same: no restart helps
+            raise FatalServerError(f"the prompt probe of configuration {spec.name!r} failed: {exc}") from None
+        self.prov["prompt_probe"] = plan.to_dict()
+        log.info("%s: prompt probe: %s", spec.name, plan.describe())
 
     def _start_managed(self, timeout: float) -> tuple[list[str], float]:
         """Launch on a free port; when another process takes that port first (another bench job
@@ -453,7 +478,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
             started = provenance.now_iso()
             timeout_s = request_timeout(spec.protocol, history, length)
             try:
-                result = measure_length(session.client, session.base, adapter, spec, length, run_id, session.source, timeout_s)
+                result = measure_length(session, spec, length, run_id, timeout_s)
                 result["needle"] = _needle(session, spec, length, timeout_s)
                 history += [(length, t["ttft_s"], t.get("tpot_s")) for t in result["trials"] if t["status"] == "ok"]
             except Exception as exc:  # a bug or a surprise must not cost the lengths already measured

@@ -1,0 +1,308 @@
+"""Prompts as the server takes them, and the probe that decides how.
+
+Token ids where the server takes them; otherwise text built with the model's own Hugging Face
+tokenizer (``model.tokenizer``, or ``model.path`` where it holds one; loaded from this machine with
+``tokenizers``, or ``transformers`` where installed and the directory has no tokenizer.json) to exactly
+the tokens wanted. One probe request before the sweep decides (``PromptPlan``):
+
+- token ids or text (``protocol.prompt: auto``; ``token_ids`` or ``text`` forces one);
+- how many tokens the server adds to every prompt (a BOS token and friends): k, so that a length L is
+  sent as L - k tokens and the server holds L;
+- where the counts come from: usage in the stream (``stream_options.include_usage``), else only in a
+  non-streamed response (the probe asks once; trials then count prompt tokens with the tokenizer or
+  as sent, plus k, and output tokens as events), else nowhere (both counted here, and said so);
+- which stream events are tokens (``client.EVENT_RULES``): every event, empty text included, where
+  that matches the server's own count; else the rule that does; a server whose events carry several
+  tokens has its per-event counts estimated.
+
+Every answer the probe got is kept (``PromptPlan.answers``) for the raw files and the appendix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from ..core.errors import ConfigError
+from .client import EVENT_RULES, StreamRecord, request_body, stream_generate
+from .workload import PREFIX_TOKENS, prompt_ids
+
+log = logging.getLogger("longctx.measure.prompts")
+PROBE_TOKENS = 32  # prompt tokens of the probe request
+PROBE_OUTPUT = 6  # output tokens of the probe request
+MAX_ADDED = 16  # more than this many tokens added per prompt: the server's tokenizer is not the model's
+STABLE_SAMPLE = 4000  # vocabulary entries tried for the text prompts' alphabet
+
+
+class PromptError(RuntimeError):
+    """No prompt of the length asked can be built, or the server takes none the probe tried."""
+
+
+# --- the model's own tokenizer ----------------------------------------------------------------
+
+class Tokenizer:
+    """A Hugging Face tokenizer from this machine: encode without special tokens, decode."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        file = path / "tokenizer.json" if path.is_dir() else path
+        if file.is_file():
+            from tokenizers import Tokenizer as Fast
+
+            self._fast = Fast.from_file(str(file))
+            self.library = "tokenizers"
+            self.vocab_size = self._fast.get_vocab_size(with_added_tokens=False)
+            self.special = set(self._fast.get_added_tokens_decoder())
+        else:
+            try:
+                from transformers import AutoTokenizer
+            except ImportError:
+                raise ConfigError(f"model.tokenizer: {path} holds no tokenizer.json, and `transformers` (which reads "
+                                  "other tokenizer files) is not installed") from None
+            self._slow = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            self._fast = None
+            self.library = "transformers"
+            self.vocab_size = len(self._slow)
+            self.special = set(self._slow.all_special_ids)
+
+    def encode(self, text: str) -> list[int]:
+        if self._fast is not None:
+            return self._fast.encode(text, add_special_tokens=False).ids
+        return self._slow.encode(text, add_special_tokens=False)
+
+    def piece(self, i: int) -> str:
+        """The vocabulary's own spelling of token i (byte-level BPE marks a leading space 'Ġ', SentencePiece '▁')."""
+        if self._fast is not None:
+            return self._fast.id_to_token(i) or ""
+        return self._slow.convert_ids_to_tokens(i) or ""
+
+    def decode(self, ids: list[int]) -> str:
+        if self._fast is not None:
+            return self._fast.decode(ids, skip_special_tokens=False)
+        return self._slow.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def tokenizer_path(model: dict) -> tuple[Path | None, str | None]:
+    """Where the model's tokenizer is (model.tokenizer, else model.path where it holds one), and the key."""
+    given = model.get("tokenizer")
+    if given:
+        path = Path(given).expanduser()
+        if not path.exists():
+            raise ConfigError(f"config key 'model.tokenizer': {path} does not exist (a directory with tokenizer.json, "
+                              "or the file)")
+        return path, "model.tokenizer"
+    if model.get("path"):
+        path = Path(model["path"]).expanduser()
+        if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
+            return path, "model.path"
+    return None, None
+
+
+def load_tokenizer(model: dict) -> Tokenizer | None:
+    path, key = tokenizer_path(model)
+    if path is None:
+        return None
+    try:
+        return Tokenizer(path)
+    except ConfigError:
+        raise
+    except Exception as exc:  # a broken file: the user's to fix, named
+        raise ConfigError(f"config key '{key}': the tokenizer at {path} cannot be loaded ({type(exc).__name__}: {exc})") from None
+
+
+class TextPrompts:
+    """Text of exactly n tokens (as the tokenizer counts them, no special tokens): words drawn from the
+    tokenizer's own vocabulary that come back as themselves when their text is encoded again, whole
+    words (a piece that starts a word) where the vocabulary marks them, so that neighbours do not merge."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        rng = np.random.default_rng(0)
+        candidates = [i for i in rng.permutation(tokenizer.vocab_size)[:STABLE_SAMPLE].tolist() if i not in tokenizer.special]
+        stable = [i for i in candidates if tokenizer.encode(tokenizer.decode([i] * 3)) == [i] * 3]
+        words = [i for i in stable if len(p := tokenizer.piece(i)) > 1 and p[0] in "Ġ▁" and p[1:].isalpha()]
+        self.alphabet = words if len(words) >= 16 else stable
+        if len(self.alphabet) < 16:
+            raise PromptError(f"the tokenizer at {tokenizer.path} has too few tokens whose text encodes back to them "
+                              f"({len(self.alphabet)} of {len(candidates)} tried)")
+
+    def text(self, n: int, seed: int, unique_key: str) -> str:
+        """A prefix drawn from unique_key (no two requests share it), then a body drawn from seed."""
+        key = int.from_bytes(hashlib.sha256(unique_key.encode()).digest()[:8], "little")
+        pick = self.alphabet
+        prefix = np.random.default_rng(key).choice(pick, size=min(PREFIX_TOKENS, n)).tolist()
+        rng = np.random.default_rng(seed)
+        ids = prefix + rng.choice(pick, size=max(0, n - PREFIX_TOKENS)).tolist()
+        count = -1
+        for _ in range(12):  # neighbours may merge: trim or extend until the count is exact
+            text = self.tokenizer.decode(ids)
+            count = len(self.tokenizer.encode(text))
+            if count == n:
+                return text
+            ids = ids[: len(ids) - (count - n)] if count > n else ids + rng.choice(pick, size=n - count).tolist()
+        raise PromptError(f"no text of exactly {n} tokens could be built with the tokenizer at {self.tokenizer.path} "
+                          f"(the closest had {count})")
+
+
+# --- the probe's decisions ----------------------------------------------------------------------
+
+@dataclass
+class PromptPlan:
+    prompt: str = "token_ids"  # "token_ids" | "text"
+    added_tokens: int = 0  # k: tokens the server adds to every prompt; a length L is sent as L - k
+    usage: str = "stream"  # where the server's counts are: "stream", "response" (non-streamed only) or "none"
+    events: str = "every"  # which OpenAI stream events are tokens (client.EVENT_RULES)
+    events_exact: bool = True  # the event rule matched the server's own count in the probe
+    tokenizer: str | None = None  # the tokenizer's path, where text prompts are built with it
+    tokenizer_library: str | None = None
+    answers: list[str] = field(default_factory=list)  # what each probe request got, in order
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """The decisions in words, for logs."""
+        how = "token ids" if self.prompt == "token_ids" else f"text built with the tokenizer at {self.tokenizer}"
+        counts = USAGE_WORDS[self.usage]
+        exact = "" if self.events_exact else " (estimated)"
+        return (f"prompts as {how}; the server adds {self.added_tokens} token(s) to each; counts from {counts}; "
+                f"events counted by rule {self.events!r}{exact}")
+
+
+USAGE_WORDS = {"stream": "the stream's usage", "response": "non-streamed responses only (each trial counted here)",
+               "none": "nowhere (each trial counted here)"}
+
+
+class Prompter:
+    """Request bodies of a length L as the server counts it, and each trial's counts completed as planned."""
+
+    def __init__(self, api: str, model: str, proto: dict, plan: PromptPlan, text: TextPrompts | None = None):
+        self.api, self.model, self.proto, self.plan, self._text = api, model, proto, plan, text
+
+    def prompt(self, length: int, unique_key: str) -> list[int] | str:
+        n = length - self.plan.added_tokens
+        if n < 1:
+            raise PromptError(f"a length of {length} leaves no room beside the {self.plan.added_tokens} token(s) "
+                              "the server adds to every prompt")
+        if self.plan.prompt == "text":
+            return self._text.text(n, self.proto["seed"], unique_key)
+        return prompt_ids(n, self.proto["seed"], unique_key, tuple(self.proto["token_id_range"]))
+
+    def body(self, length: int, unique_key: str, output_tokens: int) -> bytes:
+        return request_body(self.api, self.prompt(length, unique_key), output_tokens, self.model)
+
+    def generate(self, client: httpx.Client, url: str, body: bytes, timeout_s: float, length: int) -> dict:
+        """One timed request of `length` tokens: its summary, the counts completed where the server gave
+        none (the prompt as built plus the tokens the server adds, the events as counted), with their
+        source (usage_source "server" or "client"); event counts the probe could not check are estimated."""
+        rec = stream_generate(client, url, body, timeout_s, self.api, self.plan.events)
+        summary = rec.summary()
+        summary["usage_source"] = "server" if summary["prompt_tokens"] is not None else "client"
+        if summary["prompt_tokens"] is None and rec.ok:
+            summary["prompt_tokens"] = length
+        if summary["completion_tokens"] is None and rec.ok:
+            summary["completion_tokens"] = sum(rec.event_tokens)
+            summary["tokens_estimated"] = summary["tokens_estimated"] or not self.plan.events_exact
+        return summary
+
+
+def _answer(rec: StreamRecord | None, what: str, status: int | None = None, text: str = "") -> str:
+    if rec is not None:
+        status, text = rec.http_status, rec.error or "ok"
+    return f"{what}: {'HTTP ' + str(status) if status else 'no answer'}" + (f" ({text[:160]})" if text and text != "ok" else "")
+
+
+def _non_streamed(client: httpx.Client, url: str, api: str, prompt, model: str, timeout_s: float) -> tuple[dict | None, str]:
+    """The server's counts (prompt, completion) from one non-streamed request, and what it answered."""
+    try:
+        r = client.post(url, content=request_body(api, prompt, PROBE_OUTPUT, model, stream=False),
+                        headers={"Content-Type": "application/json"}, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return None, f"non-streamed request: {type(exc).__name__}: {exc}"
+    if r.status_code != 200:
+        return None, f"non-streamed request: HTTP {r.status_code} ({r.text[:160]})"
+    try:
+        body = r.json()
+    except ValueError:
+        return None, "non-streamed request: HTTP 200, not JSON"
+    usage = body.get("usage") or body.get("meta_info") or {}
+    if usage.get("prompt_tokens") is None:
+        return None, "non-streamed request: HTTP 200, no usage"
+    return {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage.get("completion_tokens")}, \
+        "non-streamed request: HTTP 200 with usage"
+
+
+def _event_rule(rec: StreamRecord, completion: int) -> tuple[str, bool]:
+    """The event rule that gives the server's count of output tokens, and whether one does."""
+    every = len(rec.event_text)
+    texts = sum(rec.event_text)
+    final_empty = every > 0 and not rec.event_text[-1]
+    if every == completion:
+        return "every", True
+    if texts == completion:
+        return "text", True
+    if final_empty and every - 1 == completion:
+        return "every-but-final", True
+    return "every", False
+
+
+def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, model_cfg: dict, timeout_s: float) -> tuple[PromptPlan, Prompter]:
+    """Ask the server once (twice or three times where the first answers say to) how it takes
+    prompts and counts tokens; the plan and the Prompter that follows it. PromptError where it takes
+    none, with every answer."""
+    plan = PromptPlan()
+    wanted = proto.get("prompt", "auto")
+    tok = load_tokenizer(model_cfg)
+    text_prompts = None
+    ids = prompt_ids(PROBE_TOKENS, proto["seed"], "probe", tuple(proto["token_id_range"]))
+    # the OpenAI client counts every event while probing, to learn which ones are tokens
+    rec = None
+    if wanted != "text":
+        rec = stream_generate(client, url, request_body(api, ids, PROBE_OUTPUT, model), timeout_s, api, "every")
+        plan.answers.append(_answer(rec, f"token-id prompt of {PROBE_TOKENS}"))
+        if not rec.ok and wanted == "token_ids":
+            raise PromptError(f"the server takes no token-id prompt (protocol.prompt: token_ids): {plan.answers[-1]}")
+    prompt: list[int] | str = ids
+    if rec is None or not rec.ok:
+        if tok is None:
+            raise PromptError(f"the server takes no token-id prompt ({plan.answers[-1] if plan.answers else 'protocol.prompt: text'}); "
+                              "text prompts of exact lengths need the model's own tokenizer: set model.tokenizer to a "
+                              "directory with its tokenizer.json (or model.path to the model's directory)")
+        text_prompts = TextPrompts(tok)
+        prompt = text_prompts.text(PROBE_TOKENS, proto["seed"], "probe")
+        rec = stream_generate(client, url, request_body(api, prompt, PROBE_OUTPUT, model), timeout_s, api, "every")
+        plan.answers.append(_answer(rec, f"text prompt of {PROBE_TOKENS} tokens"))
+        if not rec.ok:
+            raise PromptError("the server took neither prompt the probe sent: " + "; ".join(plan.answers))
+        plan.prompt, plan.tokenizer, plan.tokenizer_library = "text", str(tok.path), tok.library
+    counts = {"prompt_tokens": rec.meta.get("prompt_tokens"), "completion_tokens": rec.meta.get("completion_tokens")}
+    if counts["prompt_tokens"] is not None:
+        plan.answers.append(f"usage in the stream: {counts['prompt_tokens']} prompt, {counts['completion_tokens']} output tokens")
+    else:
+        got, said = _non_streamed(client, url, api, prompt, model, timeout_s)
+        plan.answers.append(said)
+        plan.usage = "response" if got else "none"
+        counts = got or counts
+    if counts["prompt_tokens"] is not None:
+        plan.added_tokens = int(counts["prompt_tokens"]) - PROBE_TOKENS
+        if not 0 <= plan.added_tokens <= MAX_ADDED:
+            raise PromptError(f"the server counted {counts['prompt_tokens']} prompt tokens for {PROBE_TOKENS} sent"
+                              + (" as text (is model.tokenizer the served model's?)" if plan.prompt == "text" else ""))
+    if api == "openai":
+        if counts.get("completion_tokens") is not None:
+            plan.events, plan.events_exact = _event_rule(rec, int(counts["completion_tokens"]))
+            plan.answers.append(f"{len(rec.event_text)} stream events ({sum(rec.event_text)} with text) for "
+                                f"{counts['completion_tokens']} output tokens: rule {plan.events!r}"
+                                + ("" if plan.events_exact else ", none matches: per-event counts estimated"))
+        else:
+            plan.events_exact = False
+            plan.answers.append(f"{len(rec.event_text)} stream events, no output count from the server: every event "
+                                "taken as one token (estimated)")
+    assert plan.events in EVENT_RULES
+    log.info("prompt probe: %s", plan.describe())
+    return plan, Prompter(api, model, proto, plan, text_prompts)

@@ -1,0 +1,126 @@
+"""Small OpenAI-compatible servers written for the tests, each with one behaviour of servers we did
+not write (issue 15, item 2): no /health, text-only prompts, a BOS token added to every prompt, no
+usage anywhere or usage only in non-streamed responses, tokens in chunks with empty text, a final
+empty event that is not a token.
+
+They count prompts with a real Hugging Face tokenizer (the `tokenizers` library, a byte-level BPE
+trained here on English text, nothing downloaded): the count longctx must match is that library's,
+not ours. Decoding is paced (DECODE_S per token) so that decode rates are finite and known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import threading
+import time
+from pathlib import Path
+
+DECODE_S = 0.002
+CORPUS = ("The grass is green and the sky is blue. Long context inference needs a large cache of keys "
+          "and values, read once for every generated token. Prefill attends all pairs of tokens, decode reads "
+          "the whole cache. Engineers measure time to first token, inter-token latency and throughput. ") * 40
+
+BEHAVIOURS = {  # usage: "stream" (and in responses), "response" (non-streamed only) or "none"
+    "no-health": dict(health=("/v1/models",), ids=True, bos=False, usage="stream", empty_every=0, final_event=False),
+    "text-only": dict(health=("/health", "/v1/models"), ids=False, bos=False, usage="stream", empty_every=0, final_event=False),
+    "bos": dict(health=("/health", "/v1/models"), ids=False, bos=True, usage="stream", empty_every=0, final_event=False),
+    "no-usage": dict(health=("/health", "/v1/models"), ids=True, bos=False, usage="none", empty_every=0, final_event=False),
+    "response-usage": dict(health=("/health",), ids=False, bos=False, usage="response", empty_every=3, final_event=False),
+    "empty-text": dict(health=("/health", "/v1/models"), ids=True, bos=False, usage="stream", empty_every=3, final_event=False),
+    "final-event": dict(health=("/health", "/v1/models"), ids=True, bos=True, usage="stream", empty_every=2, final_event=True),
+}
+
+
+def make_tokenizer(directory: Path, bos: bool = False) -> Path:
+    """A byte-level BPE tokenizer (vocabulary 400) trained on CORPUS, saved as directory/tokenizer.json;
+    with bos, its post-processor adds <s> to every encoding with special tokens (as Llama's does)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([CORPUS], trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"],
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+@contextlib.contextmanager
+def openai_server(behaviour: str, tokenizer_dir: Path):
+    """The server of one behaviour on loopback, counting prompts with tokenizer_dir/tokenizer.json
+    (encoded with special tokens: a BOS server's tokenizer adds one). Yields (base URL, requests seen)."""
+    from tokenizers import Tokenizer
+
+    b = BEHAVIOURS[behaviour]
+    tok = Tokenizer.from_file(str(make_tokenizer(tokenizer_dir / behaviour, bos=b["bos"]) / "tokenizer.json"))
+    seen: list[dict] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _json(self, code: int, obj: dict) -> None:
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path in b["health"]:
+                self._json(200, {"object": "list", "data": [{"id": "m", "max_model_len": 8192}]})
+            else:
+                self._json(404, {"detail": "Not Found"})
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(req)
+            if self.path != "/v1/completions":
+                return self._json(404, {"detail": "Not Found"})
+            prompt = req["prompt"]
+            if isinstance(prompt, list):
+                if not b["ids"]:  # what a pydantic model with `prompt: str` answers
+                    return self._json(500, {"error": {"message": "1 validation error: prompt: Input should be a valid string"}})
+                n_prompt = len(prompt) + (1 if b["bos"] else 0)
+            else:
+                n_prompt = len(tok.encode(prompt, add_special_tokens=True).ids)
+            n = req["max_tokens"]
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n}
+            words = ["" if b["empty_every"] and i % b["empty_every"] == 1 else f" w{i}" for i in range(n)]
+            if not req.get("stream"):
+                time.sleep(DECODE_S * n)
+                return self._json(200, {"choices": [{"text": "".join(words), "finish_reason": "length"}],
+                                        **({"usage": usage} if b["usage"] != "none" else {})})
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for i, w in enumerate(words):
+                time.sleep(DECODE_S)
+                last = i == n - 1 and not b["final_event"]
+                self.wfile.write(f"data: {json.dumps({'choices': [{'text': w, 'finish_reason': 'length' if last else None}]})}\n\n".encode())
+                self.wfile.flush()
+            if b["final_event"]:
+                self.wfile.write(f"data: {json.dumps({'choices': [{'text': '', 'finish_reason': 'length'}]})}\n\n".encode())
+            if b["usage"] == "stream" and (req.get("stream_options") or {}).get("include_usage"):
+                self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,123 @@
+"""Servers as they are (issue 15, item 2): text prompts of exact lengths built with the model's own
+tokenizer, and the probe that decides token ids or text, the tokens a server adds, where the counts
+come from and which stream events are tokens. Checked against the `tokenizers` library's own counts
+and the test servers' own accounting (tests/openai_servers.py), over real HTTP on loopback."""
+
+import json
+
+import httpx
+import pytest
+
+from longctx import config as lcfg
+from longctx.measure.client import timed_client
+from longctx.measure.prompts import PromptError, TextPrompts, Tokenizer, probe
+from longctx.measure.sweep import run_configuration
+
+from .openai_servers import BEHAVIOURS, DECODE_S, make_tokenizer, openai_server
+
+PROTO = {"seed": 0, "token_id_range": [3, 300], "prompt": "auto"}
+
+
+@pytest.fixture(scope="module")
+def tokdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tokenizers")
+
+
+def test_text_prompts_have_exactly_the_tokens_asked_by_the_tokenizers_own_count(tokdir):
+    from tokenizers import Tokenizer as HF
+
+    path = make_tokenizer(tokdir / "plain")
+    hf = HF.from_file(str(path / "tokenizer.json"))  # the library's count, not ours
+    text = TextPrompts(Tokenizer(path))
+    for n in (1, 16, 17, 100, 1000, 5000):
+        a, b = text.text(n, 0, f"a/{n}"), text.text(n, 0, f"b/{n}")
+        assert len(hf.encode(a, add_special_tokens=False).ids) == n
+        assert len(hf.encode(b, add_special_tokens=False).ids) == n
+        if n > 16:  # a unique prefix, the same body
+            ids_a, ids_b = hf.encode(a).ids, hf.encode(b).ids
+            assert ids_a[:16] != ids_b[:16] and ids_a[16:] == ids_b[16:]
+
+
+# (prompt, tokens added, usage, event rule, rule checked against the server's count): derived from each
+# server's behaviour by hand, not from the probe
+EXPECTED = {
+    "no-health": ("token_ids", 0, "stream", "every", True),
+    "text-only": ("text", 0, "stream", "every", True),
+    "bos": ("text", 1, "stream", "every", True),
+    "no-usage": ("token_ids", 0, "none", "every", False),
+    "response-usage": ("text", 0, "response", "every", True),
+    "empty-text": ("token_ids", 0, "stream", "every", True),
+    "final-event": ("token_ids", 1, "stream", "every-but-final", True),
+}
+
+
+@pytest.mark.parametrize("behaviour", sorted(BEHAVIOURS))
+def test_the_probe_decides_as_each_server_behaves(tmp_path, behaviour):
+    with openai_server(behaviour, tmp_path) as (base, seen), timed_client() as client:
+        plan, _ = probe(client, base + "/v1/completions", "openai", "m", PROTO, {"tokenizer": str(tmp_path / behaviour)}, 30)
+    got = (plan.prompt, plan.added_tokens, plan.usage, plan.events, plan.events_exact)
+    assert got == EXPECTED[behaviour], plan.answers
+    assert len(seen) <= 3 and all(a for a in plan.answers)
+
+
+def test_a_text_only_server_without_a_tokenizer_says_what_to_set(tmp_path):
+    with openai_server("text-only", tmp_path) as (base, _), timed_client() as client:
+        with pytest.raises(PromptError, match=r"HTTP 500.*valid string.*set model.tokenizer"):
+            probe(client, base + "/v1/completions", "openai", "m", PROTO, {}, 30)
+
+
+def external(url: str, tokenizer: str, lengths=(64, 300), **protocol) -> dict:
+    return lcfg.validate({
+        "lengths": list(lengths),
+        "protocol": {"warmup": 1, "trials": 2, "output_tokens": 9, "token_id_range": [3, 300], **protocol},
+        "model": {"name": "bpe", "tokenizer": tokenizer}, "telemetry": {"enabled": False},
+        "server": {"startup_timeout_s": 30},
+        "configurations": {"ext": {"engine": "external", "url": url, "api": "openai"}},
+    })
+
+
+@pytest.mark.parametrize("behaviour", sorted(BEHAVIOURS))
+def test_every_length_is_measured_exactly_against_each_server(tmp_path, behaviour):
+    from tokenizers import Tokenizer as HF
+
+    with openai_server(behaviour, tmp_path) as (base, seen):
+        config = external(base, str(tmp_path / behaviour))
+        assert run_configuration(lcfg.configuration_spec(config, "ext"), tmp_path / "raw", tmp_path / "x.log") == 0
+    hf = HF.from_file(str(tmp_path / behaviour / "tokenizer.json"))
+    prompt, added, usage, rule, exact = EXPECTED[behaviour]
+    sent = [r for r in seen if r["max_tokens"] == 9]  # the sweep's requests, not the probe's
+    # what the server itself received: its tokenizer's count (BOS included) or the ids, plus BOS
+    counted = [len(hf.encode(r["prompt"]).ids) if isinstance(r["prompt"], str) else len(r["prompt"]) + added for r in sent]
+    assert sorted(set(counted)) == [64, 300] and len(counted) == 2 * 3
+    assert all(isinstance(r["prompt"], str) == (prompt == "text") for r in sent)
+    for length in (64, 300):
+        raw = json.loads((tmp_path / "raw" / f"{length}.json").read_text())
+        assert raw["status"] == "ok", raw["reason"]
+        assert raw["provenance"]["prompt_probe"]["added_tokens"] == added
+        for t in raw["trials"]:
+            assert t["prompt_tokens"] == length and t["completion_tokens"] == 9 and not t["early_stop"]
+            assert t["usage_source"] == ("server" if usage == "stream" else "client")
+            assert t["tokens_estimated"] is (not exact)
+            assert len(t["itl_s"]) == 8 and 0.5 / DECODE_S < t["decode_tok_s"] < 1.1 / DECODE_S
+
+
+def test_a_server_that_stops_early_is_flagged(tmp_path):
+    """A server that ignores ignore_eos and stops after 4 tokens: the trials say so."""
+    with openai_server("no-health", tmp_path) as (base, seen):
+        config = external(base, str(tmp_path / "no-health"), lengths=(64,), output_tokens=9)
+        real = httpx.Client.stream
+
+        def short(self, method, url, content=None, **kw):
+            body = json.loads(content)
+            if body.get("stream") and body["max_tokens"] == 9:
+                content = json.dumps({**body, "max_tokens": 4}).encode()
+            return real(self, method, url, content=content, **kw)
+
+        pytest.MonkeyPatch.setattr(mp := pytest.MonkeyPatch(), httpx.Client, "stream", short)
+        try:
+            run_configuration(lcfg.configuration_spec(config, "ext"), tmp_path / "raw", tmp_path / "x.log")
+        finally:
+            mp.undo()
+    raw = json.loads((tmp_path / "raw" / "64.json").read_text())
+    for t in raw["trials"]:
+        assert t["early_stop"] and t["completion_tokens"] == 4 and t["reason"] == "stopped after 4 of 9 output tokens"
