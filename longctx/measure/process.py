@@ -45,6 +45,45 @@ def listening_pids(port: int) -> set[int | None]:
     return {c.pid for c in connections if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
 
 
+def listening_process(port: int) -> tuple[int | None, str | None]:
+    """The process that listens on TCP port `port` and the reason when there is none to name: nobody
+    listens, the listener belongs to another user (psutil cannot see its owner), or unrelated processes
+    share the port. Where a server's workers inherit its listening socket, psutil names one holder per
+    socket, maybe a worker: the topmost ancestor that listens on the port too is named, whose process
+    tree holds them all."""
+    try:
+        connections = psutil.net_connections("tcp")
+    except psutil.Error as exc:
+        return None, f"psutil cannot list this machine's sockets ({type(exc).__name__})"
+    pids = {c.pid for c in connections if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+    seen = pids - {None}
+    if not pids:
+        return None, f"no process on this machine listens on port {port}"
+    if not seen:
+        return None, f"the process listening on port {port} belongs to another user (psutil cannot see it)"
+
+    def listens(proc: psutil.Process) -> bool:
+        try:
+            return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                       for c in proc.net_connections("tcp"))
+        except psutil.Error:
+            return False
+
+    def top(pid: int) -> int:
+        try:
+            proc = psutil.Process(pid)
+            while (parent := proc.parent()) is not None and listens(parent):
+                proc = parent
+            return proc.pid
+        except psutil.Error:
+            return pid
+
+    tops = sorted({top(p) for p in seen})
+    if len(tops) > 1:
+        return None, f"unrelated processes listen on port {port} (pids {', '.join(map(str, tops))})"
+    return tops[0], None
+
+
 def tail(path: str | Path, lines: int = 20) -> str:
     try:
         text = Path(path).read_text(errors="replace")

@@ -1,23 +1,36 @@
-"""Telemetry sampled beside the measurements: NVML on GPU machines, psutil elsewhere.
+"""Telemetry sampled beside the measurements, from the device the server computes on only.
+
+telemetry_source decides it per configuration (its adapter's `device`): NVML for the GPUs a server on
+this machine's GPUs uses; psutil for a server on this machine's CPU, over the server's own process tree
+(a managed server's pid; an external server's, found as the process listening on its port) or, when that
+process cannot be found, over the whole machine (said so); nothing for a remote server. Its description,
+recorded in each raw file's provenance, says which source and over what.
 
 A Sampler thread reads its source every interval and time-stamps each sample with the same
 clock as the client (time.perf_counter), so a trial's samples can be split into its prefill
 window (request sent to first token) and its decode window (first to last token).
 
 NVML: per GPU, SM and memory utilisation (%), power (W), SM and memory clocks (MHz), memory used
-(GB); the summary averages over the GPUs. Without NVML (no GPU, or an external server on another
-machine) the psutil source reads the CPU utilisation (% of one core) and resident memory of the
-server's process tree, or of the whole machine when there is no local server process.
+(GB); the summary averages over the GPUs. psutil: CPU utilisation (% of one core) and resident memory
+(RSS) of the server's process tree; over the whole machine, the CPU utilisation of all processes and the
+memory in use (its `rss_gb`), which is not the server's.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
 import statistics
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import psutil
+
+from .process import listening_process
 
 NVML_METRICS = ("sm_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz", "mem_clock_mhz", "mem_used_gb")
 PSUTIL_METRICS = ("cpu_util_pct", "rss_gb")
@@ -27,9 +40,11 @@ class NvmlSource:
     kind = "nvml"
     metrics = NVML_METRICS
 
-    def __init__(self, nvml, gpu_indices: list[int | str] | None = None):
-        """gpu_indices: NVML indices, or GPU UUIDs as CUDA_VISIBLE_DEVICES may give them (None: all)."""
+    def __init__(self, nvml, gpu_indices: list[int | str] | None = None, which: str | None = None):
+        """gpu_indices: NVML indices, or GPU UUIDs as CUDA_VISIBLE_DEVICES may give them (None: all);
+        which: how they were chosen, for the description."""
         self.nvml = nvml
+        self.which = which
         nvml.nvmlInit()
         count = nvml.nvmlDeviceGetCount()
         if count == 0 or gpu_indices == []:
@@ -50,7 +65,10 @@ class NvmlSource:
         return {m: statistics.fmean(r[i] for r in rows) for i, m in enumerate(NVML_METRICS)}
 
     def describe(self) -> str:
-        return f"NVML, GPUs {self.indices} (mean over them)"
+        gpus = ", ".join(map(str, self.indices))
+        return (f"NVML, GPU{'s' if len(self.indices) > 1 else ''} {gpus}" + (f" ({self.which})" if self.which else "")
+                + ": SM and memory utilisation, power, clocks and memory used of those GPUs"
+                + (", mean over them" if len(self.indices) > 1 else ""))
 
     def close(self) -> None:
         self.nvml.nvmlShutdown()
@@ -60,8 +78,11 @@ class ProcessSource:
     kind = "psutil"
     metrics = PSUTIL_METRICS
 
-    def __init__(self, pid: int | None):
+    def __init__(self, pid: int | None, note: str | None = None):
+        """pid: the server's process (its tree is watched), None: the whole machine; note: how the process
+        was found or why it was not, for the description."""
         self.pid = pid
+        self.note = note
         self.root = psutil.Process(pid) if pid else None
         self._procs: dict[int, psutil.Process] = {}
         self.sample()  # cpu_percent() measures from the previous call: prime it
@@ -87,9 +108,17 @@ class ProcessSource:
                 continue
         return {"cpu_util_pct": cpu, "rss_gb": rss / 1e9}
 
+    @property
+    def over(self) -> str:
+        return "process" if self.pid else "machine"
+
     def describe(self) -> str:
-        what = f"the server's process tree (pid {self.pid})" if self.pid else "the whole machine"
-        return f"psutil, no GPU telemetry: CPU utilisation (% of one core) and resident memory of {what}"
+        note = f"; {self.note}" if self.note else ""
+        if self.pid:
+            return (f"psutil, over the server's process tree (pid {self.pid}{note}): CPU utilisation (% of one core) "
+                    "and resident memory (RSS) of the server's processes")
+        return (f"psutil, over the whole machine, not the server alone ({self.note or 'no server process to watch'}): "
+                "CPU utilisation of all processes (% of one core) and the machine's memory in use")
 
     def close(self) -> None:
         pass
@@ -114,7 +143,8 @@ def visible_gpus(environ: Mapping[str, str]) -> list[int | str] | None:
 
 
 def make_source(server_pid: int | None, nvml=None, gpu_indices: list[int] | None = None):
-    """NVML where a driver and a GPU answer, else psutil on the server's processes."""
+    """NVML where a driver and a GPU answer, else psutil on the server's processes, whatever the server
+    computes on (telemetry_source asks the configuration's device instead)."""
     if nvml is None:
         try:
             import pynvml as nvml
@@ -125,7 +155,153 @@ def make_source(server_pid: int | None, nvml=None, gpu_indices: list[int] | None
             return NvmlSource(nvml, gpu_indices)
         except Exception:  # pynvml.NVMLError_LibraryNotFound without a GPU driver, or no GPU
             pass
-    return ProcessSource(server_pid)
+    return ProcessSource(server_pid, "no GPU telemetry")
+
+
+def _nvml_module():
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+def is_local_host(host: str | None) -> bool:
+    """Whether host names this machine: a loopback address, or one of its network interfaces' addresses."""
+    if not host:
+        return False
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except (socket.gaierror, UnicodeError):
+        return False
+    mine = {a.address.split("%")[0] for nic in psutil.net_if_addrs().values() for a in nic
+            if a.family in (socket.AF_INET, socket.AF_INET6)}
+    for address in addresses:
+        address = address.split("%")[0]
+        try:
+            if ipaddress.ip_address(address).is_loopback or address in mine:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def tree_pids(pid: int) -> set[int]:
+    """pid and its descendants (empty when it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return {root.pid, *(p.pid for p in root.children(recursive=True))}
+    except psutil.Error:
+        return set()
+
+
+def gpus_of_processes(nvml, pids: set[int]) -> list[int]:
+    """NVML indices of the GPUs on which NVML lists a compute process among pids (empty when none, or when
+    NVML cannot tell, as inside a container whose process ids NVML does not share)."""
+    found = []
+    try:
+        nvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        for i in range(nvml.nvmlDeviceGetCount()):
+            try:
+                procs = nvml.nvmlDeviceGetComputeRunningProcesses(nvml.nvmlDeviceGetHandleByIndex(i))
+            except Exception:
+                continue
+            if any(p.pid in pids for p in procs):
+                found.append(i)
+    finally:
+        nvml.nvmlShutdown()
+    return found
+
+
+def process_gpus_env(pid: int) -> dict[str, str]:
+    """The CUDA_VISIBLE_DEVICES a running process was started with ({} when not set or not readable)."""
+    try:
+        value = psutil.Process(pid).environ().get("CUDA_VISIBLE_DEVICES")
+    except psutil.Error:
+        return {}
+    return {} if value is None else {"CUDA_VISIBLE_DEVICES": value}
+
+
+@dataclass
+class Telemetry:
+    """What telemetry_source decided for one configuration: the device its server computes on, the source
+    the Sampler reads (None: no telemetry), and in words which source, over what and why."""
+
+    device: str  # cpu | gpu (of this machine) | remote
+    source: object | None
+    description: str  # for the report; "off" when telemetry is turned off
+    over: str | None = None  # gpus | process | machine | None (no telemetry)
+    pid: int | None = None  # the process whose tree psutil watches, or whose GPUs NVML watches
+    gpus: list | None = None  # the GPUs NVML watches
+    notes: list[str] = field(default_factory=list)
+
+    def scope(self) -> dict:
+        """The decision as data, for the provenance: device, source, over, pid, gpus."""
+        return {"device": self.device, "source": getattr(self.source, "kind", None), "over": self.over,
+                "pid": self.pid, "gpus": self.gpus}
+
+
+def telemetry_source(adapter, spec, pid: int | None, base_url: str | None, nvml=None) -> Telemetry:
+    """The telemetry of one configuration's server, from the device it computes on only.
+
+    adapter.device(spec) says where: 'remote': nothing (the machine that measures sees neither its CPU
+    nor its GPUs); 'gpu': NVML over the GPUs the server uses (telemetry.gpus as configured; else those on
+    which NVML lists one of the server's processes; else its CUDA_VISIBLE_DEVICES; else every GPU, said
+    so); 'cpu' (or a GPU that NVML cannot read): psutil over the server's process tree. The server's
+    process: `pid` for a managed server; for an external one on this machine, the process listening on the
+    port of base_url; where none can be found, psutil watches the whole machine and says why.
+    nvml: the pynvml module (or a stand-in); None imports pynvml."""
+    device = adapter.device(spec)
+    conf = spec.telemetry
+    if not conf["enabled"]:
+        return Telemetry(device, None, "off")
+    if device == "remote":
+        default = ", the default" if getattr(spec, "device", None) is None else ""
+        return Telemetry(device, None, f"none: the server computes on another machine (configurations.{spec.name}.device: "
+                                       f"remote{default}), whose CPU and GPUs this one cannot see")
+    how = None  # how the server's process was found, or why it was not
+    if adapter.managed:
+        how = None if pid else "the server's process is not known"
+    else:
+        parts = urlsplit(base_url or spec.url or "")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        pid = None
+        if not is_local_host(parts.hostname):
+            how = f"{parts.hostname} is not an address of this machine, so its process cannot be found"
+        else:
+            pid, how = listening_process(port)
+            how = how or f"found as the process listening on port {port}"
+    if device == "gpu":
+        nvml = nvml if nvml is not None else _nvml_module()
+        if nvml is None:
+            problem = "pynvml is not installed"
+        else:
+            if conf.get("gpus") is not None:
+                gpus, which = list(conf["gpus"]), "as configured, telemetry.gpus"
+            else:
+                gpus = gpus_of_processes(nvml, tree_pids(pid)) if pid else []
+                which = "those on which NVML lists the server's processes"
+                if not gpus:
+                    env = {**os.environ, **(spec.env or {})} if adapter.managed else (process_gpus_env(pid) if pid else {})
+                    gpus = visible_gpus(env)
+                    which = "the server's CUDA_VISIBLE_DEVICES"
+                    if gpus is None:
+                        which = "every GPU of this machine: which ones the server uses is not known"
+            try:
+                src = NvmlSource(nvml, gpus, which)
+                return Telemetry(device, src, src.describe(), "gpus", pid, src.indices)
+            except Exception as exc:  # pynvml.NVMLError_LibraryNotFound without a driver, no GPU, none given
+                problem = f"NVML: {exc}" if str(exc) else f"NVML: {type(exc).__name__}"
+        note = f"no GPU telemetry, {problem}"
+        how = f"{how}; {note}" if how else note
+    try:
+        src = ProcessSource(pid, how)
+    except psutil.Error as exc:  # the process ended between being found and being watched
+        src = ProcessSource(None, f"the server's process {pid} cannot be watched: {type(exc).__name__}")
+    return Telemetry(device, src, src.describe(), src.over, src.pid)
 
 
 class Sampler:
