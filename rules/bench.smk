@@ -25,7 +25,9 @@ rule bench_configuration:
         "--resume-dir {params.resume} > {log.bench} 2>&1"
 
 
-# Measured ceilings of the devices the servers compute on. It takes every core, as a bench job
+# Measured ceilings of the devices of this machine that the servers compute on (managed servers, and
+# external ones with device: cpu | gpu; a remote server's are not this machine's, and the calibration
+# says so). It takes every core, as a bench job
 # does, so that it never shares the machine with a measurement; on a cluster it is a job of its own
 # on a compute node (with a GPU where a configuration's server computes on one).
 rule calibrate_hardware:

@@ -84,3 +84,39 @@ def test_the_slurm_profile_gives_bench_jobs_their_resources_and_cpus():
     for key in ("gpu", "mem_mb", "runtime"):
         assert re.search(rf"\b{key}={expected[key]}\b", job), (key, job)
     assert expected == {"gpu": 8, "mem_mb": 256000, "runtime": expected["runtime"]} and expected["runtime"] > 60
+
+
+def test_calibration_covers_every_device_of_this_machine_external_servers_included(tmp_path):
+    import sys
+
+    from longctx.engines import get_adapter
+    from longctx.measure.calibration import calibrate, plan as calibration_plan
+
+    arch = lcfg.load(TINY)["model"]["architecture"]
+    ext = {"engine": "external", "url": "http://127.0.0.1:30000", "api": "openai"}
+    c = lcfg.validate({"lengths": [1000], "model": {"path": "/m", "architecture": arch}, "configurations": {
+        "ref": {"engine": "reference"},
+        "ext-cpu": {**ext, "device": "cpu"},
+        "ext-gpu": {**ext, "device": "gpu", "python": "/opt/torch-cuda/bin/python"},
+        "ext-remote": ext,
+        "ext-said-remote": {**ext, "device": "remote"},
+        "sg": {"engine": "sglang"},
+    }})
+    p = calibration_plan(c)
+    assert p["devices"]["cpu"]["configurations"] == ["ext-cpu", "ref"]
+    assert p["devices"]["cpu"]["python"] == sys.executable  # an external server's: longctx's own, unless configured
+    assert p["devices"]["cuda"]["configurations"] == ["ext-gpu", "sg"]
+    assert p["devices"]["cuda"]["python"] == "/opt/torch-cuda/bin/python"
+    assert set(p["remote"]) == {"ext-remote", "ext-said-remote"}
+    assert p["remote"]["ext-remote"].startswith("configurations.ext-remote.device: remote (the default): its server computes on another machine")
+    assert "(the default)" not in p["remote"]["ext-said-remote"]
+    # a managed engine is calibrated with the Python that runs its server (SGLang: python3 unless configured)
+    sg = lcfg.validate({**c, "configurations": {"sg": {"engine": "sglang"}}})
+    spec = lcfg.configuration_spec(sg, "sg")
+    assert calibration_plan(sg)["devices"]["cuda"]["python"] == get_adapter("sglang").launch_command(spec, "h", 1, None)[0]
+    assert "remote" not in calibration_plan(sg)  # the plan (the rule's params) of a config without one is as it was
+    # external servers hold their own GPUs: their bench jobs ask for none, whatever their device
+    assert {name: bench_resources(c, name)["gpu"] for name in ("ext-cpu", "ext-gpu", "ext-remote", "sg")} == {
+        "ext-cpu": 0, "ext-gpu": 0, "ext-remote": 0, "sg": 1}
+    doc = calibrate({"enabled": True, "devices": {}, "remote": p["remote"]}, tmp_path / "calibration.json")
+    assert doc["devices"] == {} and doc["remote"] == p["remote"]

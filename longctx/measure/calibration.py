@@ -1,10 +1,12 @@
-"""The calibrate step: measured ceilings (copy bandwidth, matmul rate) of every device the
-configurations' servers compute on, each measured by longctx/attention/microbench.py run with the Python
-that runs that engine, on this machine (the one the servers run on).
+"""The calibrate step: measured ceilings (copy bandwidth, matmul rate) of every device of this machine
+(the one the servers run on) that a configuration's server computes on (its adapter's `device`: managed
+servers, and external servers with `device: cpu | gpu`), each measured by longctx/attention/microbench.py
+run with the Python of the first such configuration's engine (the adapter's `python`).
 
-data/calibration.json: {"devices": {"cpu": {...}, "cuda": {...}}}, one entry per device kind used;
-a device that could not be measured has status "failed" and the reason, and the analysis then has
-only the datasheet ceiling for it.
+data/calibration.json: {"devices": {"cpu": {...}, "cuda": {...}}, "remote": {...}}, one entry per device
+kind used; a device that could not be measured has status "failed" and the reason, and the analysis then
+has only the datasheet ceiling for it. "remote" names the configurations whose servers compute on another
+machine, with the reason none of this machine's ceilings is theirs (present only where there are some).
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import json
 import logging
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from ..attention import microbench
+from ..config import configuration_spec
 from ..engines import get_adapter
 from ..specs.model import ModelSpecError
 
@@ -33,23 +35,29 @@ def _dtype(model: dict, configuration: dict) -> str:
 
 
 def plan(config: dict) -> dict:
-    """What to measure: per device kind used by a configuration, the Python, dtype, sizes, threads.
+    """What to measure: per device kind of this machine used by a configuration, the Python, dtype, sizes,
+    threads; under "remote" (only where there are some), the configurations not measured, with why.
     (Run by the workflow when it parses the rules: cheap, and its result is the rule's params.)"""
     cal = config["calibration"]
     devices: dict = {}
+    remote: dict = {}
     if not cal["enabled"]:
         return {"enabled": False, "devices": {}}
     for name in sorted(config["configurations"]):
         conf = config["configurations"][name]
         adapter = get_adapter(conf["engine"])
-        if not adapter.managed:
-            continue  # a server longctx does not run, maybe elsewhere: this machine's ceilings say nothing about it
-        kind = "cuda" if adapter.compute_device(conf["args"]) == "gpu" else "cpu"
+        spec = configuration_spec(config, name)
+        device = adapter.device(spec)
+        if device == "remote":
+            remote[name] = (f"configurations.{name}.device: remote{' (the default)' if spec.device is None else ''}: its "
+                            "server computes on another machine, whose ceilings this one cannot measure")
+            continue
+        kind = "cuda" if device == "gpu" else "cpu"
         if kind in devices:
             devices[kind]["configurations"].append(name)
             continue
         devices[kind] = {
-            "python": conf.get("python") or sys.executable,  # the engine's Python, as the server runs it
+            "python": adapter.python(spec),  # the engine's Python, as the server runs it
             "dtype": cal["dtype"] or _dtype(config["model"], conf),
             "copy_mib": cal["copy_mib"] or DEFAULTS[kind]["copy_mib"],
             "matmul_size": cal["matmul_size"] or DEFAULTS[kind]["matmul_size"],
@@ -57,7 +65,7 @@ def plan(config: dict) -> dict:
             "threads": (cal["threads"] or adapter.cpu_threads(conf["args"])) if kind == "cpu" else None,
             "configurations": [name],
         }
-    return {"enabled": True, "devices": devices}
+    return {"enabled": True, "devices": devices, **({"remote": remote} if remote else {})}
 
 
 def run_device(kind: str, p: dict, timeout_s: float = 600) -> dict:
@@ -84,6 +92,8 @@ def run_device(kind: str, p: dict, timeout_s: float = 600) -> dict:
 def calibrate(plan_: dict, out: str | Path) -> dict:
     doc = {"format": "longctx.calibration/1", "enabled": plan_["enabled"],
            "devices": {kind: run_device(kind, p) for kind, p in sorted(plan_["devices"].items())}}
+    if plan_.get("remote"):
+        doc["remote"] = plan_["remote"]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return doc

@@ -2,7 +2,9 @@
 
 These become the Snakemake resources `gpu`, `mem_mb` and `runtime` (minutes) of the job. Run
 locally they only count against `--resources` limits; a cluster executor turns them into its own
-requests. GPUs come from the engine's parallelism flags (engines.*.gpus), memory and time scale
+requests. GPUs come from the engine's parallelism flags (engines.*.gpus), none where the server
+computes on the CPU or elsewhere (the adapter's `device`: vLLM's CPU build, an external server, which
+holds its own GPUs, whatever its `device`), memory and time scale
 with the lengths the job measures (config key `resources`); `configurations.<name>.resources`
 overrides any of them.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from ..config import configuration_spec
 from ..engines import get_adapter
 
 
@@ -44,8 +47,9 @@ def bench_resources(config: dict, configuration: str) -> dict[str, int]:
     res = config["resources"]
     override = conf["resources"]
     prompt, output = request_tokens(config)
+    adapter = get_adapter(conf["engine"])
     computed = {
-        "gpu": get_adapter(conf["engine"]).gpus(conf["args"]),
+        "gpu": adapter.gpus(conf["args"]) if adapter.device(configuration_spec(config, configuration)) == "gpu" else 0,
         "mem_mb": res["mem_mb"]["base"] + res["mem_mb"]["per_1k_tokens"] * longest_context(config) / 1000,
         "runtime": res["runtime_min"]["base"] + res["runtime_min"]["per_1m_prompt_tokens"] * prompt / 1e6
         + res["runtime_min"]["per_1k_output_tokens"] * output / 1000,
