@@ -121,3 +121,39 @@ def test_a_server_that_stops_early_is_flagged(tmp_path):
     raw = json.loads((tmp_path / "raw" / "64.json").read_text())
     for t in raw["trials"]:
         assert t["early_stop"] and t["completion_tokens"] == 4 and t["reason"] == "stopped after 4 of 9 output tokens"
+
+
+@pytest.mark.slow
+def test_the_whole_workflow_reports_every_kind_of_server(tmp_path):
+    """One configuration per behaviour, through every stage (real Snakemake, real TeX) to the PDF."""
+    import contextlib
+
+    import pandas as pd
+    import yaml
+
+    from .conftest import copy_workflow, snakemake
+    from .test_report import pdftotext
+
+    (tmp_path / "wf").mkdir()
+    work = copy_workflow(tmp_path / "wf")
+    with contextlib.ExitStack() as stack:
+        urls = {b: stack.enter_context(openai_server(b, tmp_path / "tok"))[0] for b in sorted(BEHAVIOURS)}
+        config = {
+            "lengths": [64, 256], "protocol": {"warmup": 0, "trials": 2, "output_tokens": 8, "token_id_range": [3, 300]},
+            "model": {"name": "bpe-gqa", "random_weights": True,
+                      "architecture": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 128,
+                                       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                                       "torch_dtype": "bfloat16"}},
+            "configurations": {b: {"engine": "external", "url": url, "api": "openai"} for b, url in urls.items()},
+        }
+        # the servers' tokenizers share one vocabulary (the same training); a BOS server's adds <s>, which the
+        # probe measures: model.tokenizer names the plain one, as a user's names the model's
+        config["model"]["tokenizer"] = str(make_tokenizer(tmp_path / "tok" / "plain"))
+        (work / "servers.yaml").write_text(yaml.safe_dump(config))
+        snakemake(work, "--cores", "1", "report/longctx.pdf", "--configfile", "servers.yaml")
+    df = pd.read_csv(work / "data" / "results.csv")
+    assert set(df["configuration"]) == set(BEHAVIOURS) and (df["status"] == "ok").all(), df[["configuration", "reason"]]
+    assert (df["prompt_tokens"] == df["length"]).all() and (df["completion_tokens"] == 8).all()
+    text = pdftotext(work / "report" / "longctx.pdf")
+    for b in BEHAVIOURS:
+        assert b in text
