@@ -35,6 +35,17 @@ def max_length(entry: dict) -> tuple[int | None, str | None]:
     return (int(ctx), "the context length; the KV pool's size is unknown") if ctx else (None, None)
 
 
+def _flagged(g: pd.DataFrame, column: str) -> pd.Series:
+    """Rows whose flag column is true (absent or empty: false)."""
+    return g[column].eq(True) if column in g else pd.Series(False, index=g.index)
+
+
+def _trusted(rows: pd.DataFrame, doubtful: pd.Series) -> tuple[pd.DataFrame, bool]:
+    """The rows without the doubtful ones, or all of them where nothing else is left (True: so fitted)."""
+    keep = rows[~doubtful.reindex(rows.index, fill_value=False)]
+    return (keep, False) if len(keep) or not len(rows) else (rows, True)
+
+
 def _pct(x, ref):
     return 100.0 * x / ref if x is not None and ref else None
 
@@ -58,23 +69,28 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
         out["model_spec_absent"] = absent
     exact = None if absent else spec  # what the FLOPs, the intensity and the roofline need
     fits: dict = {}
+    # trials whose token counts were estimated stay out of the fits, and those that stopped early out of
+    # decode's, unless nothing else was measured (then the fit says it stands on them)
+    estimated, early = _flagged(g, "tokens_estimated"), _flagged(g, "early_stop")
+    out["trials_estimated"], out["trials_early_stop"] = int(estimated.sum()), int(early.sum())
     # the fits weigh relative residuals: only positive times count (a server may report 0)
-    p = g[g["ttft_s"] > 0]
+    p, p_estimated = _trusted(g[g["ttft_s"] > 0], estimated)
     if p["length"].nunique() >= 3:
         fits["prefill"] = Fit("prefill", p["length"], p["ttft_s"], n_boot, level, seed)
         out["prefill"] = prefill_summary(fits["prefill"])
         out["prefill"]["regime_change"] = regime_change("prefill", p["length"], p["ttft_s"], st["regime_tolerance"],
                                                         min(n_boot, 400), level, seed)
-    d = g[g["step_s"] > 0]
+    d, d_estimated = _trusted(g[g["step_s"] > 0], estimated | early)
     if d["length"].nunique() >= 2:
         fits["decode"] = Fit("decode", d["length"], d["step_s"], n_boot, level, seed)
         out["decode"] = decode_summary(fits["decode"], kv)
         out["decode"]["regime_change"] = regime_change("decode", d["length"], d["step_s"], st["regime_tolerance"],
                                                        min(n_boot, 400), level, seed)
     if out.get("decode"):
-        out["decode"].update(bw_pct_datasheet=None, bw_pct_measured=None)
+        out["decode"].update(bw_pct_datasheet=None, bw_pct_measured=None, on_estimated_counts=d_estimated)
     if out.get("prefill"):
-        out["prefill"].update(attention_flops=None, attention_pct_datasheet=None, attention_pct_measured=None)
+        out["prefill"].update(attention_flops=None, attention_pct_datasheet=None, attention_pct_measured=None,
+                              on_estimated_counts=p_estimated)
     # each fitted curve with its bootstrap band, from half the shortest length measured to past the
     # longest request the deployment could serve: the plots' bands (longctx.analysis.bands) and the extrapolation
     lmax, why = max_length(entry)
@@ -92,7 +108,10 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     if spec and spec.weight_dtype == "float32":
         dtype = "float32"
     adapter = adapter_of(entry)
-    ceil = hardware.ceilings(adapter.compute_device(args), entry.get("hardware") or {}, calibration, dtype)
+    # where the server computed: as the measurement recorded it (provenance device: vLLM's CPU build is a
+    # CPU whatever its flags say), else as the engine's flags say
+    device = entry.get("device") if entry.get("device") in ("cpu", "gpu") else adapter.compute_device(args)
+    ceil = hardware.ceilings(device, entry.get("hardware") or {}, calibration, dtype)
     out["ceilings"] = ceil
     dec = out.get("decode")
     if dec and dec.get("bw_eff_bytes_per_s"):
