@@ -29,7 +29,8 @@ from .. import __version__
 from ..analysis import bands
 from ..analysis.tables import concurrency_table, medians
 from ..measure.provenance import git_info, package_versions
-from . import versions
+from ..specs.hardware import TABLE_PATH
+from . import versions, wording
 from .diagnosis import diagnose
 from .headline import choose_baseline, headline
 
@@ -42,7 +43,7 @@ __all__ = ["DATA_FILES", "ReportError", "ReportInputs", "command_lines", "contex
 # "comparison". Files named appendix_* make the appendix, in APPENDIX_ORDER, then by name.
 BODY_ORDER = ("diagnosis", "prefill", "decode", "intervals", "roofline", "hardware", "speculative", "telemetry", "planner", "needle",
               "concurrency", "itl_depth", "comparison", "failures")
-APPENDIX_ORDER = ("appendix_configuration", "appendix_servers", "appendix_hardware", "appendix_results",
+APPENDIX_ORDER = ("appendix_configuration", "appendix_servers", "appendix_model", "appendix_hardware", "appendix_results",
                   "appendix_versions")
 FRONT = ("summary",)
 # Config keys whose values are not printed (credentials passed to a server through its environment).
@@ -160,16 +161,6 @@ def command_lines(cmd) -> list[str]:
     return [" ".join(head), *lines] if head else lines
 
 
-def _scalars(info: dict) -> list[tuple[str, str]]:
-    """The server-reported settings that are single values, as (key, text) in key order."""
-    out = []
-    for k, v in sorted((info or {}).items()):
-        if isinstance(v, (dict, list)):
-            continue
-        out.append((str(k), json.dumps(v) if not isinstance(v, str) else v))
-    return out
-
-
 def flushes(entries: dict, names: list[str]) -> dict[str, list[str]]:
     """Which configurations' prefix caches were flushed before each request ("flushed"), and which
     servers offer no flush, so that only the unique prompt prefixes kept caches from serving a trial
@@ -192,32 +183,53 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
     config = inputs.config
     df = pd.read_csv(inputs.results)
     analysis = json.loads(Path(inputs.fits).read_text())
-    fits = analysis["configurations"]
+    fits = dict(analysis["configurations"])
     planner = json.loads(Path(inputs.planner).read_text()) if inputs.planner else None
     prov = json.loads(Path(inputs.provenance).read_text())
     med = medians(df)
     names = sorted(df["configuration"].unique())
     order = list(config["configurations"]) if config else names
     base = choose_baseline([n for n in order if n in names] + [n for n in names if n not in order], inputs.baseline)
+    plans = (planner or {}).get("configurations", {})
+    for name, fit in fits.items():  # ceilings the fits took for another device than the recorded one are not its
+        recorded = (prov["configurations"].get(name) or {}).get("device")
+        taken = (fit.get("ceilings") or {}).get("device")
+        if recorded in wording.DEVICES and taken and taken != recorded:
+            fits[name] = wording.without_ceilings(fit, recorded)
     configs = []
     for name in names:
         p = prov["configurations"].get(name, {})
+        fit = fits.get(name, {})
+        info = p.get("server_info") if isinstance(p.get("server_info"), dict) else {}
+        where = wording.device(p, fit)
+        spec = fit.get("model_spec") or {}
         configs.append({
             "name": name,
             "engine": p.get("engine"),
-            "engine_version": p.get("engine_version"),
+            "engine_version": wording.engine_version(p),
+            "engine_text": wording.engine_text(p),
+            "managed": wording.managed(p),
             "installed_version": p.get("installed_version"),
             "description": ((config or {}).get("configurations", {}).get(name) or {}).get("description") or None,
             "args": p.get("args", {}),
             "launch": command_lines(p.get("launch_command")),
             "url": p.get("base_url"),
-            "server_args": _scalars(p.get("server_info")),
+            "server_info_recorded": "server_info" in p,
+            "server_args": wording.server_settings(info),
+            "settings_endpoints": wording.settings_endpoints(info),
+            "device": where,
+            "device_text": wording.DEVICE_WORDS.get(where, "not recorded") if where else "not recorded",
+            "attention": spec.get("attention") if spec and "model_spec_absent" not in fit else None,
+            "tp_size": spec.get("tp_size") or 1,
+            "telemetry": wording.telemetry(p.get("telemetry", "off")),
+            "served": wording.model_served(fit, plans.get(name)),
+            "planner_reason": wording.planner_reason(plans[name]) if name in plans else None,
             "kv_pool": {"tokens": None, "log": None, **(p.get("kv_pool") or {})},
             "kernel": p.get("kernel"),
             "spec_hash": p.get("spec_hash"),
             "startup_s": p.get("startup_s"),
             "starts": p.get("starts"),
-            "fit": fits.get(name, {}),
+            "fit": fit,
             "rows": med[med["configuration"] == name].to_dict("records"),
             "speculative": bool(med[med["configuration"] == name]["spec_accept_length"].notna().any()),
         })
@@ -226,15 +238,26 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
     entries = list(prov["configurations"].values())
     first = next((p for p in entries if p.get("model")), entries[0] if entries else {})
     gpu = "decode_sm_util_pct_mean" in med and med["decode_sm_util_pct_mean"].notna().any()
+    sources = [c["telemetry"] for c in configs if c["telemetry"]["source"] not in ("off", None)]
+    labels = wording.telemetry_labels([s["text"] for s in sources], gpu)
     telemetry = {
-        "description": first.get("telemetry", "off"),
+        "description": first.get("telemetry", "off") if isinstance(first.get("telemetry", "off"), str)
+        else wording.telemetry(first.get("telemetry"))["text"],
+        "sources": sorted({re.sub(r"\s*\(pid \d+\)", "", s["text"]) for s in sources}),  # one per kind of source
         "util": "sm_util_pct" if gpu else "cpu_util_pct",
-        "util_label": "SM utilisation (\\%)" if gpu else "CPU (\\% of one core)",
-        "util_text": "SM utilisation (%)" if gpu else "CPU (% of one core)",
+        "util_label": labels["util"],
+        "util_text": labels["util"],
         "mem": "mem_used_gb" if gpu else "rss_gb",
-        "mem_label": "GPU memory used (GB)" if gpu else "server RSS (GB)",
+        "mem_label": labels["mem"],
         "any": any(c.startswith("decode_") and med[c].notna().any() for c in med.columns),
     }
+    devices = {c["device"] for c in configs}
+    # the planner's configurations whose pool SGLang's sizing rule modelled (those with rows)
+    ruled = [c for c in configs if (plans.get(c["name"]) or {}).get("rows")]
+    served = _served_groups(configs)
+    engines: dict[str, list[str]] = {}
+    for c in configs:
+        engines.setdefault(c["engine_text"] + (f", on {c['device_text']}" if c["device"] else ""), []).append(c["name"])
     failures = df[df["status"] != "ok"][["configuration", "length", "trial", "reason"]].to_dict("records")
     cache_flush = flushes(prov["configurations"], names)
     machines = {json.dumps(p["hardware"], sort_keys=True): p["hardware"] for p in prov["configurations"].values() if p.get("hardware")}
@@ -260,6 +283,16 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "cache_flush": cache_flush,
         "measured": bool((med["ttft_s"] > 0).any()),  # False: no length of any configuration has a usable TTFT
         "telemetry": telemetry,
+        "devices": {"gpu": "gpu" in devices, "cpu": "cpu" in devices, "remote": "remote" in devices,
+                    "remote_names": [c["name"] for c in configs if c["device"] == "remote"]},
+        "mla": any(c["attention"] == "mla" for c in configs),
+        "tensor_parallel": any((c["tp_size"] or 1) > 1 for c in configs),
+        "served": served,
+        "engines": [{"text": text, "names": ns, "all": len(engines) == 1 and len(configs) > 1} for text, ns in engines.items()],
+        "planner_rule": {"names": [c["name"] for c in ruled], "gpu": any(c["device"] == "gpu" for c in ruled),
+                         "mla": any(c["attention"] == "mla" for c in ruled),
+                         "tensor_parallel": any((c["tp_size"] or 1) > 1 for c in ruled)},
+        "hardware_table": f"longctx/{TABLE_PATH.parent.name}/{TABLE_PATH.name}",
         "itl_depth": itl_depth_summary(inputs.itl_depth),
         "concurrency": concurrency_table(df).to_dict("records"),
         "needle": bool("needle" in med and med["needle"].notna().any()),
@@ -271,6 +304,15 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "version": None,
         "comparison": None,
     }
+
+
+def _served_groups(configs: list[dict]) -> list[dict]:
+    """The model as served, one entry per distinct description, with the configurations that share it."""
+    groups: dict[str, dict] = {}
+    for c in configs:
+        key = json.dumps(c["served"], sort_keys=True, default=str)
+        groups.setdefault(key, {**c["served"], "names": []})["names"].append(c["name"])
+    return list(groups.values())
 
 
 def version_of(ctx: dict, inputs: ReportInputs, template_dir: str | Path, versions_dir: str | Path) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .numbers import is_number, rounded
+from .wording import planner_reason
 
 # The figures (longctx.report.figures) the sentences point at, in the order the summary gives them.
 ORDER = ("roofline", "step_time", "ttft", "residuals", "extrapolation", "acceptance", "planner")
@@ -154,8 +155,9 @@ def _planner(planner: dict | None) -> list[tuple[str, str]]:
         mm = p["memory"]
         row = next((r for r in p["rows"] if r["configured"]), None)
         if row is None:
-            if p.get("reason"):
-                out.append(("planner", f"{names}: {p['reason']}."))
+            reason = planner_reason(p)
+            if reason:
+                out.append(("planner", f"{names}: {reason}."))
             continue
         text = (f"{names}: at mem-fraction-static {row['mem_fraction_static']:g} the KV pool holds {row['pool_tokens']:,} tokens "
                 f"({row['kv_bytes'] / 1e9:.3g} GB at {mm['cell_bytes']:,} bytes per token)")

@@ -184,12 +184,16 @@ def plot_planner(planner: dict, sty: dict, outdir: Path) -> None:
             ax.axhline(int(mm["context_length"]), color="0.5", linestyle="--", linewidth=0.8)
             ax.annotate(f"context length {int(mm['context_length']):,}", (0.06, int(mm["context_length"])), fontsize=6,
                         color="0.3", textcoords="offset points", xytext=(0, 2))
-    if not drawn:
-        ax.text(0.5, 0.5, "the pool cannot be modelled (memory or weights unknown)", transform=ax.transAxes, ha="center", va="center")
+    if not drawn:  # no pool sized by a memory fraction: no axis of one either
+        ax.clear()
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no configuration's KV pool could be modelled\n(the report's planner section says why)",
+                transform=ax.transAxes, ha="center", va="center")
+        ax.set_title("KV memory planner")
     else:
         ax.set_yscale("log")
         ax.legend(fontsize=6)
-    ax.set(xlabel="mem-fraction-static", ylabel="KV pool (tokens)", title="KV memory planner (markers: pools the servers allocated)")
+        ax.set(xlabel="mem-fraction-static", ylabel="KV pool (tokens)", title="KV memory planner (markers: pools the servers allocated)")
     save(fig, outdir, "planner")
 
 

@@ -1,0 +1,246 @@
+"""Engine-neutral words for what the data files record: where each configuration's server computes,
+what its telemetry measured, what it reported about itself, the model as it served it (with where
+each figure came from) and why a KV pool could not be modelled, in sentences a reader can follow
+without knowing longctx's own key names.
+
+Every reader here is defensive: a raw file from before a field was recorded reads as "not
+recorded", never as a guess of the reference engine's.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..engines import get_adapter
+
+DEVICES = ("cpu", "gpu", "remote")
+DEVICE_WORDS = {"cpu": "the CPU", "gpu": "GPU", "remote": "a remote machine"}
+# ModelSpec fields as the appendix names them, in the order it lists them (config.json's field in brackets)
+FIELDS = (
+    ("model_type", "family", None),
+    ("num_hidden_layers", "layers", "num_hidden_layers"),
+    ("hidden_size", "hidden size", "hidden_size"),
+    ("num_attention_heads", "attention heads", "num_attention_heads"),
+    ("num_key_value_heads", "KV heads", "num_key_value_heads"),
+    ("head_dim", "head dimension", "head_dim"),
+    ("kv_lora_rank", "KV latent rank", "kv_lora_rank"),
+    ("qk_rope_head_dim", "rope dimensions of the key", "qk_rope_head_dim"),
+    ("qk_nope_head_dim", "non-rope dimensions of the key", "qk_nope_head_dim"),
+    ("v_head_dim", "value dimensions", "v_head_dim"),
+    ("weight_dtype", "weights' dtype", None),
+    ("kv_cache_dtype", "KV cache dtype", None),
+    ("tp_size", "tensor-parallel ranks", None),
+)
+ATTENTION_WORDS = {"mla": "MLA (multi-head latent attention)", "gqa": "GQA (grouped-query attention)",
+                   "mha": "MHA (multi-head attention)"}
+# the planner's inputs (longctx.analysis.memory.memory_model) in words
+PLANNER_INPUTS = {"memory_bytes": "the memory size", "weights_bytes": "the weights' size", "cell_bytes": "the KV bytes per token"}
+SETTING_CHARS = 2000  # a nested server setting longer than this is cut (the rest counted)
+
+
+def device(entry: dict, fit: dict | None = None) -> str | None:
+    """Where a configuration's server computes: 'cpu', 'gpu' or 'remote'. As recorded (provenance
+    device), else as the fits took it (their ceilings' device), else from the engine's flags
+    (its adapter's compute_device); None where none of them can tell."""
+    recorded = entry.get("device")
+    if isinstance(recorded, str) and recorded in DEVICES:
+        return recorded
+    taken = ((fit or {}).get("ceilings") or {}).get("device")
+    if taken in DEVICES:
+        return taken
+    if not entry.get("engine"):
+        return None
+    try:
+        return get_adapter(entry["engine"]).compute_device(entry.get("args") or {})
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def managed(entry: dict) -> bool | None:
+    """Whether longctx started the server (None: the engine is not one longctx knows)."""
+    try:
+        return get_adapter(entry["engine"]).managed
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def engine_version(entry: dict) -> str | None:
+    """The engine's version: as recorded at measurement, else as the server reported it (its /version
+    or server_info's version)."""
+    info = entry.get("server_info") or {}
+    v = entry.get("engine_version") or (info.get("version") if isinstance(info, dict) else None)
+    return str(v) if v else None
+
+
+def engine_text(entry: dict) -> str:
+    """'reference 0.1.0', 'external (OpenAI API), version not reported', ..."""
+    name = entry.get("engine") or "not recorded"
+    api = entry.get("api")
+    if api and managed(entry) is False:
+        name += f" ({'OpenAI' if api == 'openai' else api} API)"
+    v = engine_version(entry)
+    return f"{name} {v}" if v else (f"{name}, version not reported" if entry.get("engine") else name)
+
+
+def server_settings(info) -> list[tuple[str, str]]:
+    """What the server reported about itself, as (setting, value) in its own key order sorted: single
+    values as they are, nested ones as compact JSON (cut beyond SETTING_CHARS). longctx's own note of the
+    endpoints that answered is not a setting."""
+    out = []
+    for k, v in sorted((info or {}).items()) if isinstance(info, dict) else []:
+        if k == "endpoints":
+            continue
+        if isinstance(v, str):
+            text = v
+        else:
+            text = json.dumps(v, sort_keys=True, separators=(", ", ": "))
+        if len(text) > SETTING_CHARS:
+            text = text[:SETTING_CHARS] + f" ... ({len(text) - SETTING_CHARS:,} characters more)"
+        out.append((str(k), text))
+    return out
+
+
+def settings_endpoints(info) -> list[str]:
+    return [str(p) for p in (info.get("endpoints") or [])] if isinstance(info, dict) else []
+
+
+def telemetry(description) -> dict:
+    """What a telemetry record says it measured: {text, source (nvml | psutil | off | None), scope
+    (gpu | process | machine | None)}. description: the provenance's telemetry, a sentence (as
+    ProcessSource/NvmlSource.describe write it) or a record with source/scope/description."""
+    if isinstance(description, dict):
+        text = str(description.get("description") or description.get("text") or description.get("source") or "not recorded")
+        source = description.get("source") or description.get("kind")
+        scope = description.get("scope") or description.get("over") or description.get("of")
+        words = text.lower()
+    else:
+        text = str(description) if description else "not recorded"
+        source = scope = None
+        words = text.lower()
+    if source is None:
+        source = ("nvml" if words.startswith("nvml") else "psutil" if words.startswith("psutil")
+                  else "off" if words in ("off", "none", "") else None)
+    if scope not in ("gpu", "process", "machine"):
+        scope = (("gpu" if source == "nvml" else None) or ("machine" if "machine" in words or "system" in words else None)
+                 or ("process" if "process" in words or "pid" in words else None))
+    return {"text": text, "source": source, "scope": scope}
+
+
+def telemetry_labels(descriptions: list, gpu: bool) -> dict:
+    """The telemetry table's column labels, from what the sources say they measured (the whole machine's
+    CPU and memory is not the server's)."""
+    scopes = {telemetry(d)["scope"] for d in descriptions} - {None}
+    if gpu:
+        return {"util": "SM utilisation (%)", "mem": "GPU memory used (GB)"}
+    if scopes == {"machine"}:
+        return {"util": "whole machine's CPU (% of one core)", "mem": "whole machine's memory used (GB)"}
+    if scopes == {"process"}:
+        return {"util": "server's CPU (% of one core)", "mem": "server's resident memory (GB)"}
+    if "machine" in scopes:  # some of each: the table mixes them, the sources say which
+        return {"util": "CPU (% of one core; server or whole machine)", "mem": "memory (GB; server's resident or whole machine's used)"}
+    return {"util": "CPU (% of one core)", "mem": "memory (GB)"}
+
+
+def planner_reason(p: dict) -> str | None:
+    """Why the planner has no rows for a configuration, in words: the planner's own reason (a record
+    from before it was worded names the planner's inputs by their keys: those become words), else
+    which of its inputs are unknown."""
+    if p.get("rows"):
+        return None
+    mm = p.get("memory") or {}
+    if "sizing_rule" in mm and not mm["sizing_rule"]:  # the server sizes its pool by a rule the planner does not model
+        text = "the pool is not modelled: the server sizes it by a rule of its own, which the planner does not tabulate"
+        if mm.get("cell_bytes") is None and mm.get("cell_source"):
+            text += f" (KV bytes per token unknown: {mm['cell_source']})"
+        a = p.get("allocated") or {}
+        if a.get("pool_tokens"):
+            text += f"; the pool it allocated holds {a['pool_tokens']:,} tokens"
+            if a.get("source"):
+                text += f" ({a['source']})"
+            if a.get("kv_bytes") is not None and mm.get("cell_bytes"):
+                text += f", {a['kv_bytes'] / 2**30:.3g} GiB at {mm['cell_bytes']:,} bytes per token"
+        return text
+    if p.get("reason"):
+        return _unkey(str(p["reason"]))
+    missing = [words for key, words in PLANNER_INPUTS.items() if key in mm and mm[key] is None]
+    if not missing:
+        return None
+    text = f"the pool cannot be modelled: {_join(missing)} {'is' if len(missing) == 1 else 'are'} unknown"
+    if mm.get("cell_bytes") is None and mm.get("cell_source"):
+        text += f" ({mm['cell_source']})"
+    return text
+
+
+def _unkey(text: str) -> str:
+    """'unknown memory_bytes, weights_bytes' (a planner.json from before its reasons were worded) in words."""
+    import re
+
+    m = re.search(r"unknown ((?:memory_bytes|weights_bytes|cell_bytes)(?:, (?:memory_bytes|weights_bytes|cell_bytes))*)", text)
+    if m:
+        keys = m.group(1).split(", ")
+        words = [PLANNER_INPUTS[k] for k in keys]
+        text = text[:m.start()] + f"{_join(words)} {'is' if len(words) == 1 else 'are'} unknown" + text[m.end():]
+    for key, words in PLANNER_INPUTS.items():
+        text = text.replace(key, words)
+    return text
+
+
+def _join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def without_ceilings(fit: dict, where: str | None) -> dict:
+    """fit with the hardware's ceilings and every share of them left out: the fits took them for
+    another device than the one the server is recorded to compute on (`where`), so they are not its."""
+    import copy
+
+    out = copy.deepcopy(fit)
+    out["ceilings"] = {"device": where, "device_name": None, "datasheet": None, "measured": None,
+                       "datasheet_missing": f"left out: the analysis took the ceilings of another device than {DEVICE_WORDS.get(where, where)}",
+                       "measured_missing": "left out (fit again with this record of the device)", "stale": True}
+    for kind, keys in (("decode", ("bw_pct_datasheet", "bw_pct_measured")),
+                       ("prefill", ("attention_pct_datasheet", "attention_pct_measured"))):
+        if out.get(kind):
+            for k in keys:
+                out[kind][k] = None
+                if isinstance(out[kind].get("ci"), dict) and k in out[kind]["ci"]:
+                    out[kind]["ci"][k] = None
+    roof = out.get("roofline")
+    if roof:
+        for which in ("datasheet", "measured"):
+            roof[f"ridge_{which}"] = roof[f"bound_{which}"] = None
+        for point in roof.get("points") or []:
+            for k in ("attainable_datasheet", "fraction_of_datasheet", "attainable_measured", "fraction_of_measured"):
+                point[k] = None
+    return out
+
+
+def model_served(fit: dict, plan: dict | None) -> dict:
+    """The model as the configuration's server ran it, for the appendix: attention, each figure with
+    where it came from, the KV bytes per token the analysis used and the planner's, and why the
+    figures that need the architecture are absent where they are."""
+    spec = fit.get("model_spec") or None
+    sources = (spec or {}).get("field_sources") or {}
+    default = (spec or {}).get("source")
+    rows = []
+    if spec:
+        for key, label, field in FIELDS:
+            value = spec.get(key)
+            if value is None:
+                continue
+            rows.append({"figure": label, "field": field, "value": value, "source": sources.get(key) or default or "--"})
+    kv = fit.get("kv_bytes_per_token")
+    rows.append({"figure": "KV bytes per token (the analysis)", "field": None, "value": kv,
+                 "source": fit.get("kv_bytes_source") or ("--" if kv is not None else "unknown")})
+    mm = (plan or {}).get("memory") or {}
+    if plan is not None:
+        rows.append({"figure": "KV bytes per token (the memory planner)", "field": None, "value": mm.get("cell_bytes"),
+                     "source": mm.get("cell_source") or "unknown"})
+    absent = fit.get("model_spec_absent")
+    if spec and not absent:
+        rows.append({"figure": "decode attention FLOPs per KV token", "field": None,
+                     "value": spec.get("decode_flops_per_kv_token"), "source": "the architecture"})
+    attention = spec.get("attention") if spec else None
+    return {"attention": attention, "attention_text": ATTENTION_WORDS.get(attention, attention) if attention else None,
+            "exact": bool(spec) and not absent, "absent": absent, "rows": rows,
+            "spec_source": default, "kv_bytes_per_token": kv}
