@@ -1,10 +1,19 @@
 """A server process in its own process group: start, wait for health (the first health probe that
-answers), stop; never by name."""
+answers), stop; never by name.
+
+A server never outlives the process that started it: on Linux the kernel sends it SIGTERM when its
+parent dies, however (PR_SET_PDEATHSIG, set in the child before exec, so a SIGKILL of the parent
+counts); and its pid file (``<log>.pid``) lets the next start find and stop a server that an earlier
+one left behind anyway (one that ignored the signal, or children that outlived their leader).
+"""
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 import re
+import sys
 import signal
 import socket
 import subprocess
@@ -17,6 +26,76 @@ import psutil
 
 # How servers (uvicorn, SGLang, vLLM) say that their port was taken.
 ADDRESS_IN_USE_RE = re.compile(r"address already in use|\[Errno 98\]|EADDRINUSE", re.IGNORECASE)
+
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _die_with(parent: int):
+    """A preexec_fn: this child gets SIGTERM when `parent` dies (at once if it already has)."""
+    def set_signal() -> None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+    return set_signal if _LIBC is not None else None
+
+
+def _stop_group(pgid: int, members: set[int], timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL after timeout_s, to the processes of group pgid (by the group while its
+    leader lives, else each member by pid)."""
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        alive = {p for p in members if psutil.pid_exists(p)}
+        if not alive:
+            return
+        for pid in alive:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(psutil.pid_exists(p) and _state(p) != psutil.STATUS_ZOMBIE for p in alive):
+            time.sleep(0.05)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return psutil.Process(pid).status()
+    except psutil.Error:
+        return None
+
+
+def pid_file(log_path: str | Path) -> Path:
+    """Where a managed server's pid is kept while it runs (beside its log), for reap_stray at the next start."""
+    log_path = Path(log_path)
+    return log_path.with_name(log_path.name + ".pid")
+
+
+def reap_stray(pid_file: str | Path, timeout_s: float = 20) -> str | None:
+    """Stop the server an earlier start left running (recorded in pid_file), and say so; None where
+    there is none. A process counts only if it is the one recorded (same pid and start time) or one of
+    its group started after it, so that a reused pid is never killed."""
+    pid_file = Path(pid_file)
+    try:
+        rec = json.loads(pid_file.read_text())
+        pid, started = int(rec["pid"]), float(rec["create_time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    members = set()
+    for proc in psutil.process_iter(["pid", "create_time"]):
+        try:
+            if os.getpgid(proc.pid) == pid and proc.info["create_time"] >= started - 1:
+                members.add(proc.pid)
+        except (OSError, psutil.Error):
+            continue
+    pid_file.unlink(missing_ok=True)
+    if not members:
+        return None
+    _stop_group(pid, members, timeout_s)
+    left = {p for p in members if psutil.pid_exists(p) and _state(p) != psutil.STATUS_ZOMBIE}
+    what = (f"a server an earlier run left running (process group {pid}, started "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}: {' '.join(rec.get('command', []))[:200]})")
+    return f"stopped {what}" if not left else f"could not stop {what}: pids {sorted(left)} remain"
 
 
 class ServerError(RuntimeError):
@@ -119,8 +198,17 @@ class ManagedServer:
             log.flush()
             self.proc = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
+                env=self.env, start_new_session=True, preexec_fn=_die_with(os.getpid()),
             )
+        try:
+            created = psutil.Process(self.proc.pid).create_time()
+            self.pid_file.write_text(json.dumps({"pid": self.proc.pid, "create_time": created, "command": self.command}))
+        except (OSError, psutil.Error):
+            pass  # gone already: wait_ready says why
+
+    @property
+    def pid_file(self) -> Path:
+        return pid_file(self.log_path)
 
     @property
     def pid(self) -> int | None:
@@ -194,6 +282,7 @@ class ManagedServer:
             return
         for sig, wait in ((signal.SIGTERM, self.stop_timeout_s), (signal.SIGKILL, 5.0)):
             if not self.group_alive():
+                self.pid_file.unlink(missing_ok=True)
                 return
             try:
                 os.killpg(self.proc.pid, sig)  # the leader of its own session: pgid == pid

@@ -25,8 +25,8 @@ from ..core.hashing import digest
 from ..engines import ConfigurationSpec, EngineAdapter, get_adapter
 from ..core.fitting import fit_prefill, prefill_curve
 from ..specs.model import ModelNotDescribed, ModelSpecError
-from .process import ExternalServer, ManagedServer, NoHealthPath, PortTaken, ServerError, free_port
-from .telemetry import Sampler, make_source, summarize, visible_gpus
+from .process import ExternalServer, ManagedServer, NoHealthPath, PortTaken, ServerError, free_port, pid_file, reap_stray
+from .telemetry import Sampler, summarize, telemetry_source
 from .needle import probe as needle_probe
 from .prompts import Prompter, PromptError, probe as prompt_probe, tokenizer_path
 
@@ -306,6 +306,11 @@ class Session:
         self.client = timed_client()
         self.prov.update(installed_version=self.version, api=self.api.kind, flush_path=self.api.flush_path,
                          server_log=str(server_log) if adapter.managed else None, starts=0)
+        if adapter.managed:  # a server an earlier run of this configuration left behind (its bench was killed)
+            stray = reap_stray(pid_file(server_log), spec.server["stop_timeout_s"])
+            if stray:
+                log.warning("%s: %s", spec.name, stray)
+                self.prov["stray_server"] = stray
 
     def up(self) -> None:
         if self.server is not None and self.server.alive():
@@ -344,16 +349,15 @@ class Session:
                  self.log_path if a.managed else self.base, self.health_path)
         info = fetch_server_info(self.client, self.base, self.api)
         log_text = self.log_path.read_text(errors="replace") if a.managed else ""
-        telemetry = spec.telemetry
-        gpus = telemetry["gpus"] if telemetry["gpus"] is not None else visible_gpus({**os.environ, **(spec.env or {})})
-        self.source = make_source(self.server.pid, gpu_indices=gpus) if telemetry["enabled"] else None
+        tele = telemetry_source(a, spec, self.server.pid, self.base)
+        self.source = tele.source
         self.random_weights = bool(spec.model.get("random_weights") or info.get("random_weights"))
         self.prov.update(
             launch_command=cmd, base_url=self.base, server_pid=self.server.pid, startup_s=startup_s, starts=self.starts,
             health_path=self.health_path,
             server_info=info, engine_version=info.get("version") or self.version,
             kv_pool={"tokens": a.pool_tokens(info), "log": a.kv_pool_from_log(log_text)},
-            telemetry=self.source.describe() if self.source else "off",
+            telemetry=tele.description, telemetry_scope=tele.scope(), device=tele.device,
         )
 
     def _probe(self) -> None:
@@ -459,7 +463,8 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     def on_sigterm(signum, frame):  # Snakemake cancels jobs with SIGTERM: stop the server on the way out
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    # SIGHUP (a closed terminal or ssh session) is a SIGTERM too
+    previous = {sig: signal.signal(sig, on_sigterm) for sig in (signal.SIGTERM, signal.SIGHUP)}
     session = None
     try:
         prov["kernel"] = kernel_manifest(spec)
@@ -507,7 +512,8 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     except ServerError as exc:
         failure = str(exc)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if session is not None:
             session.close()
     if spec.protocol["itl_depth"]["length"] and not (outdir / "itl_depth.json").exists():

@@ -1,0 +1,118 @@
+"""No orphan (issue 16, item 1): whatever kills the bench, its server dies with it, and a server an
+earlier run left behind is found by its pid file and stopped at the next start. Every check is by pid
+on real processes: the reference engine started by a real `longctx bench`, real signals."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import psutil
+import pytest
+import yaml
+
+from longctx.measure.process import pid_file, reap_stray
+from longctx.measure.sweep import run_configuration
+
+from .conftest import ENV, TINY, copy_workflow, tiny_spec
+
+pytestmark = pytest.mark.slow
+
+
+def gone(pid: int, within_s: float = 30) -> bool:
+    """The process exited (a zombie waiting for a parent that is not us counts as exited)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def wait_for_server(log, within_s: float = 90) -> int:
+    """The pid of the server a bench started, once it answers (its pid file and a measured trial)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            return json.loads(pid_file(log).read_text())["pid"]
+        except (OSError, ValueError):
+            time.sleep(0.2)
+    raise AssertionError(f"no server pid file beside {log}")
+
+
+def long_spec():
+    spec = tiny_spec("page1", lengths=[64])
+    return replace(spec, protocol={**spec.protocol, "warmup": 0, "trials": 2000, "output_tokens": 8})
+
+
+def test_sigkill_of_the_bench_takes_its_server_with_it(tmp_path):
+    log = tmp_path / "server.log"
+    bench = subprocess.Popen([sys.executable, "-m", "longctx.cli", "bench", "--spec", long_spec().to_json(),
+                              "--outdir", str(tmp_path / "raw"), "--server-log", str(log)],
+                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        server = wait_for_server(log)
+        assert psutil.Process(server).ppid() == bench.pid
+        bench.kill()  # SIGKILL: no handler runs
+        bench.wait(10)
+        assert gone(server), f"server {server} outlived its bench"
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        reap_stray(pid_file(log), 5)  # a server this test failed on must not outlive it either
+
+
+def test_a_server_left_behind_is_stopped_at_the_next_start(tmp_path):
+    log = tmp_path / "server.log"
+    # a server that ignores SIGTERM, in a session of its own, recorded as this configuration's
+    stray = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                              "time.sleep(600)"], start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        time.sleep(0.3)
+        created = psutil.Process(stray.pid).create_time()
+        # a pid file whose process started later than the one there now is a reused pid: left alone
+        pid_file(tmp_path / "other.log").write_text(json.dumps({"pid": other.pid, "create_time": time.time() + 60}))
+        assert reap_stray(pid_file(tmp_path / "other.log")) is None and other.poll() is None
+        pid_file(log).write_text(json.dumps({"pid": stray.pid, "create_time": created, "command": ["stray-server"]}))
+        spec = tiny_spec("page1", lengths=[32])
+        spec.protocol.update(warmup=0, trials=1, output_tokens=3)
+        spec.server.update(stop_timeout_s=2)
+        assert run_configuration(spec, tmp_path / "raw", log) == 0
+        stray.wait(10)  # ours to reap: it was our child
+        raw = json.loads((tmp_path / "raw" / "32.json").read_text())
+        assert raw["provenance"]["stray_server"].startswith(f"stopped a server an earlier run left running (process group {stray.pid}")
+        assert "stray-server" in raw["provenance"]["stray_server"]
+        assert not pid_file(log).exists()  # this run's server stopped too
+    finally:
+        for p in (stray, other):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_sighup_of_the_workflow_leaves_no_server(tmp_path):
+    """A closed terminal: SIGHUP to snakemake's whole process group."""
+    work = copy_workflow(tmp_path)
+    config = yaml.safe_load(TINY.read_text())
+    config.update(lengths=[64], protocol={**config["protocol"], "warmup": 0, "trials": 2000, "itl_depth": {"length": None}})
+    config["configurations"] = {"page1": config["configurations"]["page1"]}
+    (work / "hup.yaml").write_text(yaml.safe_dump(config))
+    snake = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "data/raw/page1/64.json",
+                              "--configfile", "hup.yaml"], cwd=work, env=ENV, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        server = wait_for_server(work / "data" / "logs" / "server" / "page1.log", 240)
+        os.killpg(snake.pid, signal.SIGHUP)
+        snake.wait(60)
+        assert gone(server), f"server {server} outlived the workflow"
+    finally:
+        if snake.poll() is None:
+            os.killpg(snake.pid, signal.SIGKILL)
+        reap_stray(pid_file(work / "data" / "logs" / "server" / "page1.log"), 5)
