@@ -194,8 +194,8 @@ def plan_configuration(entry: dict, fractions: list[float], longest: int | None)
         out["allocated"] = allocated(mm, longest)
     if not rows:
         if not mm["sizing_rule"]:
-            out["reason"] = (f"the planner tabulates SGLang's sizing rule, by mem-fraction-static, which "
-                             f"{adapter_of(entry).title} does not have")
+            out["reason"] = (f"no pool is tabulated: {adapter_of(entry).title} sizes its KV pool by a rule the planner "
+                             "does not model (it has no mem-fraction-static)")
         else:
             missing = [WHAT[k] for k in ("memory_bytes", "weights_bytes", "cell_bytes") if mm[k] is None]
             listed = missing[0] if len(missing) == 1 else ", ".join(missing[:-1]) + " and " + missing[-1]
