@@ -222,7 +222,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "attention": spec.get("attention") if spec and "model_spec_absent" not in fit else None,
             "tp_size": spec.get("tp_size") or 1,
             "telemetry": wording.telemetry(p.get("telemetry", "off")),
-            "served": wording.model_served(fit, plans.get(name)),
+            "served": wording.model_served(fit, plans.get(name), (p.get("model") or {}).get("name")),
             "planner_reason": wording.planner_reason(plans[name]) if name in plans else None,
             "kv_pool": {"tokens": None, "log": None, **(p.get("kv_pool") or {})},
             "kernel": p.get("kernel"),

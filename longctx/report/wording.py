@@ -215,7 +215,7 @@ def without_ceilings(fit: dict, where: str | None) -> dict:
     return out
 
 
-def model_served(fit: dict, plan: dict | None) -> dict:
+def model_served(fit: dict, plan: dict | None, name: str | None = None) -> dict:
     """The model as the configuration's server ran it, for the appendix: attention, each figure with
     where it came from, the KV bytes per token the analysis used and the planner's, and why the
     figures that need the architecture are absent where they are."""
@@ -241,6 +241,6 @@ def model_served(fit: dict, plan: dict | None) -> dict:
         rows.append({"figure": "decode attention FLOPs per KV token", "field": None,
                      "value": spec.get("decode_flops_per_kv_token"), "source": "the architecture"})
     attention = spec.get("attention") if spec else None
-    return {"attention": attention, "attention_text": ATTENTION_WORDS.get(attention, attention) if attention else None,
+    return {"name": name, "attention": attention, "attention_text": ATTENTION_WORDS.get(attention, attention) if attention else None,
             "exact": bool(spec) and not absent, "absent": absent, "rows": rows,
             "spec_source": default, "kv_bytes_per_token": kv}
