@@ -89,3 +89,151 @@ def config(configs=tuple(LAWS), baseline=None) -> dict:
     return {"lengths": [1000], "report": {"baseline": baseline, "plans": []},
             "configurations": {n: {"engine": "reference", "description": f"{n}: {NASTY}",
                                    "env": {"HF_TOKEN": "hf_secret_value"}} for n in configs}}
+
+
+# --- raw files as the sweep writes them, for reports of servers as they are -----------------------
+# (data/raw/<configuration>/<length>.json, then the report rules' commands: run_report_chain)
+RAW_LENGTHS = (512, 1024, 2048, 4096)
+# A small Llama-architecture model with grouped-query attention, as a user's model.architecture gives it:
+# K and V of 2 KV heads x 16 dims (64 hidden / 4 heads) x 2 layers in float32: 2 x 2 x 16 x 2 x 4 = 512 bytes
+LLAMA_GQA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "torch_dtype": "float32"}
+LLAMA_GQA_KV_BYTES = 512
+# The reference engine's default model (config/longctx.yaml): MLA, (64 + 16) x 2 layers x 4 bytes = 640
+REFMLA = {"hidden_size": 256, "intermediate_size": 512, "kv_lora_rank": 64, "num_attention_heads": 2,
+          "num_hidden_layers": 2, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "torch_dtype": "float32", "v_head_dim": 32}
+REFMLA_KV_BYTES = 640
+MACHINE = {"host": "h", "cpu": "Test CPU", "logical_cpus": 4, "usable_cpus": 2, "memory_total_bytes": 2**34, "gpus": [],
+           "os": "Linux"}
+PROTOCOL = {"warmup": 1, "trials": 3, "output_tokens": 32, "flush_cache": True, "concurrency": [],
+            "needle": {"enabled": False}}
+CALIBRATION = {"devices": {"cpu": {"status": "ok", "name": "Test CPU", "copy_Bps": 1.6e10, "copy_Bps_median": 1.5e10,
+                                   "read_Bps": 1.8e10, "matmul_flops": 8e10, "dtype": "float32", "matmul_size": 512,
+                                   "copy_bytes": 2**26, "threads": 2}}}
+
+
+def raw_trial(L: int, ttft: float, tpot: float, tokens: int = 32, telemetry: dict | None = None) -> dict:
+    t = {"status": "ok", "ttft_s": ttft, "tpot_s": tpot, "decode_tok_s": 1 / tpot, "e2e_s": ttft + (tokens - 1) * tpot,
+         "prompt_tokens": L, "completion_tokens": tokens}
+    if telemetry:
+        t["telemetry"] = telemetry
+    return t
+
+
+def write_raw_configuration(data: Path, name: str, engine: str, provenance: dict, kv_bytes: int,
+                            lengths=RAW_LENGTHS, telemetry: dict | None = None, bandwidth: float = 8e9) -> None:
+    """Every length of one configuration, three trials each: TTFT quadratic in L, decode reading
+    kv_bytes per token of context at `bandwidth` bytes/s."""
+    d = data / "raw" / name
+    d.mkdir(parents=True, exist_ok=True)
+    for L in lengths:
+        ttft, tpot = 0.02 + 2e-5 * L + 4e-10 * L * L, 1e-3 + L * kv_bytes / bandwidth
+        raw = {"format": "longctx.raw/1", "configuration": name, "engine": engine, "length": L, "status": "ok",
+               "reason": None, "warmup": [], "trials": [raw_trial(L, ttft * (1 + 0.01 * i), tpot * (1 + 0.01 * i),
+                                                                  telemetry=telemetry) for i in range(3)],
+               "run_id": "r1", "spec_hash": "abc", "started_at": "2026-01-02T03:00:00+00:00",
+               "finished_at": "2026-01-02T03:04:05+00:00", "provenance": provenance}
+        (d / f"{L}.json").write_text(json.dumps(raw))
+
+
+def external_cpu_gqa(data: Path, name: str = "llama_cpu") -> dict:
+    """An external OpenAI-compatible server on this machine's CPU (a stock server: no version endpoint,
+    /v1/models only, no flush, no KV pool report) serving a GQA Llama-like model; telemetry of the
+    whole machine. Returns the configuration."""
+    return external_server(data, name, {"name": "tiny-llama", "architecture": LLAMA_GQA,
+                                        "kv_bytes_per_token": LLAMA_GQA_KV_BYTES}, LLAMA_GQA_KV_BYTES)
+
+
+def external_server(data: Path, name: str, model: dict, kv_bytes: int, device: str | None = "cpu") -> dict:
+    """An external OpenAI-compatible server serving `model` (the config's model section), measured with
+    kv_bytes per token of context read per decode step; device as its configuration records it (None:
+    a record from before devices were recorded). Returns the configuration."""
+    from longctx.engines import get_adapter
+    from longctx.specs.model import ModelNotDescribed
+
+    try:
+        spec, absent = get_adapter("external").model_spec(model, {}).to_dict(), None
+    except ModelNotDescribed as exc:
+        spec, absent = None, str(exc)
+    exact = spec["kv_bytes_per_token"] if spec and (spec["exact"] or spec["kv_bytes_override"]) else None
+    prov = {"protocol": PROTOCOL, "model": {**model, "kv_bytes_per_token": model.get("kv_bytes_per_token") or exact},
+            "model_spec": spec, "model_spec_absent": absent, "args": {},
+            "hardware": MACHINE, "kernel": None, "launch_command": None, "base_url": "http://127.0.0.1:8080",
+            "server_pid": None, "startup_s": 0.01, "starts": 1, "health_path": "/v1/models", "api": "openai",
+            "flush_path": None, "installed_version": None, "engine_version": None,
+            "server_info": {"object": "list", "data": [{"id": model["name"], "object": "model", "owned_by": "llamacpp"}],
+                            "endpoints": ["/v1/models"]},
+            "kv_pool": {"tokens": None, "log": None},
+            "telemetry": "psutil, no GPU telemetry: CPU utilisation (% of one core) and resident memory of the whole machine"}
+    if device:
+        prov["device"] = device
+    window = {"cpu_util_pct_mean": 180.0, "rss_gb_mean": 9.5}
+    write_raw_configuration(data, name, "external", prov, kv_bytes, telemetry={"prefill": window, "decode": window})
+    conf = {"engine": "external", "api": "openai", "url": "http://127.0.0.1:8080", "description": "a stock OpenAI server"}
+    return {"lengths": list(RAW_LENGTHS), "report": {"baseline": None, "plans": []}, "model": model,
+            "configurations": {name: {**conf, **({"device": device} if device else {})}}}
+
+
+def reference_default(data: Path, name: str = "page64") -> dict:
+    """The embedded reference engine as config/longctx.yaml runs it (MLA on the CPU, SGLang's flags and
+    /server_info, a KV pool sized by mem-fraction-static). Returns the configuration."""
+    from longctx.engines import get_adapter
+
+    args = {"context-length": 40960, "max-running-requests": 4, "max-total-tokens": 40960, "mem-fraction-static": 0.5,
+            "page-size": 64}
+    model = {"name": "refmla", "architecture": REFMLA, "kv_bytes_per_token": REFMLA_KV_BYTES}
+    spec = get_adapter("reference").model_spec(model, args)
+    info = {"attention_backend": "torch", "context_length": 40960, "device": "cpu", "endpoints": ["/server_info"],
+            "max_total_num_tokens": 40960, "mem_fraction_static": 0.5, "memory_total_bytes": 24073084928, "page_size": 64,
+            "weights_bytes": 4236800, "kv_bytes_per_token": REFMLA_KV_BYTES, "max_running_requests": 4,
+            "req_to_token_bytes": 1310720, "version": "0.1.0"}
+    prov = {"protocol": PROTOCOL, "model": model, "model_spec": spec.to_dict(), "model_spec_absent": None, "args": args,
+            "hardware": MACHINE, "kernel": {"name": "paged_mla_decode_torch", "build_hash": "5bac83df9058e605"},
+            "launch_command": ["python", "-m", "longctx.refengine", "--page-size", "64"], "base_url": "http://127.0.0.1:1",
+            "server_pid": 5725, "startup_s": 1.5, "starts": 1, "health_path": "/health", "api": "sglang",
+            "flush_path": "/flush_cache", "installed_version": "0.1.0", "engine_version": "0.1.0", "server_info": info,
+            "kv_pool": {"tokens": 40960, "log": {"line": "KV Cache is allocated. dtype: float32, #tokens: 40960, KV size: 0.03 GB",
+                                                 "size_gb": 0.03, "tokens": 40960}},
+            "telemetry": "psutil, no GPU telemetry: CPU utilisation (% of one core) and resident memory of the server's "
+                         "process tree (pid 5725)"}
+    window = {"cpu_util_pct_mean": 95.0, "rss_gb_mean": 0.8}
+    write_raw_configuration(data, name, "reference", prov, REFMLA_KV_BYTES, telemetry={"prefill": window, "decode": window})
+    return {"lengths": list(RAW_LENGTHS), "report": {"baseline": None, "plans": []},
+            "configurations": {name: {"engine": "reference", "args": args, "description": "the reference engine's default"}}}
+
+
+def run_report_chain(data: Path, out: Path, configuration: dict, calibration: dict | None = None,
+                     templates: Path | None = None) -> dict:
+    """The report rules' commands (rules/report.smk, bench/report_from_data.sh) over data/raw, in order;
+    returns the paths of the PDF and the Markdown twin."""
+    from longctx import cli
+
+    templates = templates or Path(__file__).resolve().parents[1] / "templates"
+    (data / "calibration.json").write_text(json.dumps(calibration if calibration is not None else CALIBRATION) + "\n")
+    raws = sorted(str(p) for p in (data / "raw").glob("*/*.json"))
+    f = {n: str(data / n) for n in ("results.csv", "provenance.json", "itl_depth.csv", "fits.json", "planner.json",
+                                    "calibration.json")}
+    style = str(templates / "plot.mplstyle")
+    common = ["--results", f["results.csv"], "--fits", f["fits.json"], "--provenance", f["provenance.json"],
+              "--itl-depth", f["itl_depth.csv"], "--planner", f["planner.json"], "--config-json", json.dumps(configuration)]
+    steps = [
+        ["aggregate", "--out-csv", f["results.csv"], "--out-provenance", f["provenance.json"], "--out-itl-depth",
+         f["itl_depth.csv"], *raws],
+        ["fit", "--results", f["results.csv"], "--provenance", f["provenance.json"], "--calibration", f["calibration.json"],
+         "--settings", '{"bootstrap": 50}', "--out", f["fits.json"]],
+        ["plan-memory", "--provenance", f["provenance.json"], "--results", f["results.csv"], "--fractions", "0.5,0.9",
+         "--out", f["planner.json"]],
+        ["plot", "--results", f["results.csv"], "--fits", f["fits.json"], "--style", style, "--itl-depth", f["itl_depth.csv"],
+         "--outdir", str(out / "figures")],
+        ["plot-analysis", "--results", f["results.csv"], "--fits", f["fits.json"], "--planner", f["planner.json"],
+         "--style", style, "--outdir", str(out / "figures")],
+        ["render", "--template", str(templates / "longctx.tex.j2"), *common, "--out", str(out / "longctx.tex"),
+         "--version-out", str(out / "version.json")],
+        ["pdf", "--tex", str(out / "longctx.tex"), "--provenance", f["provenance.json"], "--version",
+         str(out / "version.json"), "--out", str(out / "longctx.pdf")],
+        ["markdown", "--template", str(templates / "longctx.md.j2"), "--version", str(out / "version.json"), *common,
+         "--out", str(out / "longctx.md")],
+    ]
+    for argv in steps:
+        assert cli.main(argv) in (0, None), argv[0]
+    return {"pdf": out / "longctx.pdf", "md": out / "longctx.md", "data": data}

@@ -149,3 +149,36 @@ def test_an_undescribed_or_inexact_model_leaves_out_what_needs_the_architecture(
     assert fit["decode"]["bw_eff_GBps"] is None and "sliding window" in fit["kv_bytes_source"]
     assert plan["memory"]["cell_bytes"] is None and "sliding window" in plan["reason"]
     assert np.isfinite(fit["decode"]["beta_s_per_token"])
+
+
+# --- the report names what the spec cannot describe (issue 15, items 1 and 4) -----------------------
+def test_the_report_names_a_model_the_spec_cannot_describe_and_one_nobody_described(tmp_path):
+    """Two stock OpenAI servers on the CPU: Mistral 7B v0.1 (a sliding window the spec does not model,
+    no KV figure given) and a model described only by model.kv_bytes_per_token. The PDF names each as
+    what it is, with the reason, and prints no architecture's figures as exact."""
+    import re
+    import subprocess
+
+    from .report_data import external_server, run_report_chain
+
+    data = tmp_path / "data"
+    sliding = external_server(data, "mistral", {"name": "mistral-7b-v0.1", "architecture": MISTRAL_7B_V01}, 131_072)
+    bare = external_server(data, "bare", {"name": "bare", "kv_bytes_per_token": 4096}, 4096)
+    config = {**sliding, "configurations": {**sliding["configurations"], **bare["configurations"]}}
+    paths = run_report_chain(data, tmp_path / "report", config)
+    pdf = " ".join(subprocess.run(["pdftotext", "-layout", str(paths["pdf"]), "-"], capture_output=True, text=True,
+                                  check=True).stdout.replace("\u2019", "'").split())
+    model = pdf[re.search(r"[A-Z] Model as served ", pdf).start():re.search(r"[A-Z] Hardware and software ", pdf).start()]
+    bare_part, sliding_part = model[model.index(" bare bare: "):model.index(" mistral mistral-7b-v0.1: ")], model[model.index(" mistral mistral-7b-v0.1: "):]
+    assert ("mistral-7b-v0.1: GQA (grouped-query attention), not described exactly: a sliding window of 4096 tokens; the "
+            "spec models full attention over the whole context; the figures that need the architecture (attention FLOPs, "
+            "intensity, roofline) are left out") in sliding_part
+    assert "KV bytes per token (the analysis) unknown a sliding window of 4096 tokens" in sliding_part  # never guessed
+    assert "KV heads (num_key_value_heads) 8 model.architecture" in sliding_part  # the fields as read, with their sources
+    assert "bare: no architecture: the config describes no model" in bare_part
+    assert "KV bytes per token (the analysis) 4,096 model.kv_bytes_per_token" in bare_part
+    for part in (bare_part, sliding_part):
+        assert "decode attention FLOPs per KV token" not in part  # needs an exact architecture
+    assert ("model bare: bare, no architecture, 4,096 KV bytes per token; mistral: mistral-7b-v0.1, GQA not described "
+            "exactly, KV bytes per token unknown") in pdf
+    assert "MLA" not in pdf and "SGLang's sizing rule" not in pdf

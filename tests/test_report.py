@@ -299,3 +299,126 @@ def test_the_report_says_which_caches_were_flushed(tmp_path, flush_paths, protoc
     assert said in tex
     if flush_paths.get("fast_kv", "") is None or not protocol_flush:
         assert "flushed before each." not in tex
+
+
+# --- engine-neutral words (issue 15, item 4) and the model as served (item 1) -----------------------
+# Reports made by the report rules' commands from raw files as the sweep writes them: (a) a stock
+# OpenAI-compatible server on this machine's CPU serving a GQA Llama-like model, (b) the reference
+# engine as config/longctx.yaml runs it (MLA, SGLang's flags and sizing rule).
+# Where "GPU" may stand in a CPU-only report: the machine has none, and the sources say so.
+NO_GPU_PHRASES = ("Test CPU, no GPU", "psutil, no GPU telemetry", "GPUs none (NVML found no GPU)",
+                  "No configuration computes on a GPU, and only GPUs have datasheet figures")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from .report_data import external_cpu_gqa, reference_default, run_report_chain
+
+    out = {}
+    for case, make in (("external", external_cpu_gqa), ("reference", reference_default)):
+        root = tmp_path_factory.mktemp(case)
+        paths = run_report_chain(root / "data", root / "report", make(root / "data"))
+        out[case] = {"pdf": " ".join(pdftotext(paths["pdf"]).replace("\u2019", "'").split()),
+                     "md": " ".join(re.sub(r"\\(.)", r"\1", paths["md"].read_text()).split())}
+    return out
+
+
+def _section(text: str, title: str, after: str) -> str:
+    start = re.search(rf"[A-Z0-9]+ {title} ", text).start()
+    return text[start:re.search(rf"[A-Z0-9]+ {after} ", text[start:]).start() + start]
+
+
+def test_a_cpu_server_with_a_gqa_model_reads_as_what_it_is(served):
+    pdf, md = served["external"]["pdf"], served["external"]["md"]
+    for text in (pdf, md):
+        assert "MLA" not in text and "latent" not in text and "SGLang" not in text, "engine words of another engine"
+        assert "server RSS" not in text and "server's resident memory" not in text  # it measured the whole machine
+        assert not re.search(r"memory_bytes|weights_bytes|cell_bytes", text)  # no internal key names
+    rest = pdf
+    for phrase in NO_GPU_PHRASES:
+        rest = rest.replace(phrase, "")
+    assert "GPU" not in rest, rest[max(0, rest.index("GPU") - 200):rest.index("GPU") + 100]
+    assert "model tiny-llama, GQA, 512 KV bytes per token" in pdf
+    assert "engines llama_cpu: external (OpenAI API), version not reported, on the CPU" in pdf
+    assert "whole machine's CPU (% of one core) whole machine's memory used (GB)" in pdf
+    assert "no cache flush (the servers offer no flush endpoint): unique prefixes only." in pdf
+    assert "flushed before each" not in pdf
+    assert "MHAandGQA:2×heads×(dhead+dhead)perlayer" in pdf.replace(" ", "")  # the roofline's FLOPs, of this model's kind
+    assert "longctx/specs/hardware.yaml" in pdf and "longctx/hardware.yaml" not in pdf
+    planner = _section(pdf, "KV memory planner", "Needle probe")
+    assert "the server sizes it by a rule of its own" in planner or "the pool cannot be modelled" in planner
+    servers = _section(pdf, "Servers", "Model as served")
+    assert "Device the CPU of the machine that measured." in servers
+    assert 'The settings the server reported (at /v1/models): server setting value data [{"id": "tiny-llama"' in " ".join(servers.split())
+    # the appendix: the model as served, each figure with where it came from
+    model = _section(pdf, "Model as served", "Hardware and software")
+    assert "tiny-llama: GQA (grouped-query attention), described exactly by model.architecture." in model
+    for row in ("KV heads (num_key_value_heads) 2 model.architecture", "attention heads (num_attention_heads) 4 model.architecture",
+                "head dimension (head_dim) 16 not given: hidden_size / num_attention_heads",
+                "KV bytes per token (the analysis) 512 model.kv_bytes_per_token",
+                "KV bytes per token (the memory planner) 512 model.kv_bytes_per_token",
+                "decode attention FLOPs per KV token 512 the architecture"):
+        assert row in model, row
+    assert "| KV bytes per token (the analysis) | 512 | model.kv_bytes_per_token |" in md
+
+
+def test_the_reference_engine_keeps_its_mla_and_sglang_words(served):
+    pdf, md = served["reference"]["pdf"], served["reference"]["md"]
+    assert "model refmla, MLA, 640 KV bytes per token" in pdf
+    assert "engines page64: reference 0.1.0, on the CPU" in pdf
+    assert "MLAabsorbed:2×heads×(dlatent+drope+dlatent)perlayer" in pdf.replace(" ", "") and "MHA and GQA" not in pdf
+    assert "The KV pool of every configuration follows SGLang's sizing rule" in pdf
+    assert "by SGLang's sizing rule, against mem-fraction-static" in md
+    assert "per GPU" not in pdf and "per GPU" not in md  # it computes on the CPU
+    assert "server's CPU (% of one core) server's resident memory (GB)" in pdf  # psutil over the server's process tree
+    assert "a prompt prefix unique to each request, the prefix cache flushed before each." in pdf
+    servers = _section(pdf, "Servers", "Model as served")
+    assert "The settings the server reported (at /server_info):" in servers and "mem_fraction_static 0.5" in servers
+    model = _section(pdf, "Model as served", "Hardware and software")
+    assert "refmla: MLA (multi-head latent attention), described exactly by model.architecture." in model
+    for row in ("KV latent rank (kv_lora_rank) 64 model.architecture", "rope dimensions of the key (qk_rope_head_dim) 16",
+                "KV bytes per token (the analysis) 640", "KV bytes per token (the memory planner) 640",
+                "decode attention FLOPs per KV token 1,152 the architecture"):
+        assert row in model, row
+
+
+def test_words_for_what_the_records_say():
+    from longctx.report import wording
+
+    # a planner.json from before its reasons were worded names its inputs by key: they become words
+    old = {"rows": [], "memory": {}, "reason": "the pool cannot be modelled: unknown memory_bytes, weights_bytes"}
+    assert wording.planner_reason(old) == "the pool cannot be modelled: the memory size and the weights' size are unknown"
+    assert wording.planner_reason({"rows": [], "memory": {"memory_bytes": None, "weights_bytes": 1, "cell_bytes": 512}}) == (
+        "the pool cannot be modelled: the memory size is unknown")
+    assert wording.planner_reason({"rows": [{}], "memory": {}}) is None
+    # telemetry: labelled by what it measured, whether the description is a sentence or a record
+    machine = "psutil, no GPU telemetry: CPU utilisation (% of one core) and resident memory of the whole machine"
+    process = "psutil, no GPU telemetry: CPU utilisation (% of one core) and resident memory of the server's process tree (pid 7)"
+    assert wording.telemetry_labels([machine], gpu=False)["mem"] == "whole machine's memory used (GB)"
+    assert wording.telemetry_labels([process], gpu=False)["mem"] == "server's resident memory (GB)"
+    assert wording.telemetry({"source": "psutil", "scope": "machine", "description": "x"})["scope"] == "machine"
+    assert wording.telemetry_labels(["NVML, GPUs [0] (mean over them)"], gpu=True)["mem"] == "GPU memory used (GB)"
+    # the version as the server offers it; the device as recorded, else as the engine's flags give it
+    assert wording.engine_version({"engine": "external", "server_info": {"version": "0.32.0"}}) == "0.32.0"
+    assert wording.engine_text({"engine": "external", "api": "openai"}) == "external (OpenAI API), version not reported"
+    assert wording.device({"engine": "external", "device": "remote"}, {"ceilings": {"device": "gpu"}}) == "remote"
+    assert wording.device({"engine": "reference", "args": {"device": "cpu"}}) == "cpu"
+    # the settings as reported, nested ones too; longctx's note of the endpoints is not one of them
+    assert wording.server_settings({"a": 1, "b": {"c": [1, 2]}, "endpoints": ["/x"]}) == [("a", "1"), ("b", '{"c": [1, 2]}')]
+    assert wording.server_settings({}) == []
+
+
+def test_a_server_that_reports_no_settings_is_said_so(tmp_path):
+    from .report_data import external_cpu_gqa
+
+    paths = write_data(tmp_path / "data")
+    prov = json.loads(paths["provenance_json"].read_text())
+    prov["configurations"]["base"]["server_info"] = {}
+    prov["configurations"]["fast_kv"]["server_info"] = {"version": "9.9", "endpoints": ["/version"]}
+    prov["configurations"]["fast_kv"]["engine_version"] = None
+    paths["provenance_json"].write_text(json.dumps(prov))
+    report.render_report(TEMPLATES / "longctx.tex.j2", tmp_path / "longctx.tex", tmp_path / "version.json", inputs(paths, config=config()))
+    tex = " ".join((tmp_path / "longctx.tex").read_text().split())
+    assert "Server settings: the server reported none." in tex
+    assert "reference 9.9" in tex  # the version the server offers, where the record has none
+    assert external_cpu_gqa  # (the helper the PDF tests above build from)
