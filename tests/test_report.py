@@ -346,7 +346,7 @@ def test_a_cpu_server_with_a_gqa_model_reads_as_what_it_is(served):
     assert "MHAandGQA:2×heads×(dhead+dhead)perlayer" in pdf.replace(" ", "")  # the roofline's FLOPs, of this model's kind
     assert "longctx/specs/hardware.yaml" in pdf and "longctx/hardware.yaml" not in pdf
     planner = _section(pdf, "KV memory planner", "Needle probe")
-    assert "the server sizes it by a rule of its own" in planner or "the pool cannot be modelled" in planner
+    assert "by a rule the planner does not model" in planner or "the server sizes it by a rule of its own" in planner
     servers = _section(pdf, "Servers", "Model as served")
     assert "Device the CPU of the machine that measured." in servers
     assert 'The settings the server reported (at /v1/models): server setting value data [{"id": "tiny-llama"' in " ".join(servers.split())
@@ -391,6 +391,10 @@ def test_words_for_what_the_records_say():
     assert wording.planner_reason({"rows": [], "memory": {"memory_bytes": None, "weights_bytes": 1, "cell_bytes": 512}}) == (
         "the pool cannot be modelled: the memory size is unknown")
     assert wording.planner_reason({"rows": [{}], "memory": {}}) is None
+    sglang_named = {"rows": [], "memory": {"sizing_rule": None, "cell_bytes": 512}, "allocated": {"pool_tokens": 1000},
+                    "reason": "the planner tabulates SGLang's sizing rule, by mem-fraction-static, which the external server does not have"}
+    assert wording.planner_reason(sglang_named) == ("the pool is not modelled: the server sizes it by a rule of its own, "
+                                                    "which the planner does not tabulate; the pool it allocated holds 1,000 tokens")
     # telemetry: labelled by what it measured, whether the description is a sentence or a record
     machine = "psutil, no GPU telemetry: CPU utilisation (% of one core) and resident memory of the whole machine"
     process = "psutil, no GPU telemetry: CPU utilisation (% of one core) and resident memory of the server's process tree (pid 7)"

@@ -143,12 +143,14 @@ def telemetry_labels(descriptions: list, gpu: bool) -> dict:
 
 def planner_reason(p: dict) -> str | None:
     """Why the planner has no rows for a configuration, in words: the planner's own reason (a record
-    from before it was worded names the planner's inputs by their keys: those become words), else
-    which of its inputs are unknown."""
+    from before it was worded names the planner's inputs by their keys: those become words; one that
+    named SGLang's rule for a server without it is said anew), else which of its inputs are unknown."""
     if p.get("rows"):
         return None
     mm = p.get("memory") or {}
-    if "sizing_rule" in mm and not mm["sizing_rule"]:  # the server sizes its pool by a rule the planner does not model
+    if p.get("reason") and "SGLang" not in str(p["reason"]):
+        return _unkey(str(p["reason"]))
+    if "sizing_rule" in mm and not mm["sizing_rule"]:  # a record that named SGLang's rule for a server without it
         text = "the pool is not modelled: the server sizes it by a rule of its own, which the planner does not tabulate"
         if mm.get("cell_bytes") is None and mm.get("cell_source"):
             text += f" (KV bytes per token unknown: {mm['cell_source']})"
