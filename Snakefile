@@ -1,7 +1,20 @@
 # longctx: `snakemake --cores 1 report/longctx.pdf`. Logic lives in the longctx package; rules/ only wire it.
+import os
+import sys
+
 from snakemake.utils import min_version
 
 min_version("9.0")
+
+
+# A lock left by an interrupted run (Ctrl-C, SIGHUP, a crash) is cleared when no other snakemake runs
+# here, so that the README's command works again as written; a job step never clears one.
+if workflow.is_main_process:
+    from longctx.measure.rerun import clear_stale_locks
+
+    _cleared = clear_stale_locks(os.getcwd())
+    if _cleared:
+        print(_cleared, file=sys.stderr)
 
 
 # The default config, unless others are given with --configfile (Snakemake would otherwise merge

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from longctx.measure.process import pid_file, reap_stray
+from longctx.measure.rerun import clear_stale_locks
 from longctx.measure.sweep import run_configuration
 
 from .conftest import ENV, TINY, copy_workflow, tiny_spec
@@ -97,22 +98,38 @@ def test_a_server_left_behind_is_stopped_at_the_next_start(tmp_path):
                 p.wait()
 
 
-def test_sighup_of_the_workflow_leaves_no_server(tmp_path):
-    """A closed terminal: SIGHUP to snakemake's whole process group."""
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT], ids=["SIGHUP", "Ctrl-C"])
+def test_an_interrupted_workflow_leaves_no_server_and_the_same_command_resumes_it(tmp_path, sig):
+    """A closed terminal (SIGHUP) or Ctrl-C (SIGINT) to snakemake's whole process group, after the
+    first length was measured: no server is left (by pid), and the same command then runs to the end
+    (no --unlock, no --rerun-incomplete), reusing the length measured before."""
     work = copy_workflow(tmp_path)
     config = yaml.safe_load(TINY.read_text())
-    config.update(lengths=[64], protocol={**config["protocol"], "warmup": 0, "trials": 2000, "itl_depth": {"length": None}})
+    config.update(lengths=[64, 128, 256], protocol={**config["protocol"], "warmup": 0, "trials": 12, "output_tokens": 24,
+                                                     "concurrency": [], "itl_depth": {"length": None}})
     config["configurations"] = {"page1": config["configurations"]["page1"]}
-    (work / "hup.yaml").write_text(yaml.safe_dump(config))
-    snake = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "data/raw/page1/64.json",
-                              "--configfile", "hup.yaml"], cwd=work, env=ENV, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
+    (work / "int.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "snakemake", "--cores", "1", "data/raw/page1/256.json", "--configfile", "int.yaml"]
+    snake = subprocess.Popen(command, cwd=work, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    log = work / "data" / "logs" / "server" / "page1.log"
     try:
-        server = wait_for_server(work / "data" / "logs" / "server" / "page1.log", 240)
-        os.killpg(snake.pid, signal.SIGHUP)
+        server = wait_for_server(log, 240)
+        deadline = time.monotonic() + 120
+        while not (work / "data" / "partial" / "page1" / "64.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not (work / "data" / "partial" / "page1" / "256.json").exists(), "the sweep ended before the signal"
+        locks = sorted((work / ".snakemake" / "locks").glob("*.lock"))
+        assert locks and clear_stale_locks(work) is None and all(p.exists() for p in locks)  # held by a live run
+        os.killpg(snake.pid, sig)
         snake.wait(60)
         assert gone(server), f"server {server} outlived the workflow"
+        assert list((work / ".snakemake" / "locks").glob("*.lock")) or sig == signal.SIGINT  # SIGHUP leaves the lock
+        again = subprocess.run(command, cwd=work, env=ENV, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert json.loads((work / "data" / "raw" / "page1" / "64.json").read_text()).get("resumed") is True
+        assert json.loads((work / "data" / "raw" / "page1" / "256.json").read_text())["status"] == "ok"
     finally:
         if snake.poll() is None:
             os.killpg(snake.pid, signal.SIGKILL)
-        reap_stray(pid_file(work / "data" / "logs" / "server" / "page1.log"), 5)
+        reap_stray(pid_file(log), 5)
