@@ -131,11 +131,11 @@ def test_a_server_without_sglangs_rule_gives_its_allocated_pool_and_says_why_no_
              "kv_pool": {"tokens": None, "log": {"tokens": 1_048_576, "line": line}}}
     p = plan_configuration(entry, [0.9], longest=512)
     mm = p["memory"]
-    assert mm["observed_tokens"] == 1_048_576 and line in mm["observed_source"]
+    assert mm["observed_tokens"] == 1_048_576 and mm["observed_source"] == "the server's log" and mm["observed_line"] == line
     assert mm["cell_bytes"] == 2 * 2 * 64 * 2 * 2 == 1024 and mm["context_length"] == 2048  # vLLM's max-model-len
     assert p["rows"] == [] and mm["sizing_rule"] is None and mm["req_to_token_bytes"] is None
     assert "vLLM sizes its KV pool by a rule the planner does not model" in p["reason"] and "SGLang" not in p["reason"]
-    assert "1,048,576 tokens" in p["reason"] and "1 GiB at 1,024 bytes per token" in p["reason"]
+    assert "holds 1,048,576 tokens (from the server's log), 1 GiB at 1,024 bytes per token" in p["reason"]
     a = p["allocated"]
     assert a["kv_bytes"] == 2**30 and a["largest_context"] == 2048
     assert a["concurrency_at_context_length"] == 512 and a["concurrency_at_longest"] == 2048  # 2^20 / 2^11, / 2^9

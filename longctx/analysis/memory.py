@@ -81,16 +81,16 @@ def kv_bytes(entry: dict, spec: ModelSpec | None) -> tuple[int | None, str | Non
 
 def observed_pool(entry: dict) -> tuple[int | None, str | None]:
     """The KV pool's tokens as the server allocated it, and where the figure came from: what the
-    server reports (the adapter's pool_tokens: SGLang's max_total_num_tokens), else its log line (the
-    adapter's kv_pool_from_log: vLLM's "CPU/GPU KV cache size: N tokens", SGLang's "KV Cache is
-    allocated. #tokens: N"); (None, None) where neither was recorded."""
+    server reports ("the server's info": the adapter's pool_tokens, SGLang's max_total_num_tokens), else
+    its log ("the server's log": the adapter's kv_pool_from_log, vLLM's "CPU/GPU KV cache size: N
+    tokens", SGLang's "KV Cache is allocated. #tokens: N", the line in kv_pool.log.line); (None, None)
+    where neither was recorded."""
     pool = entry.get("kv_pool") or {}
     if pool.get("tokens"):
         return int(pool["tokens"]), "the server's info"
     log = pool.get("log") or {}
     if log.get("tokens"):
-        line = log.get("line")
-        return int(log["tokens"]), f"the server's log ({line})" if line else "the server's log"
+        return int(log["tokens"]), "the server's log"
     return None, None
 
 
@@ -119,6 +119,7 @@ def memory_model(entry: dict) -> dict:
         "max_running_requests": setting("max-running-requests"),
         "mem_fraction_static": fraction,
         "observed_tokens": observed, "observed_source": observed_source,
+        "observed_line": ((entry.get("kv_pool") or {}).get("log") or {}).get("line"),  # the server's own words, where it logged them
         "memory_bytes": None, "memory_source": None, "weights_bytes": None, "weights_source": None,
     }
     gpus = (entry.get("hardware") or {}).get("gpus") or []
@@ -204,7 +205,7 @@ def plan_configuration(entry: dict, fractions: list[float], longest: int | None)
             out["reason"] += f" (KV bytes per token: {mm['cell_source']})"
         a = out.get("allocated")
         if a:
-            out["reason"] += f"; the pool it allocated holds {a['pool_tokens']:,} tokens ({mm['observed_source']})"
+            out["reason"] += f"; the pool it allocated holds {a['pool_tokens']:,} tokens (from {mm['observed_source']})"
             if a["kv_bytes"] is not None:
                 out["reason"] += f", {a['kv_bytes'] / 2**30:.3g} GiB at {mm['cell_bytes']:,} bytes per token"
     return out
