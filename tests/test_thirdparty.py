@@ -1,17 +1,31 @@
 """vLLM, a server nobody here wrote: its own parser checks our command lines, and the whole
 workflow (every stage, real Snakemake, real TeX) measures it on the CPU with a tiny random Llama
 made here (nothing is downloaded). Needs vLLM's CPU build: `make test` puts it in .venv-vllm and
-points LONGCTX_VLLM_PYTHON at it."""
+points LONGCTX_VLLM_PYTHON at it.
+
+The model has grouped-query attention (4 attention heads, 2 KV heads of 64 dims, 2 layers, bf16:
+2 x 2 x 64 x 2 x 2 = 1,024 KV bytes per token, tests/thirdparty/make_tiny_llama.py), described to
+longctx only by its config.json (model.hf_config), so that the figures longctx derives are checked
+against what vLLM itself did: the pool vLLM allocated for VLLM_CPU_KVCACHE_SPACE=1 (GiB) and the
+TTFT vLLM recorded for each request (its Prometheus histogram vllm:time_to_first_token_seconds).
+
+    LONGCTX_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python -m pytest tests/test_thirdparty.py -s
+prints the figures (pool tokens, KV bytes per token, TTFT against vLLM's own).
+"""
 
 import json
 import os
+import random
 import re
 import subprocess
+import time
 from pathlib import Path
 
+import httpx
 import pandas as pd
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from longctx import config as lcfg
 from longctx.engines import get_adapter
@@ -27,25 +41,36 @@ if not (VLLM_PYTHON and Path(VLLM_PYTHON).exists()):
 
 pytestmark = [pytest.mark.slow, pytest.mark.thirdparty]
 
+GiB = 2**30
+KV_BYTES = 2 * 2 * 64 * 2 * 2  # K and V x 2 KV heads x head_dim 64 x 2 layers x 2 bytes (bf16) = 1,024
+KV_SPACE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE
+MAX_MODEL_LEN = 2048
+# vLLM's CPU platform takes block_size 128 where none is given (vllm/platforms/cpu.py, check_and_update_config)
+VLLM_CPU_BLOCK = 128
 
-def vllm_config(model_dir: str, **args) -> dict:
+
+def vllm_config(model_dir: str, hf_config: bool = True, **args) -> dict:
+    model = {"name": "tiny-llama", "path": model_dir, "random_weights": True}
+    if hf_config:  # the model's own config.json, no kv_bytes_per_token: longctx derives the KV figure
+        model["hf_config"] = model_dir
     return lcfg.validate({
         "lengths": [64, 256, 512],
         "protocol": {"warmup": 1, "trials": 2, "output_tokens": 8, "request_timeout_s": 120, "token_id_range": [3, 1024]},
         "server": {"startup_timeout_s": 300},
-        "model": {"name": "tiny-llama", "path": model_dir, "kv_bytes_per_token": 2 * 2 * 64 * 2 * 2, "random_weights": True},
+        "model": model,
         "configurations": {"vllm-cpu": {
             "engine": "vllm", "python": VLLM_PYTHON,
-            "args": {"max-model-len": 2048, "dtype": "bfloat16", **args},
-            "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
+            "args": {"max-model-len": MAX_MODEL_LEN, "dtype": "bfloat16", **args},
+            "env": {"VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GIB), "HF_HUB_OFFLINE": "1"},
         }},
     })
 
 
 def test_vllm_own_parser_checks_our_command_lines():
     adapter = get_adapter("vllm")
-    config = vllm_config("/models/m", **{"gpu-memory-utilization": 0.9, "max-num-seqs": 8, "block-size": 16,
-                                         "tensor-parallel-size": 8, "speculative-config": {"method": "ngram", "num_speculative_tokens": 4}})
+    config = vllm_config("/models/m", hf_config=False, **{
+        "gpu-memory-utilization": 0.9, "max-num-seqs": 8, "block-size": 16, "tensor-parallel-size": 8,
+        "speculative-config": {"method": "ngram", "num_speculative_tokens": 4}})
     config["configurations"]["vllm-cpu"]["args"]["max-model-len"] = "200k"
     spec = lcfg.configuration_spec(config, "vllm-cpu")
     assert adapter.installed_version(spec) == "0.32.0"
@@ -56,12 +81,20 @@ def test_vllm_own_parser_checks_our_command_lines():
 
 
 @pytest.fixture(scope="module")
-def vllm_workflow(tmp_path_factory):
-    work = tmp_path_factory.mktemp("vllm-wf")
-    subprocess.run([VLLM_PYTHON, str(ROOT / "tests" / "thirdparty" / "make_tiny_llama.py"), str(work / "model")],
+def tiny_llama(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-llama") / "model"
+    subprocess.run([VLLM_PYTHON, str(ROOT / "tests" / "thirdparty" / "make_tiny_llama.py"), str(out)],
                    check=True, capture_output=True, timeout=300)
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["num_hidden_layers"]) == (4, 2, 64, 2)
+    return out
+
+
+@pytest.fixture(scope="module")
+def vllm_workflow(tmp_path_factory, tiny_llama):
+    work = tmp_path_factory.mktemp("vllm-wf")
     copy_workflow(work)
-    config = vllm_config(str(work / "model"))
+    config = vllm_config(str(tiny_llama))
     (work / "vllm.yaml").write_text(yaml.safe_dump(config))
     snakemake(work, "--cores", "1", "report/longctx.pdf", "--configfile", "vllm.yaml")
     return work
@@ -74,15 +107,146 @@ def test_every_stage_runs_against_vllm(vllm_workflow):
     raw = json.loads((vllm_workflow / "data" / "raw" / "vllm-cpu" / "512.json").read_text())
     prov = raw["provenance"]
     assert prov["api"] == "openai" and prov["engine_version"] == "0.32.0"
-    assert prov["kv_pool"]["log"]["tokens"] > 0  # vLLM's "CPU KV cache size: N tokens"
-    assert prov["server_info"]["data"][0]["max_model_len"] == 2048
-    text = subprocess.run(["pdftotext", "-layout", str(vllm_workflow / "report" / "longctx.pdf"), "-"],
-                          capture_output=True, text=True, check=True).stdout
-    assert re.search(r"vllm-cpu\s+512\s", text)
+    assert prov["server_info"]["data"][0]["max_model_len"] == MAX_MODEL_LEN
     # the server and its engine-core processes are gone
     pid = prov["server_pid"]
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+
+
+def _vllm_pool(work: Path) -> tuple[int, str]:
+    """vLLM's own record of its pool: the line its log wrote (read here from the server log itself,
+    not from longctx's record of it)."""
+    log = work / "data" / "logs" / "server" / "vllm-cpu.log"  # rules/bench.smk's log.server
+    text = log.read_text(errors="replace")
+    m = re.findall(r"CPU KV cache size: ([\d,]+) tokens", text)
+    assert m, f"no 'CPU KV cache size' line in {log}"
+    return int(m[-1].replace(",", "")), text
+
+
+def test_kv_bytes_and_pool_are_what_vllm_allocated(vllm_workflow):
+    """Third-party truth: vLLM sized its pool from VLLM_CPU_KVCACHE_SPACE=1 GiB and its own page size
+    (vllm/v1/core/kv_cache_utils.py: num_blocks = budget // (block_size x bytes per token), logged as
+    blocks x block_size tokens), so its tokens x longctx's KV bytes per token must come to 1 GiB, to
+    within one block; and longctx's planner and extrapolation must use that pool."""
+    fits = json.loads((vllm_workflow / "data" / "fits.json").read_text())["configurations"]["vllm-cpu"]
+    plan = json.loads((vllm_workflow / "data" / "planner.json").read_text())["configurations"]["vllm-cpu"]
+    prov = json.loads((vllm_workflow / "data" / "provenance.json").read_text())["configurations"]["vllm-cpu"]
+    # longctx's KV figure, from the model's config.json alone: GQA, 1,024 bytes per token
+    spec = fits["model_spec"]
+    assert (spec["attention"], spec["num_attention_heads"], spec["num_key_value_heads"], spec["head_dim"]) == ("gqa", 4, 2, 64)
+    assert fits["kv_bytes_per_token"] == KV_BYTES == 1024 and "config.json" in fits["kv_bytes_source"]
+    assert plan["memory"]["cell_bytes"] == KV_BYTES and plan["kv_bytes_per_token"]["attention"] == "gqa"
+    assert plan["kv_bytes_per_token"]["mha_equivalent"] is None
+    # vLLM's pool, from its own log
+    tokens, log_text = _vllm_pool(vllm_workflow)
+    block = VLLM_CPU_BLOCK
+    budget = KV_SPACE_GIB * GiB
+    assert f"Explicitly set ({KV_SPACE_GIB:.1f}/" in log_text  # vLLM took the budget from VLLM_CPU_KVCACHE_SPACE
+    print(f"\nvLLM's pool: {tokens:,} tokens for VLLM_CPU_KVCACHE_SPACE={KV_SPACE_GIB} GiB; longctx's KV bytes per token: "
+          f"{fits['kv_bytes_per_token']}; tokens x bytes = {tokens * KV_BYTES:,} of {budget:,} B (block {block} tokens)")
+    assert budget - block * KV_BYTES < tokens * KV_BYTES <= budget
+    # the planner's prediction by vLLM's rule, the arithmetic here: 2^30 // (block x 1,024) blocks of block tokens
+    predicted = budget // (block * plan["memory"]["cell_bytes"]) * block
+    assert predicted == tokens == 1_048_576
+    # what longctx recorded and used: the pool vLLM logged, in the provenance, the planner and the extrapolation
+    assert prov["kv_pool"]["log"]["tokens"] == tokens
+    assert plan["memory"]["observed_tokens"] == tokens and plan["memory"]["observed_source"] == "the server's log"
+    assert plan["memory"]["observed_line"] == f"CPU KV cache size: {tokens:,} tokens"
+    assert plan["allocated"]["pool_tokens"] == tokens and plan["allocated"]["kv_bytes"] == tokens * KV_BYTES
+    assert plan["allocated"]["largest_context"] == MAX_MODEL_LEN and plan["allocated"]["concurrency_at_context_length"] == tokens // 2048
+    assert plan["rows"] == [] and "vLLM sizes its KV pool by a rule the planner does not model" in plan["reason"]
+    ex = fits["extrapolation"]
+    assert ex["kv_pool_tokens"] == tokens and ex["length"] == MAX_MODEL_LEN
+    assert ex["why"] == "the context length, below the KV pool's size"
+    df = pd.read_csv(vllm_workflow / "data" / "results.csv")
+    assert (df["kv_pool_tokens"] == tokens).all()
+
+
+def test_the_report_describes_the_model_as_served(vllm_workflow):
+    text = subprocess.run(["pdftotext", "-layout", str(vllm_workflow / "report" / "longctx.pdf"), "-"],
+                          capture_output=True, text=True, check=True).stdout
+    assert re.search(r"vllm-cpu\s+512\s", text)
+    flat = " ".join(text.split())
+    near = [line.strip() for line in text.splitlines() if re.search(r"MLA|GQA|latent|KV bytes", line)]
+    assert "GQA" in flat, near  # the model as served: grouped-query attention
+    assert "MLA" not in flat and "latent" not in flat, near  # nothing of the reference engine's MLA
+    assert re.search(r"1,024\s*(KV )?bytes per token|KV bytes per token\W+1,024", flat), near
+
+
+# --- TTFT against vLLM's own server-side record --------------------------------------------------
+
+TTFT_METRIC = "vllm:time_to_first_token_seconds"
+
+
+def ttft_histogram(text: str) -> tuple[float, float]:
+    """vLLM's TTFT histogram, summed over its label sets: (sum of seconds, count of requests)."""
+    total = count = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == TTFT_METRIC:
+            for s in family.samples:
+                if s.name == TTFT_METRIC + "_sum":
+                    total += s.value
+                elif s.name == TTFT_METRIC + "_count":
+                    count += s.value
+    return total, count
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory, tiny_llama):
+    """vLLM started as the workflow starts it (the adapter's command line and environment)."""
+    from longctx.measure.process import ManagedServer, free_port
+    from longctx.measure.sweep import server_env
+
+    adapter = get_adapter("vllm")
+    spec = lcfg.configuration_spec(vllm_config(str(tiny_llama)), "vllm-cpu")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    server = ManagedServer(adapter.launch_command(spec, "127.0.0.1", port, None), log, env=server_env(spec))
+    server.start()
+    try:
+        server.wait_ready(base, ("/health",), 300, port=port)
+        yield {"base": base, "model": adapter.served_model(spec), "log": log}
+    finally:
+        server.stop()
+
+
+def test_ttft_agrees_with_vllms_own_per_request_record(vllm_server):
+    """Each request alone, vLLM's TTFT histogram read before and after it: its sum grows by the TTFT
+    vLLM recorded for that request (from the request's arrival in its engine client to the first token
+    leaving the engine, vllm/v1/metrics/stats.py). longctx's TTFT (first byte sent to first token
+    event received, at the socket) must be that plus the HTTP and streaming hops: never less, and
+    more by at most 15 ms + 2 % (measured on a 2-core machine: 2 to 6 ms more at 64 to 1,536 tokens)."""
+    from longctx.measure.client import openai_body, stream_generate, timed_client
+
+    base, model = vllm_server["base"], vllm_server["model"]
+    rng = random.Random(0)
+    rows = []
+    with timed_client() as client:
+        def one(length: int) -> tuple[dict, float]:
+            before = ttft_histogram(client.get(base + "/metrics").text)
+            ids = [rng.randrange(3, 1024) for _ in range(length)]  # random ids: no prefix cache can serve them
+            rec = stream_generate(client, base + "/v1/completions", openai_body(ids, 8, model), 120, api="openai")
+            s = rec.summary()
+            assert s["status"] == "ok" and s["prompt_tokens"] == length, s
+            deadline = time.monotonic() + 5
+            while (after := ttft_histogram(client.get(base + "/metrics").text))[1] == before[1] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert after[1] == before[1] + 1, (before, after)  # this request alone
+            return s, after[0] - before[0]
+
+        one(64)  # warm-up
+        for length in (64, 512, 1024, 1536):
+            for _ in range(2):
+                s, server_ttft = one(length)
+                rows.append((length, s["ttft_s"], server_ttft))
+    print("\nlength  longctx TTFT (ms)  vLLM's TTFT (ms)  difference (ms)")
+    for length, ours, theirs in rows:
+        print(f"{length:6d}  {ours * 1e3:17.2f}  {theirs * 1e3:16.2f}  {(ours - theirs) * 1e3:15.2f}")
+    for length, ours, theirs in rows:
+        assert theirs > 0
+        assert theirs <= ours <= theirs * 1.02 + 0.015, (length, ours, theirs)
 
 
 def test_vllms_benchmark_client_runs_beside_ours_against_the_reference_engine(tmp_path):
