@@ -8,7 +8,10 @@
 //    copies (cp.async), double-buffered so the next tile's loads overlap this tile's arithmetic;
 //  * page_size 1 through the page table: each cell's address comes from the table, so a
 //    scattered pool costs no more than a contiguous one once the copies are in flight;
-//  * online softmax per tile in fp32; fp32 and bf16 caches.
+//  * online softmax per tile in fp32; fp32 and bf16 caches;
+//  * a page id outside the KV pool is never read through: the cell is skipped, the request's rows
+//    are written as NaN and its flag set; the host call reads the flags back (not while a CUDA graph
+//    is being captured: there the NaN rows are the only sign) and fails as the CPU twin does.
 //
 // Shapes (one layer), as in kernels/reference/paged_mla_decode.py:
 //   q [batch, n_q, heads, dim]; kv_pool [slots, dim]; page_table [batch, max_pages] int64;
@@ -48,26 +51,36 @@ struct Params {
   const int64_t* lens;
   void* out;
   float* ws;  // [batch, splits, rows, lat + 2]: partial acc, then m and l
+  int* bad;   // [batch, splits]: 1 where the split met a page id outside the pool
+  int* bad_request;  // [batch]: 1 where any split of the request did
   int64_t n_q, heads, dim, lat, max_pages, page_size, slots;
   int splits;
   float scale;
 };
 
+// Starts the copies of cells [a, min(a + TILE, t1)) into dst; false where a page id of one of them
+// points outside the pool (that cell is not read).
 template <typename T>
-__device__ __forceinline__ void load_tile(const Params& p, const T* pool, const int64_t* pages, int64_t a,
+__device__ __forceinline__ bool load_tile(const Params& p, const T* pool, const int64_t* pages, int64_t a,
                                           int64_t t1, T* dst) {
   constexpr int TILE = Tile<T>::n;
   const int chunks = static_cast<int>(p.dim * sizeof(T) / 16);  // 16-byte pieces per cell
+  bool ok = true;
   for (int idx = threadIdx.x; idx < TILE * chunks; idx += THREADS) {
     const int i = idx / chunks, c = idx % chunks;
     const int64_t t = a + i;
     if (t < t1) {
       const int64_t slot = pages[t / p.page_size] * p.page_size + t % p.page_size;
+      if (slot < 0 || slot >= p.slots) {
+        ok = false;
+        continue;
+      }
       __pipeline_memcpy_async(reinterpret_cast<char*>(dst + i * p.dim) + 16 * c,
                               reinterpret_cast<const char*>(pool + slot * p.dim) + 16 * c, 16);
     }
   }
   __pipeline_commit();
+  return ok;
 }
 
 template <typename T>
@@ -105,11 +118,12 @@ __global__ void __launch_bounds__(THREADS) paged_mla_split_kernel(Params p) {
     for (int k = 0; k < MAX_DPT; ++k) acc[r][k] = 0.f;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (t0 < t1) load_tile(p, pool, pages, t0, t1, kv);
+  bool in_pool = true;  // every cell this thread copied lies in the pool
+  if (t0 < t1) in_pool &= load_tile(p, pool, pages, t0, t1, kv);
   int stage = 0;
   for (int64_t a = t0; a < t1; a += TILE, stage ^= 1) {
     if (a + TILE < t1) {
-      load_tile(p, pool, pages, a + TILE, t1, kv + (stage ^ 1) * TILE * p.dim);
+      in_pool &= load_tile(p, pool, pages, a + TILE, t1, kv + (stage ^ 1) * TILE * p.dim);
       __pipeline_wait_prior(1);
     } else {
       __pipeline_wait_prior(0);
@@ -174,6 +188,9 @@ __global__ void __launch_bounds__(THREADS) paged_mla_split_kernel(Params p) {
     }
     __syncthreads();  // the tile and the scores are reused by the next iteration
   }
+  // every block of this (request, split) sees the same cells, so they all write the same flag
+  const int bad = __syncthreads_or(!in_pool);
+  if (threadIdx.x == 0) p.bad[static_cast<int64_t>(b) * p.splits + split] = bad;
   // partial state of this (request, split) for the rows of this block
   const int64_t base = (static_cast<int64_t>(b) * p.splits + split) * rows_total;
 #pragma unroll
@@ -198,6 +215,14 @@ template <typename T>
 __global__ void __launch_bounds__(THREADS) paged_mla_merge_kernel(Params p) {
   const int64_t rows_total = p.n_q * p.heads;
   const int64_t b = blockIdx.y, r = blockIdx.x;
+  int bad = 0;
+  for (int k = 0; k < p.splits; ++k) bad |= p.bad[b * p.splits + k];
+  if (r == 0 && threadIdx.x == 0) p.bad_request[b] = bad;
+  T* out = static_cast<T*>(p.out) + (b * rows_total + r) * p.lat;
+  if (bad) {  // a cell of this request was not read: no value is right
+    for (int64_t d = threadIdx.x; d < p.lat; d += THREADS) from_f(NAN, out + d);
+    return;
+  }
   float mx = -INFINITY;
   for (int k = 0; k < p.splits; ++k) mx = fmaxf(mx, p.ws[((b * p.splits + k) * rows_total + r) * (p.lat + 2) + p.lat]);
   float denom = 0.f;
@@ -205,7 +230,6 @@ __global__ void __launch_bounds__(THREADS) paged_mla_merge_kernel(Params p) {
     const float* w = p.ws + ((b * p.splits + k) * rows_total + r) * (p.lat + 2);
     if (w[p.lat] != -INFINITY) denom += __expf(w[p.lat] - mx) * w[p.lat + 1];
   }
-  T* out = static_cast<T*>(p.out) + (b * rows_total + r) * p.lat;
   for (int64_t d = threadIdx.x; d < p.lat; d += THREADS) {
     float o = 0.f;
     for (int k = 0; k < p.splits; ++k) {
@@ -245,19 +269,56 @@ size_t longctx_paged_mla_smem_bytes(int dtype, int64_t dim) {
   return dtype == 1 ? smem_bytes<__nv_bfloat16>(dim) : smem_bytes<float>(dim);
 }
 
-// Floats of workspace the launch needs.
+// Threads per block of the split kernel: each owns output dims threadIdx.x + k x THREADS, k < MAX_DPT.
+int longctx_paged_mla_threads() { return THREADS; }
+
+// Largest kv_lora_rank the kernel takes: THREADS threads, MAX_DPT output dims each.
+int64_t longctx_paged_mla_max_kv_lora_rank() { return THREADS * MAX_DPT; }
+
+// 4-byte words of workspace the launch needs: the splits' partial states (floats), then the page
+// flags (ints) of each split and of each request.
 int64_t longctx_paged_mla_workspace_floats(int64_t batch, int64_t splits, int64_t rows, int64_t lat) {
-  return batch * splits * rows * (lat + 2);
+  return batch * splits * rows * (lat + 2) + batch * splits + batch;
 }
 
-// 0 on success, else a cudaError_t. dtype 0: fp32, 1: bf16. Every pointer is device memory.
+// Returned where a page id of page_table (for a cell below seq_len) points outside the KV pool.
+constexpr int PAGE_OUTSIDE_POOL = -1;
+
+// 0 on success; PAGE_OUTSIDE_POOL (-1) where a page id of a request's cells points outside the pool
+// (no cell outside it was read; that request's rows are NaN); else a cudaError_t. dtype 0: fp32,
+// 1: bf16. Every pointer is device memory. The page flags are read back (a wait for the stream) on
+// every call except while the stream is being captured into a CUDA graph, where nothing may wait:
+// there the NaN rows are the only sign.
 int longctx_paged_mla_attention(int dtype, const void* q, const void* pool, const int64_t* table, const int64_t* lens,
                                 void* out, float* ws, int64_t batch, int64_t n_q, int64_t heads, int64_t dim,
                                 int64_t lat, int64_t max_pages, int64_t page_size, int64_t slots, int splits,
                                 float scale, cudaStream_t stream) {
   if (dim % 16 != 0 || lat % 16 != 0 || lat > THREADS * MAX_DPT || splits < 1) return cudaErrorInvalidValue;
-  Params p{q, pool, table, lens, out, ws, n_q, heads, dim, lat, max_pages, page_size, slots, splits, scale};
-  return static_cast<int>(dtype == 1 ? launch<__nv_bfloat16>(p, batch, stream) : launch<float>(p, batch, stream));
+  int* bad = reinterpret_cast<int*>(ws + batch * splits * n_q * heads * (lat + 2));
+  Params p{q, pool, table, lens, out, ws, bad, bad + batch * splits, n_q, heads, dim, lat, max_pages, page_size,
+           slots, splits, scale};
+  cudaError_t err = dtype == 1 ? launch<__nv_bfloat16>(p, batch, stream) : launch<float>(p, batch, stream);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  err = cudaStreamIsCapturing(stream, &capture);
+  if (err != cudaSuccess || capture != cudaStreamCaptureStatusNone) return static_cast<int>(err);
+  // pinned, so that the copy is one small DMA; one buffer per host thread, grown as needed
+  thread_local int* flags = nullptr;
+  thread_local int64_t capacity = 0;
+  if (capacity < batch) {
+    if (flags != nullptr) cudaFreeHost(flags);
+    flags = nullptr;
+    capacity = 0;
+    err = cudaHostAlloc(reinterpret_cast<void**>(&flags), batch * sizeof(int), cudaHostAllocPortable);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    capacity = batch;
+  }
+  err = cudaMemcpyAsync(flags, p.bad_request, batch * sizeof(int), cudaMemcpyDeviceToHost, stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  for (int64_t b = 0; b < batch; ++b)
+    if (flags[b]) return PAGE_OUTSIDE_POOL;
+  return 0;
 }
 
 }  // extern "C"
