@@ -44,6 +44,7 @@ def _bench_kernel(a) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     shape = kernelbench.Shape(a.heads, a.kv_lora_rank, a.rope, a.dtype)
+    print(f"shape: {shape.describe()}, batch {shape.batch}, {shape.n_q} query token", flush=True)
     records = kernelbench.run(a.lengths, shape, a.kernel_dir, ("cpu", "cuda"))
     for r in records:
         print(f"{r['variant']:>10} {r['device']:>5} {r['length']:>7}: {r['seconds'] * 1e3:.3f} ms, {r['gb_s']:.2f} GB/s, "
@@ -192,10 +193,11 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench-kernel", help="time a built native kernel against the reference gather (one layer, batch 1)")
     s.add_argument("--kernel-dir", required=True)
     s.add_argument("--lengths", type=int, nargs="+", required=True)
-    s.add_argument("--heads", type=int, required=True)
+    s.add_argument("--heads", type=int, required=True,
+                   help="query heads on one tensor-parallel rank (num_attention_heads / tp_size, as served)")
     s.add_argument("--kv-lora-rank", type=int, required=True)
     s.add_argument("--rope", type=int, required=True)
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the KV cache's dtype, as served")
     s.add_argument("--threads", type=int, default=None)
     s.add_argument("--out", required=True)
     s.set_defaults(func=_bench_kernel)

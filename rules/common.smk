@@ -75,15 +75,20 @@ def kernel_build(wildcards):
     return [f"{lcfg.kernel_build_dir(kernel)}/manifest.json"] if kernel else []
 
 
-# Native kernels are also timed alone (rule bench_kernel) at the model's shape, for the roofline.
+# Native kernels are also timed alone (rule bench_kernel) at the shape they serve, for the roofline.
 NATIVE_KERNELS = sorted(k for k, v in CFG["kernels"].items() if v["kind"] == "native")
 
 
 def kernel_bench_shape(wildcards):
-    arch = CFG["model"]["architecture"]
-    dtype = "bfloat16" if arch.get("torch_dtype") == "bfloat16" else "float32"
-    return (f"--heads {arch['num_attention_heads']} --kv-lora-rank {arch['kv_lora_rank']} "
-            f"--rope {arch['qk_rope_head_dim']} --dtype {dtype}")
+    """`longctx bench-kernel`'s shape options: the shape the configurations using the kernel serve (heads
+    per tensor-parallel rank, KV dtype: each configuration's model as its engine runs it), or a
+    ConfigError where they serve none or several (longctx.attention.shapes)."""
+    from longctx.attention.shapes import served_shape
+    from longctx.engines import get_adapter
+
+    served = {name: get_adapter(conf["engine"]).model_spec(CFG["model"], conf["args"])
+              for name, conf in CFG["configurations"].items() if conf["kernel"] == wildcards.kernel}
+    return served_shape(wildcards.kernel, served).options()
 
 
 def bench_spec(wildcards):

@@ -1,6 +1,7 @@
 """Microbenchmark of the decode attention kernels: time and effective KV read bandwidth per length.
 
-One request of L cells (batch 1 by default), one layer, the kernel alone. Variants:
+One request of L cells (batch 1 by default), one layer, the kernel alone, at a Shape (the workflow's:
+the shape the configurations using the kernel serve, longctx.attention.shapes). Variants:
   gather      the PyTorch reference on a page_size 1 pool with scattered slots (the baseline)
   contiguous  the PyTorch reference on one run of cells (read in place)
   twin        the native kernel's CPU twin on the same scattered page_size 1 pool
@@ -12,27 +13,14 @@ figure reads as a fraction of what the memory system delivers.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from . import hostmem, microbench
 from .build import Kernel, load_kernel
+from .shapes import Shape
 
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "kernels/reference"
-
-
-@dataclass
-class Shape:
-    heads: int = 2
-    kv_lora_rank: int = 64
-    rope: int = 16
-    dtype: str = "float32"
-    batch: int = 1
-    n_q: int = 1  # query tokens per request: 1 decode, K speculative verify
-
-    @property
-    def dim(self) -> int:
-        return self.kv_lora_rank + self.rope
 
 
 def _sync(device: str):
