@@ -1,20 +1,30 @@
-"""The native kernel: the CPU twin (a real C++ extension, compiled here) against the PyTorch reference,
-the CUDA sources compiled by nvcc for sm_120 and sm_90 (nothing runs them: no GPU here), the engine
-running the twin, and the build's manifest."""
+"""The native kernel: the CPU twin (a real C++ extension, compiled here) against dense attention in
+float64 (the build's, and the tests' own in numpy), at a small cell and at the production one (512 +
+64, bf16), the CUDA sources compiled by nvcc for sm_120 and sm_90 (nothing runs them: no GPU here),
+the engine running the twin, the build's manifest, and the shape the kernel is timed at (the shape its
+configurations serve)."""
 
+import re
 import shutil
 import subprocess
 import sysconfig
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from longctx import config as lcfg
 from longctx.attention import build as kernels
+from longctx.attention.shapes import Shape, served_shape
+from longctx.core.errors import ConfigError
+from longctx.engines import get_adapter
 from longctx.refengine.speculative import SpecConfig
 
-from .conftest import ROOT
+from .conftest import ROOT, TINY, copy_workflow, snakemake
 from .test_refengine import prompt, run_requests
+
+KIMI = ROOT / "config" / "examples" / "kimi-k2.6-rtx-pro-6000.yaml"
 
 SOURCES = [ROOT / "kernels" / "cpu" / "paged_mla_decode.cpp", ROOT / "kernels" / "cuda" / "paged_mla_decode.cu",
            ROOT / "kernels" / "cuda" / "paged_mla_decode_binding.cpp"]
@@ -32,10 +42,16 @@ def twin(built):
     return kernels.load_kernel(built[0], "cpu")
 
 
-def test_build_checks_the_twin_in_fp32_and_bf16_and_records_it(built):
+def test_build_checks_the_twin_in_fp32_and_bf16_at_both_cells_and_records_it(built):
     out, m = built
-    assert {c["dtype"]: c["max_rel_error"] < kernels.TOLERANCE[c["dtype"]] for c in m["checks"]} == {"float32": True, "bfloat16": True}
-    assert any(c[4] > 1 for c in m["checks"][0]["cases"])  # verify cases (several query tokens) are checked too
+    attention = [c for c in m["checks"] if "max_rel_error" in c]
+    assert {(c["dtype"], c["kv_lora_rank"], c["rope"]): c["max_rel_error"] < kernels.TOLERANCE[c["dtype"]] for c in attention} == {
+        (d, lat, rope): True for d in ("float32", "bfloat16") for lat, rope in ((64, 16), (512, 64))}
+    assert all(any(case[4] > 1 for case in c["cases"]) for c in attention)  # verify cases (several query tokens) too
+    production = [c for c in attention if c["kv_lora_rank"] == 512]
+    assert {case[1] for c in production for case in c["cases"]} >= {8, 128}  # heads per rank of TP8 and TP1
+    (refusal,) = [c for c in m["checks"] if "refused" in c]
+    assert refusal["device"] == "cpu" and len(refusal["refused"]) == refusal["cases"] == 3
     assert (out / m["targets"]["cpu"]["library"]).is_file()
     assert set(m["sources"]) == {str(s) for s in SOURCES} and len(m["build_hash"]) == 16
 
@@ -47,6 +63,58 @@ def test_twin_matches_the_reference_on_fresh_inputs(twin, dtype, tol, seed):
     cases = ((1, 1, 1, 6000, 1), (3, 16, 1, 2000, 1), (2, 4, 64, 3000, 1), (5, 2, 16, 900, 1), (2, 8, 1, 1200, 4))
     check = kernels.check_attention(twin.verify, dtype, cases=cases, seed=seed, lat=32, rope=16)
     assert check["max_rel_error"] < tol
+
+
+def dense_numpy(q, cells, lat, scale):
+    """The tests' own truth: q [n_q, heads, dim] against cells [n, dim] in float64 numpy, query j seeing
+    cells 0 .. n - n_q + j."""
+    q, cells = np.asarray(q, dtype=np.float64), np.asarray(cells, dtype=np.float64)
+    n_q, n = q.shape[0], cells.shape[0]
+    out = np.empty((n_q, q.shape[1], lat))
+    for j in range(n_q):
+        visible = cells[: n - n_q + j + 1]
+        s = q[j] @ visible.T * scale  # [heads, visible]
+        w = np.exp(s - s.max(axis=1, keepdims=True))
+        out[j] = (w / w.sum(axis=1, keepdims=True)) @ visible[:, :lat]
+    return out
+
+
+@pytest.mark.parametrize("dtype, tol", [("bfloat16", 1e-2), ("float32", 1e-4)])
+@pytest.mark.parametrize("heads, page_size, n, n_q", [(8, 1, 5000, 1), (128, 64, 900, 1), (8, 16, 2100, 4)])
+def test_twin_at_the_production_cell_matches_float64_attention(twin, dtype, tol, heads, page_size, n, n_q):
+    """kv_lora_rank 512 + rope 64 (DeepSeek-V3, Kimi K2), the heads of one TP8 rank and of TP1, a
+    scattered page table built here, against the tests' own float64 numpy attention."""
+    g = torch.Generator().manual_seed(heads + n)
+    lat, rope, scale = 512, 64, 192 ** -0.5  # DeepSeek-V3's softmax scale (qk_nope 128 + rope 64)
+    n_pages = -(-n // page_size)
+    pages = torch.randperm(n_pages + 7, generator=g)[:n_pages]  # scattered over a larger pool
+    pool = torch.randn((n_pages + 7) * page_size, lat + rope, generator=g).to(getattr(torch, dtype))
+    q = torch.randn(1, n_q, heads, lat + rope, generator=g).to(pool.dtype)
+    out = torch.full((1, n_q, heads, lat), float("nan"), dtype=pool.dtype)
+    twin.verify(q, pool, pages[None], torch.tensor([n]), page_size, lat, scale, out=out)
+    slots = (pages[:, None] * page_size + torch.arange(page_size)).flatten()[:n]
+    ref = dense_numpy(q[0].float().numpy(), pool[slots].float().numpy(), lat, scale)
+    err = np.abs(out[0].float().numpy() - ref).max() / np.abs(ref).max()
+    assert err < tol  # NaN (an element left unwritten) fails too
+
+
+def test_the_check_catches_a_kernel_wrong_only_at_the_production_cell(twin):
+    """A kernel that scores with the latent only (drops the rope dims) passes no check at either cell; one
+    that drops only output dims past 256 (the CUDA kernel's second dim per thread) passes the small cell
+    and is caught at the production one."""
+    def no_rope(q, pool, table, lens, page_size, lat, scale, out):
+        return twin.verify(q[..., :lat].contiguous(), pool[:, :lat].contiguous(), table, lens, page_size, lat, scale, out=out)
+
+    def first_256_dims(q, pool, table, lens, page_size, lat, scale, out):
+        twin.verify(q, pool, table, lens, page_size, lat, scale, out=out)
+        out[..., 256:] = 0
+        return out
+
+    small, production = kernels.CELLS
+    for (lat, rope), cases in (small, production):
+        assert kernels.check_attention(no_rope, "float32", cases=cases[:2], lat=lat, rope=rope)["max_rel_error"] > 0.05
+    assert kernels.check_attention(first_256_dims, "float32", cases=small[1][:2], lat=64, rope=16)["max_rel_error"] < 1e-3
+    assert kernels.check_attention(first_256_dims, "float32", cases=production[1][:2], lat=512, rope=64)["max_rel_error"] > 0.05
 
 
 def test_twin_result_does_not_depend_on_the_split_count(built):
@@ -68,7 +136,7 @@ def test_an_unwritten_output_and_a_wrong_answer_are_caught(twin):
 
     assert kernels.check_attention(skips_last_request)["max_rel_error"] == float("inf")
     with pytest.raises(SystemExit, match="disagrees with the dense reference"):
-        kernels._require("bad", kernels.check_attention(lambda *a, out: out.zero_()))
+        kernels.require("bad", kernels.check_attention(lambda *a, out: out.zero_()))
 
 
 def test_twin_refuses_page_ids_outside_the_pool_and_odd_shapes(twin):
@@ -76,8 +144,28 @@ def test_twin_refuses_page_ids_outside_the_pool_and_odd_shapes(twin):
     q = torch.randn(1, 2, 48)
     with pytest.raises(RuntimeError, match="outside the KV pool"):
         twin.decode(q, pool, torch.tensor([[5, 500]]), torch.tensor([2]), 1, 32, 0.1)
+    # a page past the end at page_size 16, a negative one, at the production cell in bf16; page ids
+    # past seq_len (the table's padding) are not read, so not refused
+    big = torch.randn(64, 576).to(torch.bfloat16)
+    qb = torch.randn(1, 8, 576).to(torch.bfloat16)
+    for table, page_size in (([[0, 1, 4]], 16), ([[3, -1, 2]], 1)):
+        with pytest.raises(RuntimeError, match=re.escape(kernels.OUTSIDE_POOL)):
+            twin.decode(qb, big, torch.tensor(table), torch.tensor([40 if page_size == 16 else 3]), page_size, 512, 0.1)
+    assert twin.decode(qb, big, torch.tensor([[2, 1, 999]]), torch.tensor([2]), 1, 512, 0.1).isfinite().all()
     with pytest.raises(RuntimeError, match="multiples of 16"):
         twin.decode(torch.randn(1, 2, 40), torch.randn(100, 40), torch.tensor([[1]]), torch.tensor([1]), 1, 32, 0.1)
+
+
+def test_the_refusal_check_catches_a_kernel_that_reads_past_the_pool(twin):
+    """check_rejects_outside_pool, which the build runs on the twin and on the GPU for the CUDA kernel,
+    fails a kernel that clamps a page id into the pool instead of refusing it."""
+    assert kernels.require("twin", kernels.check_rejects_outside_pool(twin.verify))["refused"] == [[1, 64], [16, 4], [1, -1]]
+
+    def clamps(q, pool, table, lens, page_size, lat, scale, out=None):
+        return twin.verify(q, pool, table.clamp(0, pool.shape[0] // page_size - 1), lens, page_size, lat, scale, out=out)
+
+    with pytest.raises(SystemExit, match=r"does not refuse page ids outside the KV pool as the CPU twin does: refused \[\] of 3"):
+        kernels.require("clamps", kernels.check_rejects_outside_pool(clamps))
 
 
 def test_engine_on_the_twin_generates_what_it_generates_on_the_reference(twin):
@@ -172,3 +260,40 @@ def test_the_compiled_twin_really_prefetches(built):
     out, m = built
     code = subprocess.run(["objdump", "-d", str(out / m["targets"]["cpu"]["library"])], capture_output=True, text=True).stdout
     assert code.count("prefetcht") >= 2
+
+
+def _served(config: dict, kernel: str) -> dict:
+    """{configuration: its model as its engine runs it} for the configurations using kernel."""
+    return {name: get_adapter(c["engine"]).model_spec(config["model"], c["args"])
+            for name, c in config["configurations"].items() if c["kernel"] == kernel}
+
+
+def test_the_kernel_is_timed_at_the_shape_its_configurations_serve():
+    # the study's deployment: Kimi K2.6, 64 heads on 8 tensor-parallel ranks, bf16; the baseline
+    # configuration (no kernel) does not count
+    kimi = lcfg.load(KIMI)
+    assert served_shape("paged_mla_decode_sm120", _served(kimi, "paged_mla_decode_sm120")) == Shape(8, 512, 64, "bfloat16")
+    # the reference engine on tiny.yaml: one rank, the engine's default float32 (no torch_dtype given)
+    assert served_shape("paged_mla_decode_twin", _served(lcfg.load(TINY), "paged_mla_decode_twin")) == Shape(2, 32, 16, "float32")
+    kimi["configurations"]["sm120-kernel"]["args"] = {**kimi["configurations"]["sm120-kernel"]["args"], "tp-size": 4}
+    with pytest.raises(ConfigError, match=r"serves 2 shapes \(sm120-kernel: 16 heads, cell 512\+64, bfloat16; "
+                                          r"sm120-kernel-defrag: 8 heads, cell 512\+64, bfloat16\)"):
+        served_shape("paged_mla_decode_sm120", _served(kimi, "paged_mla_decode_sm120"))
+    for name in ("sm120-kernel", "sm120-kernel-defrag"):
+        kimi["configurations"][name]["args"] = {**kimi["configurations"][name]["args"], "tp-size": 3}
+    with pytest.raises(ConfigError, match="num_attention_heads 64 does not split over 3 tensor-parallel ranks"):
+        served_shape("paged_mla_decode_sm120", _served(kimi, "paged_mla_decode_sm120"))
+    for name in ("sm120-kernel", "sm120-kernel-defrag"):
+        kimi["configurations"][name]["args"] = {**kimi["configurations"][name]["args"], "tp-size": 8, "kv-cache-dtype": "fp8_e4m3"}
+    with pytest.raises(ConfigError, match="serves a fp8_e4m3 KV cache .*the kernels take float32 or bfloat16"):
+        served_shape("paged_mla_decode_sm120", _served(kimi, "paged_mla_decode_sm120"))
+    with pytest.raises(ConfigError, match="used by no configuration"):
+        served_shape("unused", {})
+
+
+def test_the_workflow_benches_the_kernel_at_the_served_shape(tmp_path):
+    """rule bench_kernel's command line on the study's deployment: 8 heads (64 / TP8), not the model's 64."""
+    work = copy_workflow(tmp_path)
+    plan = snakemake(work, "-n", "-p", "data/kernels/paged_mla_decode_sm120.json", "--configfile", str(KIMI.relative_to(ROOT)))
+    (command,) = re.findall(r"^Shell command: (longctx bench-kernel .*)$", plan, re.M)
+    assert "--heads 8 --kv-lora-rank 512 --rope 64 --dtype bfloat16 " in command

@@ -79,3 +79,31 @@ def test_verify_variant_equals_dense_causal_attention_over_the_new_tokens():
         return out
 
     assert kernels.check_attention(sees_the_future)["max_rel_error"] > 1e-2
+
+
+# bf16: the reference's scores come out of a bf16 matmul, rounded to bf16 before the softmax (the
+# twin and the CUDA kernel keep them in fp32): at 576-dim cells that costs about 1.2% of the largest
+# output (0.3% for the twin), past the build's bf16 tolerance of 1e-2, hence 2e-2 here
+@pytest.mark.parametrize("dtype, tol", [("bfloat16", 2e-2), ("float32", 1e-5)])
+@pytest.mark.parametrize("page_size, n_q", [(1, 1), (64, 3)])
+def test_reference_at_the_production_cell_matches_float64_attention(dtype, tol, page_size, n_q):
+    """kv_lora_rank 512 + rope 64 (DeepSeek-V3, Kimi K2), 8 heads (one TP8 rank): the reference (the
+    build checks it at the small cell, in fp32, only) against float64 numpy attention written here."""
+    import numpy as np
+
+    verify = kernels.load_module(SOURCE).paged_mla_verify
+    g = torch.Generator().manual_seed(page_size + n_q)
+    lat, rope, heads, n = 512, 64, 8, 3000
+    n_pages = -(-n // page_size)
+    pages = torch.randperm(n_pages + 3, generator=g)[:n_pages]
+    pool = torch.randn((n_pages + 3) * page_size, lat + rope, generator=g).to(getattr(torch, dtype))
+    q = torch.randn(1, n_q, heads, lat + rope, generator=g).to(pool.dtype)
+    out = verify(q, pool, pages[None], torch.tensor([n]), page_size, lat, 0.07)
+    cells = pool[(pages[:, None] * page_size + torch.arange(page_size)).flatten()[:n]].double().numpy()
+    qn = q[0].double().numpy()
+    for j in range(n_q):
+        visible = cells[: n - n_q + j + 1]
+        s = qn[j] @ visible.T * 0.07
+        w = np.exp(s - s.max(axis=1, keepdims=True))
+        ref = (w / w.sum(axis=1, keepdims=True)) @ visible[:, :lat]
+        assert np.abs(out[0, j].double().numpy() - ref).max() / np.abs(ref).max() < tol

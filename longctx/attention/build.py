@@ -9,10 +9,16 @@ report (registers, shared memory, spills) kept beside it; without nvcc that part
 manifest says so. Where PyTorch has CUDA and a GPU, the .cu and the binding (*_binding.cpp) are also
 built as a CUDA extension and checked on the GPU.
 
-Every check compares against the PyTorch reference (kernels/reference) on fresh random inputs with
-scattered page tables, several lengths, head counts and page sizes, decode and verify, into outputs
-poisoned with NaN so that an unwritten element fails. A kernel that disagrees stops the workflow
-before any configuration uses it.
+Every check compares against dense attention computed here in float64 (check_attention) on fresh
+random inputs with scattered page tables, several lengths, head counts and page sizes, decode and
+verify, into outputs poisoned with NaN so that an unwritten element fails. A native kernel is checked
+at two KV cell shapes (CELLS), in fp32 and bf16: a small one, and the production one of DeepSeek-V3 /
+Kimi K2 (kv_lora_rank 512 + rope 64), where the CUDA kernel gives each thread more than one output
+dim (512 > its 256 threads) and asks for more than 48 KiB of dynamic shared memory (the opt-in path);
+the manifest records which of those paths the GPU checks took (cuda_paths). It must also refuse a page
+table that points outside the KV pool (check_rejects_outside_pool). A PyTorch kernel, the plainest
+form, is checked at the small cell (the tests check the reference at the production one). A kernel
+that disagrees stops the workflow before any configuration uses it.
 """
 
 from __future__ import annotations
@@ -41,6 +47,19 @@ TOLERANCE = {"float32": 1e-3, "bfloat16": 1e-2}
 # (batch, heads, page_size, max_len, n_q): decode (n_q 1) and verify cases
 CASES = ((1, 2, 1, 300, 1), (3, 4, 16, 1000, 1), (2, 8, 64, 4100, 1), (1, 16, 1, 2500, 1),
          (2, 4, 1, 700, 4), (1, 8, 16, 1500, 3))
+# DeepSeek-V3 / Kimi K2's KV cell (kv_lora_rank, rope), and the cases checked at it: heads per rank
+# of TP8 (8) and TP4 (16) and of TP1 (128: eight CUDA row groups), a verify whose rows fill one and a
+# half row groups, page sizes 1, 16 and 64
+PRODUCTION_CELL = (512, 64)
+PRODUCTION_CASES = ((1, 8, 1, 3000, 1), (2, 16, 64, 1200, 1), (1, 8, 16, 1500, 3), (1, 128, 1, 700, 1))
+# The KV cells the build checks, each with its cases: a small one, and the production one
+CELLS = (((64, 16), CASES), (PRODUCTION_CELL, PRODUCTION_CASES))
+# What both native kernels say of a page id outside the KV pool (the CPU twin's TORCH_CHECK, and the
+# CUDA binding's for the kernel's flag)
+OUTSIDE_POOL = "a page id in page_table points outside the KV pool"
+# The CUDA kernel's paths the checks must take (kernels/cuda/paged_mla_decode.cu): dynamic shared
+# memory past the 48 KiB a block gets without opting in
+DEFAULT_SHARED_MEMORY = 48 * 1024
 
 
 def source_hashes(sources: list[str | Path]) -> dict[str, str]:
@@ -140,12 +159,24 @@ def _random_case(g, batch: int, heads: int, page_size: int, max_len: int, n_q: i
     return q.to(dtype).to(device), pool.to(dtype).to(device), table.to(device), lens
 
 
-def check_attention(fn: Callable, dtype: str = "float32", device: str = "cpu", cases=CASES, seed: int = 0,
-                    lat: int = 64, rope: int = 16) -> dict:
-    """Max relative error of fn (verify signature) against the dense reference, outputs poisoned."""
+def dense_float64(q, cells, lat: int, scale: float):
+    """Attention of q [n_q, heads, dim] to one request's cells [n, dim] in token order, in float64:
+    query j sees cells 0 .. n - n_q + j; values are the cells' first lat dims. [n_q, heads, lat]."""
     import torch
 
-    from .dense import mla_attention
+    q, cells = q.double(), cells.double()
+    n_q, n = q.shape[0], cells.shape[0]
+    scores = torch.einsum("jhd,td->jht", q, cells) * scale
+    future = torch.arange(n)[None, :] > (n - n_q + torch.arange(n_q))[:, None]  # [n_q, n]
+    scores = scores.masked_fill(future[:, None, :], float("-inf"))
+    return torch.softmax(scores, dim=-1) @ cells[:, :lat]
+
+
+def check_attention(fn: Callable, dtype: str = "float32", device: str = "cpu", cases=CASES, seed: int = 0,
+                    lat: int = 64, rope: int = 16) -> dict:
+    """Max relative error of fn (verify signature) against dense attention in float64 (dense_float64,
+    on the CPU, of the same rounded inputs) over the cases, outputs poisoned with NaN."""
+    import torch
 
     g = torch.Generator().manual_seed(seed)
     tdtype = getattr(torch, dtype)
@@ -154,12 +185,41 @@ def check_attention(fn: Callable, dtype: str = "float32", device: str = "cpu", c
         q, pool, table, lens = _random_case(g, batch, heads, page_size, max_len, n_q, lat, rope, tdtype, device)
         out = torch.full((batch, n_q, heads, lat), float("nan"), dtype=tdtype, device=device)
         out = fn(q, pool, table, lens, page_size, lat, 0.1, out=out)
+        pool_cpu, table_cpu, q_cpu, out_cpu = pool.cpu(), table.cpu(), q.cpu(), out.cpu().double()
         for b, n in enumerate(lens.tolist()):
-            slots = (table[b, :, None].cpu() * page_size + torch.arange(page_size)).flatten()[:n]
-            ref = mla_attention(q[b].cpu().float(), pool.cpu().float()[slots], n - n_q, lat, 0.1)
-            err = ((out[b].cpu().float() - ref).abs().max() / ref.abs().max()).item()
+            slots = (table_cpu[b, :, None] * page_size + torch.arange(page_size)).flatten()[:n]
+            ref = dense_float64(q_cpu[b], pool_cpu[slots], lat, 0.1)
+            err = ((out_cpu[b] - ref).abs().max() / ref.abs().max()).item()
             worst = max(worst, err if err == err else float("inf"))  # NaN: an element left unwritten
-    return {"dtype": dtype, "device": device, "cases": [list(c) for c in cases], "max_rel_error": worst}
+    return {"dtype": dtype, "device": device, "kv_lora_rank": lat, "rope": rope, "cases": [list(c) for c in cases],
+            "max_rel_error": worst}
+
+
+def check_rejects_outside_pool(fn: Callable, dtype: str = "float32", device: str = "cpu", lat: int = 64,
+                               rope: int = 16) -> dict:
+    """fn (verify signature) must refuse a page table whose page id, for a cell below seq_len, lies
+    past the pool's end, or is negative, with OUTSIDE_POOL (RuntimeError), at page_size 1 and 16;
+    and answer rightly on the next, valid call (a refusal leaves the device usable)."""
+    import torch
+
+    tdtype = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(3)
+    refused = []
+    for page_size, bad in ((1, 64), (16, 4), (1, -1)):  # pools of 64 slots: 64 pages of 1, 4 of 16
+        pool = torch.randn(64, lat + rope, generator=g).to(tdtype).to(device)
+        q = torch.randn(1, 1, 2, lat + rope, generator=g).to(tdtype).to(device)
+        n_pages = -(-40 // page_size)
+        table = torch.arange(n_pages, dtype=torch.int64)[None, :]
+        table[0, n_pages // 2] = bad
+        try:
+            fn(q, pool, table.to(device), torch.tensor([40]), page_size, lat, 0.1)
+        except RuntimeError as exc:
+            if OUTSIDE_POOL not in str(exc):
+                raise
+            refused.append([page_size, bad])
+    after = check_attention(fn, dtype, device, cases=((1, 2, 1, 300, 1),), seed=1, lat=lat, rope=rope)
+    return {"dtype": dtype, "device": device, "refused": refused, "cases": 3,
+            "max_rel_error_after": after["max_rel_error"]}
 
 
 def check_paged_decode(kernel: Callable, seed: int = 0) -> dict:
@@ -172,12 +232,41 @@ def check_paged_decode(kernel: Callable, seed: int = 0) -> dict:
     return check_attention(as_verify, cases=[c for c in CASES if c[4] == 1], seed=seed)
 
 
-def _require(name: str, check: dict) -> dict:
+def require(name: str, check: dict) -> dict:
+    """The check of kernel `name`, or SystemExit saying what failed (an error past the dtype's tolerance,
+    or a page id outside the pool not refused)."""
     tol = TOLERANCE[check["dtype"]]
+    if "refused" in check:
+        if len(check["refused"]) != check["cases"] or not check["max_rel_error_after"] <= tol:
+            raise SystemExit(f"kernel {name} ({check['device']}, {check['dtype']}) does not refuse page ids outside the "
+                             f"KV pool as the CPU twin does: refused {check['refused']} of {check['cases']} "
+                             f"(page_size, page id) cases; error on the next call {check['max_rel_error_after']:.3g}")
+        return check
     if not check["max_rel_error"] <= tol:
-        raise SystemExit(f"kernel {name} ({check['device']}, {check['dtype']}) disagrees with the dense reference: "
+        cell = f", cell {check['kv_lora_rank']}+{check['rope']}" if "kv_lora_rank" in check else ""
+        raise SystemExit(f"kernel {name} ({check['device']}, {check['dtype']}{cell}) disagrees with the dense reference: "
                          f"max relative error {check['max_rel_error']:.3g} > {tol:g}")
     return check
+
+
+def native_checks(name: str, kernel: Kernel, device: str, cells=CELLS) -> list[dict]:
+    """The checks a native build runs on one device: every cell in fp32 and bf16, and the refusal of
+    page ids outside the pool; each required to pass (SystemExit otherwise)."""
+    checks = [require(name, check_attention(kernel.verify, dtype, device, cases, lat=lat, rope=rope))
+              for (lat, rope), cases in cells for dtype in TOLERANCE]
+    checks.append(require(name, check_rejects_outside_pool(kernel.verify, "float32", device)))
+    return checks
+
+
+def cuda_paths(ext, checks: list[dict]) -> dict:
+    """Which of the CUDA kernel's paths the checks took (ext: the CUDA extension): more output dims than
+    threads (each thread owns several), dynamic shared memory past the default 48 KiB."""
+    threads = int(ext.threads_per_block)
+    cells = {(c["dtype"], c["kv_lora_rank"], c["rope"]) for c in checks if "kv_lora_rank" in c}
+    smem = {f"{d} {lat}+{rope}": int(ext.shared_memory_bytes(d, lat + rope)) for d, lat, rope in sorted(cells)}
+    return {"threads_per_block": threads, "shared_memory_bytes": smem,
+            "more_output_dims_than_threads": any(lat > threads for _, lat, _ in cells),
+            "over_48KiB_shared_memory": any(b > DEFAULT_SHARED_MEMORY for b in smem.values())}
 
 
 # ---------------------------------------------------------------------------------------- builds
@@ -310,9 +399,9 @@ def build(name: str, kind: str, sources: list[str], outdir: str | Path, cuda_arc
             raise SystemExit(f"kernel {name}: none of {sources} defines paged_mla_decode")
         manifest["entry"] = entries[0].name
         module = load_module(entries[0])
-        checks = [_require(name, check_paged_decode(module.paged_mla_decode))]
+        checks = [require(name, check_paged_decode(module.paged_mla_decode))]
         if hasattr(module, "paged_mla_verify"):
-            checks.append(_require(name, check_attention(module.paged_mla_verify)))
+            checks.append(require(name, check_attention(module.paged_mla_verify)))
         manifest["checks"] = checks
     else:
         cpp = [c for c in copies if c.suffix == ".cpp" and not c.stem.endswith("_binding")]
@@ -323,8 +412,7 @@ def build(name: str, kind: str, sources: list[str], outdir: str | Path, cuda_arc
         manifest["targets"] = targets
         manifest["checks"] = []
         kernel = _native_kernel(name, "cpu", load_extension(outdir / targets["cpu"]["library"], targets["cpu"]["module"]).paged_mla_attention)
-        for dtype in TOLERANCE:
-            manifest["checks"].append(_require(name, check_attention(kernel.verify, dtype)))
+        manifest["checks"] += native_checks(name, kernel, "cpu")
         if cu:
             manifest["cuda"] = compile_cubins(cu[0], outdir, cuda_archs)
             binding = [c for c in copies if c.stem.endswith("_binding")]
@@ -332,8 +420,9 @@ def build(name: str, kind: str, sources: list[str], outdir: str | Path, cuda_arc
             if "library" in targets["cuda"]:
                 ext = load_extension(outdir / targets["cuda"]["library"], targets["cuda"]["module"])
                 gk = _native_kernel(name, "cuda", ext.paged_mla_attention)
-                for dtype in TOLERANCE:
-                    manifest["checks"].append(_require(name, check_attention(gk.verify, dtype, device="cuda")))
+                gpu_checks = native_checks(name, gk, "cuda")
+                manifest["checks"] += gpu_checks
+                manifest["cuda_paths"] = cuda_paths(ext, gpu_checks)
         else:
             targets["cuda"] = {"skipped": "no CUDA source (.cu) in this kernel's sources"}
     (outdir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
