@@ -96,7 +96,35 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
                               "server's device comes from its flags and installation (remove the key)")
         adapter.check_spec(name, conf, config)
         adapter.check_args(name, conf["args"])
+        _check_context(name, conf, config, adapter)
     return config
+
+
+def requests_of(config: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(what, prompt tokens, output tokens) of every request a sweep sends: each length, and the ITL-depth one."""
+    proto = config["protocol"]
+    out = [("lengths", n, proto["output_tokens"]) for n in config["lengths"]]
+    depth = proto["itl_depth"]
+    if depth["length"]:
+        out.append(("protocol.itl_depth.length", depth["length"], depth["output_tokens"]))
+    return out
+
+
+def _check_context(name: str, conf: dict, config: dict, adapter) -> None:
+    """Every request must fit the configuration's context length where its flags set one: prompt plus
+    output tokens at most the context length (SGLang and vLLM refuse more), before any server starts."""
+    try:
+        limit = adapter.context_length(conf["args"], {})
+    except (TypeError, ValueError):  # a form the engine parses itself ("200k"): its server will say
+        return
+    if not limit:
+        return
+    for key, prompt, output in requests_of(config):
+        if prompt + output > limit:
+            raise ConfigError(
+                f"config key '{key}': {prompt} prompt tokens and {output} output tokens do not fit configuration "
+                f"{name!r}'s context length of {limit} (configurations.{name}.args.{adapter.context_length_flag}); "
+                f"allowed: prompts of at most {limit - output} tokens there, or a longer context length")
 
 
 def load(path: str | Path, overrides: dict | None = None) -> dict[str, Any]:

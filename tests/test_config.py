@@ -119,3 +119,24 @@ def test_the_device_key_changes_the_spec_only_of_configurations_that_set_it():
     cpu = lcfg.configuration_spec(lcfg.validate(external(device="cpu")), "x")
     assert cpu.to_dict()["device"] == "cpu" and ConfigurationSpec.from_json(cpu.to_json()) == cpu
     assert digest(cpu.to_dict()) != digest(plain.to_dict())
+
+
+def test_a_length_beyond_the_context_length_is_refused_before_any_server_starts():
+    """SGLang refuses prompt + max_new_tokens above its context length (tokenizer_manager's total-token
+    check) and vLLM above max-model-len: so does the config, naming the key, the limit and the flag."""
+    config = lcfg.load(ROOT / "tests" / "configs" / "tiny.yaml")
+    config["lengths"] = [64, 2017]  # 2017 + 32 = 2049 > 2048
+    config["protocol"]["output_tokens"] = 32
+    with pytest.raises(lcfg.ConfigError, match=r"config key 'lengths': 2017 prompt tokens and 32 output tokens do not fit "
+                                                r"configuration 'page1''s context length of 2048 \(configurations\.page1\.args\."
+                                                r"context-length\); allowed: prompts of at most 2016 tokens"):
+        lcfg.validate(config)
+    config["lengths"] = [64, 2016]
+    lcfg.validate(config)  # exactly full: allowed
+    config["protocol"]["itl_depth"] = {"length": 2000, "output_tokens": 60}
+    with pytest.raises(lcfg.ConfigError, match=r"'protocol.itl_depth.length': 2000 prompt tokens and 60 output"):
+        lcfg.validate(config)
+    vllm = {"lengths": [4080], "model": {"path": "/m"},
+            "configurations": {"v": {"engine": "vllm", "args": {"max-model-len": 4096}}}}
+    with pytest.raises(lcfg.ConfigError, match=r"context length of 4096 \(configurations\.v\.args\.max-model-len\)"):
+        lcfg.validate(vllm)

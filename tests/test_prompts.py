@@ -183,3 +183,15 @@ def test_estimated_counts_stay_out_of_the_fits_unless_nothing_else_exists():
     out = fit_all(only, settings={"bootstrap": 50})["configurations"]["c"]
     assert out["prefill"]["on_estimated_counts"] and out["decode"]["on_estimated_counts"]
     assert out["prefill"]["c_s_per_token2"] == pytest.approx(1e-6, rel=1e-6)
+
+
+def test_a_length_beyond_what_the_server_reports_is_not_sent(tmp_path):
+    """The server reports max_model_len 8192 in /v1/models: 8190 + 9 output tokens is refused without a request."""
+    with openai_server("no-health", tmp_path) as (base, seen):
+        config = external(base, str(tmp_path / "no-health"), lengths=(64, 8190))
+        assert run_configuration(lcfg.configuration_spec(config, "ext"), tmp_path / "raw", tmp_path / "x.log") == 1
+    raw = json.loads((tmp_path / "raw" / "8190.json").read_text())
+    assert raw["status"] == "failed" and raw["trials"] == []
+    assert raw["reason"] == "not sent: 8190 prompt and 9 output tokens exceed the context length of 8192 tokens the server reports"
+    assert all(len(r["prompt"]) < 8000 for r in seen)
+    assert json.loads((tmp_path / "raw" / "64.json").read_text())["status"] == "ok"

@@ -280,6 +280,10 @@ def measure_itl_depth(session: "Session", spec: ConfigurationSpec, run_id: str, 
             "itl_s": itl, "depth": [length + 1 + i for i in range(len(itl))]}
 
 
+class LengthRefused(Exception):
+    """A length the server said, at start-up, that it cannot hold."""
+
+
 class FatalServerError(ServerError):
     """A server that no restart can bring up (its engine rejects the command line)."""
 
@@ -398,6 +402,26 @@ class Session:
                 log.warning("%s: %s; launching on another port (%d of %d)", spec.name, exc, attempt, PORT_ATTEMPTS)
         raise ServerError(f"every one of {PORT_ATTEMPTS} ports was taken by another process before the server bound it")
 
+    def refuses(self, length: int, output_tokens: int) -> str | None:
+        """Why a request of `length` prompt and output_tokens output tokens cannot be served, from what the
+        server reported at start-up (its context length, its KV pool's tokens), or None."""
+        info = self.prov.get("server_info") or {}
+        models = info.get("data") if isinstance(info.get("data"), list) else []
+        try:
+            context = self.adapter.context_length(self.spec.args, info)
+        except (TypeError, ValueError):
+            context = None
+        context = context or next((m.get("max_model_len") for m in models if isinstance(m, dict) and m.get("max_model_len")), None)
+        pool = (self.prov.get("kv_pool") or {}).get("tokens") or ((self.prov.get("kv_pool") or {}).get("log") or {}).get("tokens")
+        need = length + output_tokens
+        if context and need > int(context):
+            return (f"not sent: {length} prompt and {output_tokens} output tokens exceed the context length of "
+                    f"{int(context)} tokens the server reports")
+        if pool and need > int(pool):
+            return (f"not sent: {length} prompt and {output_tokens} output tokens exceed the {int(pool)} tokens of the KV "
+                    "pool the server allocated")
+        return None
+
     def alive(self) -> bool:
         return self.server is not None and self.server.alive()
 
@@ -482,14 +506,20 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
             session.up()
             started = provenance.now_iso()
             timeout_s = request_timeout(spec.protocol, history, length)
+            too_long = session.refuses(length, spec.protocol["output_tokens"])
             try:
+                if too_long:  # nothing is sent: the server would refuse it, or evict to serve it
+                    raise LengthRefused(too_long)
                 result = measure_length(session, spec, length, run_id, timeout_s)
                 result["needle"] = _needle(session, spec, length, timeout_s)
                 history += [(length, t["ttft_s"], t.get("tpot_s")) for t in result["trials"] if t["status"] == "ok"]
+            except LengthRefused as exc:
+                log.error("%s L=%d: %s", name, length, exc)
+                result = {"status": "failed", "reason": str(exc), "warmup": [], "trials": []}
             except Exception as exc:  # a bug or a surprise must not cost the lengths already measured
                 log.exception("%s L=%d: measurement failed", name, length)
                 result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "warmup": [], "trials": []}
-            if result["status"] != "ok" and not session.healthy():
+            if result["status"] != "ok" and not too_long and not session.healthy():
                 if session.alive():
                     what = f"the server stopped answering {session.health_path} while measuring length {length}"
                     reason = f"{what}; it is restarted for the next length; server log: {session.log_path}"
