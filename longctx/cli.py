@@ -57,7 +57,7 @@ def _bench_kernel(a) -> int:
 def _aggregate(a) -> int:
     from .analysis.aggregate import aggregate
 
-    df = aggregate(a.raw, a.out_csv, a.out_provenance, a.out_itl_depth)
+    df = aggregate(a.raw, a.out_csv, a.out_provenance, a.out_itl_depth, a.partial_dir)
     print(f"{len(df)} rows, {int((df['status'] != 'ok').sum())} not ok -> {a.out_csv}")
     return 0
 
@@ -206,6 +206,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out-csv", required=True)
     s.add_argument("--out-provenance", required=True)
     s.add_argument("--out-itl-depth", help="per-token ITL against KV depth (from itl_depth.json files)")
+    s.add_argument("--partial-dir", help="the bench jobs' copies (data/partial): an unreadable raw file is taken from there")
     s.add_argument("raw", nargs="+")
     s.set_defaults(func=_aggregate)
 

@@ -7,11 +7,13 @@ rule aggregate_results:
         itl_depth="data/itl_depth.csv",
     log:
         "data/logs/aggregate_results.log",
+    params:
+        partial=PARTIAL,
     conda:
         ENV
     shell:
         "longctx aggregate --out-csv {output.csv} --out-provenance {output.provenance} "
-        "--out-itl-depth {output.itl_depth} {input} > {log} 2>&1"
+        "--out-itl-depth {output.itl_depth} --partial-dir {params.partial} {input} > {log} 2>&1"
 
 
 rule fit_models:

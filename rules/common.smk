@@ -14,6 +14,9 @@ from longctx.measure.resources import bench_resources
 CFG = lcfg.validate(config)
 CONFIGURATIONS = sorted(CFG["configurations"])
 LENGTHS = CFG["lengths"]
+# Where each bench job keeps a copy of every length it measured (resumed from; aggregation recovers
+# an unreadable raw file from it).
+PARTIAL = "data/partial"
 ENV = "../envs/longctx.yaml"
 # The report template includes these; an edit to one re-renders the report.
 TEMPLATE_SECTIONS = sorted(glob.glob("templates/sections/*.tex.j2"))

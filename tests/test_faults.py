@@ -164,3 +164,25 @@ def test_an_interrupted_sweep_resumes_without_measuring_again(tmp_path, monkeypa
     # a different protocol is a different measurement: nothing is reused
     _, again = sweep(tmp_path, output_tokens=4)
     assert not any(r.get("resumed") for r in again.values())
+
+
+def test_a_truncated_raw_file_is_recovered_from_its_intact_copy_and_said(tmp_path):
+    from longctx.analysis.aggregate import aggregate
+
+    failed, raws = sweep(tmp_path, lengths=(32, 64))
+    assert failed == 0
+    path = tmp_path / "raw" / "64.json"
+    path.write_text(path.read_text()[:200])  # a disk that filled up, a copy cut short
+    files = [tmp_path / "raw" / "32.json", path]
+    partial = tmp_path / "all-partial"  # as the workflow keeps them: data/partial/<configuration>/
+    partial.mkdir()
+    (tmp_path / "partial").rename(partial / "raw")  # the raw files' directory names the configuration here
+    df = aggregate(files, tmp_path / "r.csv", tmp_path / "p.json", partial_dir=partial)
+    assert set(df.loc[df["length"] == 64, "status"]) == {"ok"}  # a trial and a batch of two, as measured
+    recovered = json.loads((tmp_path / "p.json").read_text())["configurations"]["page1"]["recovered"]
+    assert recovered == [{"length": 64, "from": str(partial / "raw" / "64.json"),
+                          "because": recovered[0]["because"]}] and "JSONDecodeError" in recovered[0]["because"]
+    (partial / "raw" / "64.json").write_text("{")  # both cut: one failed row naming both
+    df = aggregate(files, tmp_path / "r.csv", tmp_path / "p.json", partial_dir=partial)
+    reason = df.loc[df["length"] == 64, "reason"].item()
+    assert df.loc[df["length"] == 64, "status"].item() == "failed" and str(path) in reason and "its copy" in reason

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pandas as pd
 
 from ..measure.telemetry import NVML_METRICS, PSUTIL_METRICS
 from .memory import observed_pool
+
+log = logging.getLogger("longctx.analysis.aggregate")
 
 COLUMNS = [
     "configuration", "engine", "length", "concurrency", "trial", "request", "status", "reason",
@@ -21,13 +24,29 @@ COLUMNS = [
 ]
 
 
-def _rows(path: Path) -> tuple[list[dict], dict | None]:
-    configuration, length = path.parent.name, int(path.stem)
+def _read(path: Path) -> tuple[dict | None, str | None]:
     try:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return [{"configuration": configuration, "length": length, "status": "failed",
-                 "reason": f"unreadable raw file {path}: {exc}"}], None
+        return None, f"{type(exc).__name__}: {exc}"
+    return (raw, None) if isinstance(raw, dict) else (None, "not a JSON object")
+
+
+def _rows(path: Path, partial_dir: Path | None = None) -> tuple[list[dict], dict | None]:
+    """A raw file's rows, and the file; a raw file that cannot be read is taken from its copy in
+    partial_dir/<configuration>/ where that one is intact (raw["recovered_from"] says so), else it is
+    one failed row that names both."""
+    configuration, length = path.parent.name, int(path.stem)
+    raw, problem = _read(path)
+    if raw is None:
+        copy = partial_dir / configuration / path.name if partial_dir else None
+        kept, copy_problem = _read(copy) if copy else (None, None)
+        if kept is None or kept.get("length", length) != length:
+            also = f"; its copy {copy}: {copy_problem or 'another length'}" if copy else ""
+            return [{"configuration": configuration, "length": length, "status": "failed",
+                     "reason": f"unreadable raw file {path} ({problem}){also}"}], None
+        raw = {**kept, "recovered_from": str(copy), "recovered_because": f"{path}: {problem}"}
+        log.warning("%s is unreadable (%s): its intact copy %s is used", path, problem, copy)
     prov = raw.get("provenance", {})
     base = {
         "configuration": raw.get("configuration", configuration),
@@ -69,7 +88,9 @@ def itl_depth_rows(path: Path) -> list[dict]:
 
 
 def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: str | Path,
-              out_itl_depth: str | Path | None = None) -> pd.DataFrame:
+              out_itl_depth: str | Path | None = None, partial_dir: str | Path | None = None) -> pd.DataFrame:
+    """With partial_dir (the bench's resume directory, data/partial), a raw file that cannot be read is
+    recovered from its copy there, and provenance.json lists it under the configuration's `recovered`."""
     rows: list[dict] = []
     prov: dict = {"configurations": {}}
     paths = list(map(Path, raw_files))
@@ -77,7 +98,7 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
     if out_itl_depth:
         pd.DataFrame(depth_rows, columns=ITL_DEPTH_COLUMNS).to_csv(out_itl_depth, index=False)
     for path in sorted((p for p in paths if p.stem != "itl_depth"), key=lambda p: (p.parent.name, int(p.stem))):
-        r, raw = _rows(path)
+        r, raw = _rows(path, Path(partial_dir) if partial_dir else None)
         rows += r
         if raw is None:
             continue
@@ -88,6 +109,9 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
             "first_started_at": raw.get("started_at"),
         })
         entry["last_finished_at"] = raw.get("finished_at")
+        if raw.get("recovered_from"):
+            entry.setdefault("recovered", []).append({"length": raw.get("length"), "from": raw["recovered_from"],
+                                                      "because": raw["recovered_because"]})
     df = pd.DataFrame(rows, columns=COLUMNS).sort_values(["configuration", "length", "concurrency", "trial", "request"],
                                                          kind="stable")
     Path(out_csv).parent.mkdir(parents=True, exist_ok=True)
