@@ -12,7 +12,7 @@ rule bench_configuration:
     params:
         spec=bench_spec,
         outdir=lambda w, output: os.path.dirname(output[0]),
-        resume=PARTIAL + "/{configuration}",
+        resume=f"{PARTIAL}/{{configuration}}",
     threads: workflow.cores
     resources:
         gpu=bench_resource("gpu"),
