@@ -68,6 +68,17 @@ def test_server_killed_mid_sweep_is_restarted_for_the_next_length(tmp_path, monk
     assert "the server died while measuring length 64" in reason and str(tmp_path / "server.log") in reason
     assert len(servers) == 2 and raws[128]["provenance"]["starts"] == 2
     assert all(gone(s) for s in servers)
+    # the report's failures name the death, not the transport errors of the requests it cut off
+    import pandas as pd
+
+    from longctx.analysis.aggregate import aggregate
+    from longctx.report.context import failure_rows
+
+    aggregate(sorted((tmp_path / "raw").glob("*.json")), tmp_path / "r.csv", tmp_path / "p.json")
+    [row] = failure_rows(pd.read_csv(tmp_path / "r.csv"))
+    assert row["length"] == 64 and row["reason"].startswith("the server died while measuring length 64 (exit code -9)")
+    assert row["reason"].endswith(f"server log: {tmp_path / 'server.log'}") and "Error" not in row["reason"]
+    assert row["lost"] == "3 of 3"  # its trial and its batch of two, all cut off
 
 
 def test_hung_server_times_out_and_is_replaced(tmp_path, monkeypatch, servers):

@@ -225,8 +225,8 @@ def test_every_string_is_escaped_and_secrets_are_not_printed(built):
     assert f"timeout: {NASTY}" in flat  # a failure's reason
     assert f"base: {NASTY}" in flat  # a configuration's description
     assert "hf_secret_value" not in flat and "HF_TOKEN: (hidden)" in flat
-    failures = md_rows(built["md"], "configuration | L | reason")
-    assert failures == [["base", "64,000", f"timeout: {NASTY}"]]
+    failures = md_rows(built["md"], "configuration | L | lost | reason")
+    assert failures == [["base", "64,000", "1 of 4", f"timeout: {NASTY}"]]  # three trials ok, a fourth failed
 
 
 def test_the_twin_and_the_plan_section_carry_the_pdfs_headline_table(built):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +18,7 @@ COLUMNS = [
     "configuration", "engine", "length", "concurrency", "trial", "request", "status", "reason",
     "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "itl_median_s", "itl_max_s",
     "prompt_tokens", "completion_tokens", "cached_tokens", "server_ttft_s",
-    "usage_source", "tokens_estimated", "early_stop",
+    "usage_source", "tokens_estimated", "early_stop", "length_fault", "length_reason",
     "spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts",
     "kv_bytes_per_token", "kv_pool_tokens", "run_id", "batch_output_tok_s", "needle",
     *(f"{window}_{m}_mean" for window in ("prefill", "decode") for m in (*NVML_METRICS, *PSUTIL_METRICS)),
@@ -30,6 +31,21 @@ def _read(path: Path) -> tuple[dict | None, str | None]:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
     return (raw, None) if isinstance(raw, dict) else (None, "not a JSON object")
+
+
+# how the sweep words a length lost to its server (a raw file from before `fault` was recorded)
+SERVER_FAULTS = ("the server died while measuring", "the server stopped answering")
+
+
+def length_fault(raw: dict) -> str | None:
+    """What lost a length, where it was its server (it died, or stopped answering its health path), not
+    its requests: the sweep's `fault`, else the server part of an older file's reason; up to the server
+    log's path (the log's last lines stay in the raw file)."""
+    text = raw.get("fault") or raw.get("reason") or ""
+    if not text.startswith(SERVER_FAULTS):
+        return None
+    found = re.match(r"(.*?server log: [^\s;]+)", text, re.S)
+    return (found.group(1) if found else text.split("\n", 1)[0]).strip()
 
 
 def _rows(path: Path, partial_dir: Path | None = None) -> tuple[list[dict], dict | None]:
@@ -56,6 +72,8 @@ def _rows(path: Path, partial_dir: Path | None = None) -> tuple[list[dict], dict
         "kv_pool_tokens": observed_pool(prov)[0],  # the server's info, else its log (vLLM reports it only there)
         "run_id": raw.get("run_id"),
         "needle": (raw.get("needle") or {}).get("status"),
+        "length_fault": length_fault(raw),
+        "length_reason": raw.get("reason"),  # the length's own: its trials' reasons, a failed warm-up, a fault
     }
     trials = raw.get("trials") or []
     if not trials:

@@ -360,7 +360,7 @@ class Session:
             launch_command=cmd, base_url=self.base, server_pid=self.server.pid, startup_s=startup_s, starts=self.starts,
             health_path=self.health_path,
             server_info=info, engine_version=info.get("version") or self.version,
-            kv_pool={"tokens": a.pool_tokens(info), "log": a.kv_pool_from_log(log_text)},
+            kv_pool={"tokens": a.pool_tokens(info), "log": a.kv_pool_from_log(log_text), "budget": a.kv_budget(spec)},
             telemetry=tele.description, telemetry_scope=tele.scope(), device=tele.device,
         )
 
@@ -525,7 +525,8 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                     reason = f"{what}; it is restarted for the next length; server log: {session.log_path}"
                 else:
                     reason = session.server.died_message(f"the server died while measuring length {length}")
-                result.update(status="failed", reason="; ".join(filter(None, [reason, result.get("reason")])))
+                # the fault is what the report names for the length, not the transport errors it caused
+                result.update(status="failed", fault=reason, reason="; ".join(filter(None, [reason, result.get("reason")])))
                 log.error("%s L=%d: %s", name, length, reason)
                 session.down()
             record = {**common, "provenance": copy.deepcopy(prov), "length": length, **result, "resume_key": key,

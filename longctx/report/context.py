@@ -161,6 +161,25 @@ def command_lines(cmd) -> list[str]:
     return [" ".join(head), *lines] if head else lines
 
 
+def failure_rows(df: pd.DataFrame) -> list[dict]:
+    """One row per length that lost requests (or noted a failed warm-up): what lost it where that was its
+    server (it died, it stopped answering), not the transport errors behind it; else the length's own
+    reason (its requests' reasons, from the raw file), else its requests' reasons; and how many were lost."""
+    out = []
+    for (name, length), g in df.groupby(["configuration", "length"], sort=True):
+        bad = g[g["status"] != "ok"]
+        noted = g["length_reason"].dropna() if "length_reason" in g else pd.Series(dtype=object)
+        if bad.empty and noted.empty:
+            continue
+        fault = g["length_fault"].dropna() if "length_fault" in g else pd.Series(dtype=object)
+        reason = (fault.iloc[0] if len(fault) else noted.iloc[0] if len(noted)
+                  else "; ".join(sorted(set(bad["reason"].dropna().astype(str)))) or "failed")
+        measured = "trial" in g and g["trial"].notna().any()
+        out.append({"configuration": name, "length": int(length), "reason": reason,
+                    "lost": f"{len(bad)} of {len(g)}" if measured else "all"})
+    return out
+
+
 def flushes(entries: dict, names: list[str]) -> dict[str, list[str]]:
     """Which configurations' prefix caches were flushed before each request ("flushed"), and which
     servers offer no flush, so that only the unique prompt prefixes kept caches from serving a trial
@@ -222,6 +241,11 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "attention": spec.get("attention") if spec and "model_spec_absent" not in fit else None,
             "tp_size": spec.get("tp_size") or 1,
             "telemetry": wording.telemetry(p.get("telemetry", "off")),
+            "prompts": wording.prompt_probe(p.get("prompt_probe")),
+            "probe_answers": list((p.get("prompt_probe") or {}).get("answers") or []),
+            "flags": wording.trial_flags(df[df["configuration"] == name]),
+            "stray_server": p.get("stray_server"),
+            "recovered": p.get("recovered") or [],
             "served": wording.model_served(fit, plans.get(name), (p.get("model") or {}).get("name")),
             "planner_reason": wording.planner_reason(plans[name]) if name in plans else None,
             "kv_pool": {"tokens": None, "log": None, **(p.get("kv_pool") or {})},
@@ -258,7 +282,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
     engines: dict[str, list[str]] = {}
     for c in configs:
         engines.setdefault(c["engine_text"] + (f", on {c['device_text']}" if c["device"] else ""), []).append(c["name"])
-    failures = df[df["status"] != "ok"][["configuration", "length", "trial", "reason"]].to_dict("records")
+    failures = failure_rows(df)
     cache_flush = flushes(prov["configurations"], names)
     machines = {json.dumps(p["hardware"], sort_keys=True): p["hardware"] for p in prov["configurations"].values() if p.get("hardware")}
     epoch = source_date_epoch(prov)
@@ -280,6 +304,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "planner": planner,
         "bands": {kind: bands.describe(analysis, kind) for kind in bands.KINDS},
         "failures": failures,
+        "flagged": [{"name": c["name"], "flags": c["flags"]} for c in configs if c["flags"]],
         "cache_flush": cache_flush,
         "measured": bool((med["ttft_s"] > 0).any()),  # False: no length of any configuration has a usable TTFT
         "telemetry": telemetry,

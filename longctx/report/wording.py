@@ -246,3 +246,57 @@ def model_served(fit: dict, plan: dict | None, name: str | None = None) -> dict:
     return {"name": name, "attention": attention, "attention_text": ATTENTION_WORDS.get(attention, attention) if attention else None,
             "exact": bool(spec) and not absent, "absent": absent, "rows": rows,
             "spec_source": default, "kv_bytes_per_token": kv}
+
+
+EVENT_RULE_WORDS = {
+    "every": "every stream event is one token, empty text included",
+    "text": "only stream events with text are tokens",
+    "every-but-final": "every stream event but a final empty one (the finish reason alone) is one token",
+}
+
+
+def prompt_probe(plan: dict | None) -> list[str]:
+    """What the prompt probe decided about a server (longctx.measure.prompts.PromptPlan), in sentences;
+    [] for a record from before the probe."""
+    if not isinstance(plan, dict) or "prompt" not in plan:
+        return []
+    out = []
+    if plan["prompt"] == "text":
+        lib = f", read with {plan['tokenizer_library']}" if plan.get("tokenizer_library") else ""
+        out.append(f"prompts sent as text of exact lengths, built with the model's tokenizer at {plan.get('tokenizer')}{lib}")
+    else:
+        out.append("prompts sent as token ids")
+    k = plan.get("added_tokens") or 0
+    out.append(f"the server adds {k} token{'s' if k != 1 else ''} to every prompt, so a length L was sent as L - {k}"
+               if k else "the server adds no tokens to a prompt")
+    usage = plan.get("usage")
+    out.append({"stream": "its counts come from the usage in the stream",
+                "response": "its stream carries no usage: only non-streamed responses do, so each trial's counts were "
+                            "taken here, as sent and as received",
+                "none": "it reports no counts: each trial's were taken here, as sent and as received, and are estimated"}
+               .get(usage, f"its counts: {usage}"))
+    rule = EVENT_RULE_WORDS.get(plan.get("events"), str(plan.get("events")))
+    out.append(rule + ("" if plan.get("events_exact", True) else
+                       " (no rule matched the server's own count, or it gave none: output counts are estimated)"))
+    return out
+
+
+def trial_flags(rows) -> list[str]:
+    """What a configuration's trials were flagged with (results.csv rows), in sentences."""
+    out = []
+    n = len(rows)
+
+    def count(column: str) -> int:
+        return int(rows[column].eq(True).sum()) if column in rows else 0
+
+    estimated, early = count("tokens_estimated"), count("early_stop")
+    client = int(rows["usage_source"].eq("client").sum()) if "usage_source" in rows else 0
+    if estimated:
+        out.append(f"{estimated} of {n} trials have estimated token counts; they are left out of the fits unless "
+                   "nothing else was measured")
+    if client:
+        out.append(f"{client} of {n} trials were counted here, not by the server")
+    if early:
+        out.append(f"{early} of {n} trials stopped before the output tokens asked (an early stop); they are left out "
+                   "of the decode fit")
+    return out
