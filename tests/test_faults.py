@@ -154,7 +154,9 @@ def test_a_server_that_never_starts_names_its_log_for_every_length(tmp_path, mon
 def test_a_refused_top_length_is_a_failed_row_and_the_rest_stands(tmp_path):
     failed, raws = sweep(tmp_path, lengths=(32, 64, 3000))  # the tiny config's context is 2048
     assert failed == 1 and raws[64]["status"] == "ok"
-    assert "longer than the model's context length (2048 tokens)" in raws[3000]["trials"][0]["reason"]
+    # the server reports its context length at start-up (/server_info): the length is not sent to be refused
+    assert raws[3000]["reason"] == ("not sent: 3000 prompt and 3 output tokens exceed the context length of 2048 tokens "
+                                    "the server reports") and raws[3000]["trials"] == []
 
 
 def test_an_interrupted_sweep_resumes_without_measuring_again(tmp_path, monkeypatch, servers):
