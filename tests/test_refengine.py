@@ -88,9 +88,12 @@ def test_pool_sizing_is_sglangs_rule():
     assert s.tokens() == 3968  # (5e6 - 1e6) / 1000 = 4000, down to a multiple of 64
     assert PoolSizing(10_000_000, 0.5, 1_000_000, 1000, 64, max_total_tokens=1000).tokens() == 960
     assert PoolSizing(10_000_000, 0.5, 1_000_000, 1000, 1, None).tokens() == 4000
-    # the study's deployment: 61 layers x 576 bf16 values = 70,272 bytes per token per rank
-    kimi = PoolSizing(int(95.0 * 2**30), 0.94, int(74.0 * 2**30), 70_272, 1, None)
-    assert kimi.tokens() == int(95.0 * 2**30 * 0.94 - 74.0 * 2**30) // 70_272
+    # the study's deployment: 61 layers x 576 bf16 values = 70,272 bytes per token per rank. SGLang's
+    # profile_max_num_token worked by hand: M = 95 GiB = 102,005,473,280 B, weights 74 GiB = 79,456,894,976 B,
+    # rest = 22,548,578,304 - 102,005,473,280 x 0.06 (6,120,328,396.8) = 16,428,249,907.2 B;
+    # // 70,272 = 233,780 (70,272 x 233,780 = 16,428,188,160, 61,747 B left over), page size 1
+    kimi = PoolSizing(102_005_473_280, 0.94, 79_456_894_976, 70_272, 1, None)
+    assert kimi.tokens() == 233_780
     with pytest.raises(PoolError, match="Not enough memory. Please try to increase --mem-fraction-static"):
         PoolSizing(10_000_000, 0.05, 1_000_000, 1000, 64, None).tokens()
 
