@@ -149,7 +149,7 @@ def test_a_sweep_records_the_timeout_it_used(tmp_path):
     assert all(t > 0.5 for t in timeouts[1:])  # then 1000 x the duration predicted from the shorter lengths
 
 
-def test_concurrent_batches_overlap_and_report_their_overall_rate(tmp_path):
+def test_concurrent_batches_overlap_on_the_reference_engine(tmp_path):
     spec = tiny_spec("page1", lengths=[200])
     spec.protocol.update(warmup=0, trials=2, output_tokens=30, concurrency=[3])
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
@@ -159,7 +159,36 @@ def test_concurrent_batches_overlap_and_report_their_overall_rate(tmp_path):
         reqs = batch["requests"]
         assert [r["status"] for r in reqs] == ["ok"] * 3 and [r["request"] for r in reqs] == [0, 1, 2]
         assert max(r["t_sent"] for r in reqs) < min(r["t_last_token"] for r in reqs)  # they overlapped
-        total = sum(r["completion_tokens"] for r in reqs)
-        span = max(r["t_last_token"] for r in reqs) - min(r["t_sent"] for r in reqs)
-        assert batch["aggregate"]["output_tok_s"] == pytest.approx(total / span)
-        assert batch["aggregate"]["ttft_max_s"] == max(r["ttft_s"] for r in reqs)
+        assert [r["completion_tokens"] for r in reqs] == [30] * 3
+        assert batch["aggregate"]["output_tok_s"] > 0 and batch["aggregate"]["ttft_max_s"] == max(r["ttft_s"] for r in reqs)
+
+
+def test_a_batchs_output_rate_is_the_pace_of_a_server_that_keeps_time(tmp_path, monkeypatch):
+    """The batch's output rate against a clock longctx does not read: a test server (tests/openai_servers.py)
+    that serves each request on its own thread and sleeps PACE before each of its tokens. Three requests of
+    N = 40 tokens sent together cannot end before N x PACE after the first was sent, so the rate is at most
+    3 N / (N PACE) = 3 / PACE = 120 tok/s at PACE = 25 ms, whatever longctx's clock says; loopback HTTP,
+    the prompt and the server's sleeps overrunning may add up to 40% to the 1 s span (the tolerance), so
+    at least 120 / 1.4 = 85.7 tok/s."""
+    from longctx import config as lcfg
+
+    from . import openai_servers
+
+    pace, n = 0.025, 40
+    monkeypatch.setattr(openai_servers, "DECODE_S", pace)  # the server reads it before every token
+    with openai_servers.openai_server("no-health", tmp_path / "tok") as (base, seen):
+        config = lcfg.validate({
+            "lengths": [64], "model": {"name": "bpe", "tokenizer": str(tmp_path / "tok" / "no-health")},
+            "protocol": {"warmup": 0, "trials": 2, "output_tokens": n, "concurrency": [3], "token_id_range": [3, 300]},
+            "telemetry": {"enabled": False}, "server": {"startup_timeout_s": 30},
+            "configurations": {"ext": {"engine": "external", "url": base, "api": "openai"}}})
+        assert run_configuration(lcfg.configuration_spec(config, "ext"), tmp_path / "raw", tmp_path / "x.log") == 0
+    assert sum(1 for r in seen if r["max_tokens"] == n) == 2 + 2 * 3  # two single trials, two batches of three
+    raw = json.loads((tmp_path / "raw" / "64.json").read_text())
+    assert [b["concurrency"] for b in raw["batches"]] == [3, 3]
+    for batch in raw["batches"]:
+        reqs = batch["requests"]
+        assert [r["status"] for r in reqs] == ["ok"] * 3 and [r["completion_tokens"] for r in reqs] == [n] * 3
+        rate = batch["aggregate"]["output_tok_s"]
+        print(f"batch {batch['batch']}: {rate:.1f} tok/s; the server's pace allows at most {3 / pace:.0f}")
+        assert 3 / pace / 1.4 <= rate <= 3 / pace
