@@ -141,6 +141,97 @@ def test_a_server_without_sglangs_rule_gives_its_allocated_pool_and_says_why_no_
     assert a["concurrency_at_context_length"] == 512 and a["concurrency_at_longest"] == 2048  # 2^20 / 2^11, / 2^9
 
 
+LLAMA_TINY = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 64, "hidden_size": 128}
+
+
+def vllm_entry(budget: dict | None, logged: int, max_model_len: int = 2048, arch: dict = LLAMA_TINY) -> dict:
+    """A provenance entry as longctx records a vLLM server: its pool from its log line alone, its budget as configured."""
+    return {"engine": "vllm", "args": {"max-model-len": max_model_len}, "model": {"name": "m", "architecture": arch},
+            "server_info": {"data": [{"max_model_len": max_model_len}]}, "hardware": {"gpus": []},
+            "kv_pool": {"tokens": None, "log": {"tokens": logged, "line": f"CPU KV cache size: {logged:,} tokens"}, "budget": budget}}
+
+
+def test_vllms_pool_follows_its_own_rule_worked_by_hand():
+    """vLLM's rule, from its source (0.32: vllm/v1/core/kv_cache_utils.py, get_kv_cache_config_from_groups
+    and update_kv_cache_capacity; the budget from VLLM_CPU_KVCACHE_SPACE in GiB, vllm/platforms/cpu.py):
+
+        num_blocks = available_memory // bytes_per_block      # block_size x bytes per token over all layers
+        logged     = int(num_blocks / cdiv(max_model_len, block_size) * max_model_len)
+
+    Every figure below is that arithmetic done by hand; none comes from longctx."""
+    cpu = {"bytes": 2**30, "source": "VLLM_CPU_KVCACHE_SPACE", "block_size": 128, "block_source": "vLLM's CPU default"}
+    p = plan_configuration(vllm_entry(cpu, 1_048_576), [0.9], longest=512)
+    # 2 x 2 KV heads x 64 x 2 layers x 2 bytes = 1,024 B per token; a block of 128 tokens: 131,072 B
+    # 1,073,741,824 // 131,072 = 8,192 blocks = 1,048,576 tokens; logged: 8,192 / cdiv(2,048, 128) = 512.0, x 2,048 = 1,048,576
+    b = p["budget_rule"]
+    assert (b["blocks"], b["pool_tokens"], b["logged_tokens"]) == (8_192, 1_048_576, 1_048_576)
+    assert p["predicted_tokens_at_configured"] == 1_048_576 and p["check"] == "match" and p["rows"] == []
+    assert ("vLLM sizes its KV pool from a memory budget, 1 GiB (VLLM_CPU_KVCACHE_SPACE), in blocks of 128 tokens (vLLM's CPU "
+            "default): 1,073,741,824 bytes over 128 x 1,024 bytes per block give 8,192 whole blocks, 1,048,576 tokens") in p["reason"]
+    assert p["reason"].endswith("1 GiB at 1,024 bytes per token, as its rule predicts")
+    # max-model-len 2,000, not a multiple of the block: cdiv(2,000, 128) = 16 blocks a request; 8,192 / 16 = 512.0, x 2,000 = 1,024,000
+    p = plan_configuration(vllm_entry(cpu, 1_024_000, max_model_len=2000), [0.9], longest=None)
+    assert (p["budget_rule"]["pool_tokens"], p["predicted_tokens_at_configured"], p["check"]) == (1_048_576, 1_024_000, "match")
+    assert "1,048,576 tokens (1,024,000 as it counts them at its context length)" in p["reason"]
+    # a GPU worker given --kv-cache-memory-bytes 3G (3 x 10^9 B) and --block-size 16, a Llama-3-8B-like model:
+    # 2 x 8 KV heads x 128 x 32 layers x 2 bytes = 131,072 B per token, 2,097,152 B a block;
+    # 3,000,000,000 // 2,097,152 = 1,430 blocks (1,430.51), 22,880 tokens; cdiv(8,192, 16) = 512; 1,430 / 512 x 8,192 = 22,880
+    llama8b = {**LLAMA_TINY, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+               "hidden_size": 4096}
+    gpu = {"bytes": 3_000_000_000, "source": "--kv-cache-memory-bytes", "block_size": 16, "block_source": "--block-size"}
+    p = plan_configuration(vllm_entry(gpu, 22_880, max_model_len=8192, arch=llama8b), [0.9], longest=None)
+    assert p["memory"]["cell_bytes"] == 131_072
+    assert (p["budget_rule"]["blocks"], p["predicted_tokens_at_configured"], p["check"]) == (1_430, 22_880, "match")
+    # a pool that is not the rule's is said to be so
+    p = plan_configuration(vllm_entry(cpu, 1_000_000), [0.9], longest=None)
+    assert p["check"] == "mismatch" and p["reason"].endswith("not the 1,048,576 its rule predicts")
+    # no budget recorded (vLLM profiled its memory): nothing predicted, as before
+    p = plan_configuration(vllm_entry(None, 1_048_576), [0.9], longest=None)
+    assert "budget_rule" not in p and "check" not in p and "by a rule the planner does not model" in p["reason"]
+    # a budget without a block size (a GPU whose attention backend picks it): the budget said, no prediction
+    p = plan_configuration(vllm_entry({**gpu, "block_size": None, "block_source": "vLLM's attention backend chooses it"}, 22_880,
+                                      max_model_len=8192, arch=llama8b), [0.9], longest=None)
+    assert "check" not in p and "in blocks of a size not known here (vLLM's attention backend chooses it)" in p["reason"]
+
+
+def test_vllm_adapter_reads_its_budget_as_vllm_does(tmp_path, monkeypatch):
+    """The adapter's kv_budget against vLLM 0.32's own reading: on its CPU build (here: VLLM_TARGET_DEVICE=cpu,
+    vLLM's platform rule) VLLM_CPU_KVCACHE_SPACE in GiB wins over --kv-cache-memory-bytes (cpu.py sets
+    kv_cache_memory_bytes from it after the flags); the flag takes k = 10^3 and K = 2^10 (human_readable_int);
+    the block is --block-size, else 128 on the CPU, forced to 16 for MLA without AMX; on a GPU no default."""
+    from longctx.engines import get_adapter
+
+    for var in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_TARGET_DEVICE"):
+        monkeypatch.delenv(var, raising=False)
+    a = get_adapter("vllm")
+
+    def spec(env: dict, arch: dict = LLAMA_TINY, **args):
+        conf = {"engine": "vllm", "python": sys.executable, "args": {"max-model-len": 2048, **args}, "env": env}
+        return lcfg.configuration_spec(lcfg.validate({"lengths": [64], "model": {"name": "m", "path": str(tmp_path), "architecture": arch},
+                                                      "configurations": {"v": conf}}), "v")
+
+    cpu = {"VLLM_TARGET_DEVICE": "cpu"}
+    assert a.kv_budget(spec({**cpu, "VLLM_CPU_KVCACHE_SPACE": "1"})) == {
+        "bytes": 2**30, "source": "VLLM_CPU_KVCACHE_SPACE", "block_size": 128, "block_source": "vLLM's CPU default"}
+    both = a.kv_budget(spec({**cpu, "VLLM_CPU_KVCACHE_SPACE": "2"}, **{"kv-cache-memory-bytes": "1G", "block-size": 64}))
+    assert (both["bytes"], both["source"], both["block_size"]) == (2 * 2**30, "VLLM_CPU_KVCACHE_SPACE", 64)
+    flag = a.kv_budget(spec({**cpu, "VLLM_CPU_KVCACHE_SPACE": ""}, **{"kv-cache-memory-bytes": "1G"}))  # empty: vLLM ignores it
+    assert (flag["bytes"], flag["source"]) == (2**30, "--kv-cache-memory-bytes")
+    assert a.kv_budget(spec(cpu)) is None  # neither: vLLM sizes it from gpu-memory-utilization at start-up
+    assert a.kv_budget(spec({**cpu, "VLLM_CPU_KVCACHE_SPACE": "0.5"})) is None  # vLLM's int() refuses it
+    mla = {"model_type": "deepseek_v3", "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": 64, "kv_lora_rank": 32,
+           "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16}
+    amx = "amx_tile" in open("/proc/cpuinfo").read()
+    assert a.kv_budget(spec({**cpu, "VLLM_CPU_KVCACHE_SPACE": "1"}, arch=mla, **{"block-size": 64}))["block_size"] == (None if amx else 16)
+    # not the CPU build (sys.executable has no vLLM): the variable means nothing, the flag is per GPU
+    gpu = a.kv_budget(spec({"VLLM_CPU_KVCACHE_SPACE": "1"}, **{"kv-cache-memory-bytes": "3k"}))
+    assert (gpu["bytes"], gpu["block_size"], gpu["block_source"]) == (3000, None, "vLLM's attention backend chooses it")
+    assert a.kv_budget(spec({}, **{"kv-cache-memory-bytes": "2K", "block-size": 16}))["bytes"] == 2048
+    assert a.kv_budget(spec({"VLLM_CPU_KVCACHE_SPACE": "1"})) is None
+    assert get_adapter("reference").kv_budget(spec({})) is None  # SGLang's rule: no budget
+
+
 def test_calibration_plan_measures_each_device_kind_with_the_engines_python():
     c = lcfg.load(ROOT / "config" / "longctx.yaml")
     p = calibration_plan(c)

@@ -75,6 +75,9 @@ def test_vllm_own_parser_checks_our_command_lines():
     spec = lcfg.configuration_spec(config, "vllm-cpu")
     assert adapter.installed_version(spec) == "0.32.0"
     assert adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 8000, None)) is None
+    # the budget as this vLLM (its CPU build, found in its own Python) takes it: VLLM_CPU_KVCACHE_SPACE, block 16 as given
+    assert adapter.kv_budget(spec) == {"bytes": KV_SPACE_GIB * GiB, "source": "VLLM_CPU_KVCACHE_SPACE", "block_size": 16,
+                                       "block_source": "--block-size"}
     spec.args["block-size"] = "sixteen"
     problem = adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 8000, None))
     assert problem and "argument --block-size: invalid int value: 'sixteen'" in problem
@@ -127,8 +130,10 @@ def _vllm_pool(work: Path) -> tuple[int, str]:
 def test_kv_bytes_and_pool_are_what_vllm_allocated(vllm_workflow):
     """Third-party truth: vLLM sized its pool from VLLM_CPU_KVCACHE_SPACE=1 GiB and its own page size
     (vllm/v1/core/kv_cache_utils.py: num_blocks = budget // (block_size x bytes per token), logged as
-    blocks x block_size tokens), so its tokens x longctx's KV bytes per token must come to 1 GiB, to
-    within one block; and longctx's planner and extrapolation must use that pool."""
+    int(num_blocks / cdiv(max_model_len, block_size) x max_model_len) tokens, blocks x block_size here),
+    so its tokens x longctx's KV bytes per token must come to 1 GiB, to within one block; longctx's
+    planner, from the budget and block size the adapter recorded, must predict the pool vLLM logged;
+    and the planner and the extrapolation must use that pool."""
     fits = json.loads((vllm_workflow / "data" / "fits.json").read_text())["configurations"]["vllm-cpu"]
     plan = json.loads((vllm_workflow / "data" / "planner.json").read_text())["configurations"]["vllm-cpu"]
     prov = json.loads((vllm_workflow / "data" / "provenance.json").read_text())["configurations"]["vllm-cpu"]
@@ -146,16 +151,25 @@ def test_kv_bytes_and_pool_are_what_vllm_allocated(vllm_workflow):
     print(f"\nvLLM's pool: {tokens:,} tokens for VLLM_CPU_KVCACHE_SPACE={KV_SPACE_GIB} GiB; longctx's KV bytes per token: "
           f"{fits['kv_bytes_per_token']}; tokens x bytes = {tokens * KV_BYTES:,} of {budget:,} B (block {block} tokens)")
     assert budget - block * KV_BYTES < tokens * KV_BYTES <= budget
-    # the planner's prediction by vLLM's rule, the arithmetic here: 2^30 // (block x 1,024) blocks of block tokens
-    predicted = budget // (block * plan["memory"]["cell_bytes"]) * block
-    assert predicted == tokens == 1_048_576
+    # by vLLM's rule worked here: 2^30 // (128 x 1,024) = 8,192 blocks of 128 tokens; 8,192 / cdiv(2,048, 128) x 2,048 logged
+    assert 8_192 * 128 == 8_192 / 16 * 2048 == tokens == 1_048_576
+    # the budget longctx recorded (the number and the block, never the environment), and the planner's prediction from it
+    assert prov["kv_pool"]["budget"] == {"bytes": budget, "source": "VLLM_CPU_KVCACHE_SPACE", "block_size": block,
+                                         "block_source": "vLLM's CPU default"}
+    assert "HF_HUB_OFFLINE" not in json.dumps(prov)
+    rule = plan["budget_rule"]
+    print(f"planner: {rule['budget_bytes']:,} B // ({rule['block_size']} x {plan['memory']['cell_bytes']:,} B) = {rule['blocks']:,} "
+          f"blocks, {rule['logged_tokens']:,} tokens predicted; vLLM logged {tokens:,} ({plan['check']})")
+    assert (rule["blocks"], rule["pool_tokens"]) == (8_192, tokens)
+    assert plan["predicted_tokens_at_configured"] == tokens and plan["check"] == "match"
     # what longctx recorded and used: the pool vLLM logged, in the provenance, the planner and the extrapolation
     assert prov["kv_pool"]["log"]["tokens"] == tokens
     assert plan["memory"]["observed_tokens"] == tokens and plan["memory"]["observed_source"] == "the server's log"
     assert plan["memory"]["observed_line"] == f"CPU KV cache size: {tokens:,} tokens"
     assert plan["allocated"]["pool_tokens"] == tokens and plan["allocated"]["kv_bytes"] == tokens * KV_BYTES
     assert plan["allocated"]["largest_context"] == MAX_MODEL_LEN and plan["allocated"]["concurrency_at_context_length"] == tokens // 2048
-    assert plan["rows"] == [] and "vLLM sizes its KV pool by a rule the planner does not model" in plan["reason"]
+    assert plan["rows"] == [] and "vLLM sizes its KV pool from a memory budget, 1 GiB (VLLM_CPU_KVCACHE_SPACE)" in plan["reason"]
+    assert plan["reason"].endswith("as its rule predicts")
     ex = fits["extrapolation"]
     assert ex["kv_pool_tokens"] == tokens and ex["length"] == MAX_MODEL_LEN
     assert ex["why"] == "the context length, below the KV pool's size"

@@ -14,7 +14,10 @@ where it reports them (the reference engine); otherwise M is the GPU's memory as
 and the weights (everything SGLang subtracts before the pool) are backed out of the pool the
 server allocated at its mem-fraction-static. For a server without one (vLLM sizes its pool from
 gpu-memory-utilization or VLLM_CPU_KVCACHE_SPACE by a rule of its own) nothing is tabulated: the
-plan says so and gives the pool as allocated (`allocated`).
+plan says so and gives the pool as allocated (`allocated`). Where such a server was given its KV budget
+(vLLM's VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes, kv_pool.budget in the provenance, from the
+adapter's kv_budget), its own rule predicts the pool (`budget_rule`, budget_pool), set beside the pool it
+logged (predicted_tokens_at_configured and check, as for SGLang's rule).
 """
 
 from __future__ import annotations
@@ -122,6 +125,11 @@ def memory_model(entry: dict) -> dict:
         "observed_line": ((entry.get("kv_pool") or {}).get("log") or {}).get("line"),  # the server's own words, where it logged them
         "memory_bytes": None, "memory_source": None, "weights_bytes": None, "weights_source": None,
     }
+    budget = (entry.get("kv_pool") or {}).get("budget") or {}
+    mm.update(kv_budget_bytes=int(budget["bytes"]) if budget.get("bytes") is not None else None,
+              kv_budget_source=budget.get("source"),
+              kv_block_size=int(budget["block_size"]) if budget.get("block_size") else None,
+              kv_block_source=budget.get("block_source"))
     gpus = (entry.get("hardware") or {}).get("gpus") or []
     if info.get("memory_total_bytes"):
         mm["memory_bytes"], mm["memory_source"] = int(info["memory_total_bytes"]), "the server (memory free before loading)"
@@ -157,6 +165,22 @@ def pool_tokens(mm: dict, fraction: float, capped: bool = True) -> int | None:
         return 0
 
 
+def budget_pool(mm: dict) -> dict | None:
+    """vLLM's pool from its configured KV budget (vllm/v1/core/kv_cache_utils.py, 0.32, one full-attention
+    group): num_blocks = budget // (block_size x bytes per token), the pool num_blocks x block_size
+    tokens; it logs int(num_blocks / cdiv(max_model_len, block_size) x max_model_len) tokens (its
+    "KV cache size: N tokens", the same figure where max_model_len is a multiple of the block size).
+    None without a budget, a block size or the KV bytes per token."""
+    budget, block, cell = mm.get("kv_budget_bytes"), mm.get("kv_block_size"), mm.get("cell_bytes")
+    if budget is None or not block or not cell:
+        return None
+    blocks = budget // (block * cell)
+    ctx = int(mm["context_length"]) if mm.get("context_length") else None
+    logged = int(blocks / -(-ctx // block) * ctx) if ctx else blocks * block
+    return {"budget_bytes": budget, "budget_source": mm.get("kv_budget_source"), "block_size": block,
+            "block_source": mm.get("kv_block_source"), "blocks": blocks, "pool_tokens": blocks * block, "logged_tokens": logged}
+
+
 def plan_configuration(entry: dict, fractions: list[float], longest: int | None) -> dict:
     mm = memory_model(entry)
     configured = mm["mem_fraction_static"]
@@ -180,6 +204,12 @@ def plan_configuration(entry: dict, fractions: list[float], longest: int | None)
         out["predicted_tokens_at_configured"] = predicted
         out["check"] = ("calibrated" if mm["weights_source"] and mm["weights_source"].startswith("backed out")
                         else ("match" if predicted == mm["observed_tokens"] else "mismatch"))
+    by_budget = budget_pool(mm) if not rows else None
+    if by_budget:  # predicted by the engine's budget rule beside the pool it allocated
+        out["budget_rule"] = by_budget
+        out["predicted_tokens_at_configured"] = by_budget["logged_tokens"]
+        if mm["observed_tokens"] is not None:
+            out["check"] = "match" if by_budget["logged_tokens"] == mm["observed_tokens"] else "mismatch"
     if mm["req_to_token_bytes"] is not None and mm["cell_bytes"]:
         out["req_to_token_tokens_equivalent"] = mm["req_to_token_bytes"] / mm["cell_bytes"]
     spec = spec_of(entry)
@@ -194,7 +224,20 @@ def plan_configuration(entry: dict, fractions: list[float], longest: int | None)
     if mm["observed_tokens"]:
         out["allocated"] = allocated(mm, longest)
     if not rows:
-        if not mm["sizing_rule"]:
+        if not mm["sizing_rule"] and by_budget:
+            b = by_budget
+            out["reason"] = (f"no pool is tabulated over mem-fraction-static: {adapter_of(entry).title} sizes its KV pool "
+                             f"from a memory budget, {b['budget_bytes'] / 2**30:.4g} GiB ({b['budget_source']}), in blocks of "
+                             f"{b['block_size']} tokens ({b['block_source']}): {b['budget_bytes']:,} bytes over {b['block_size']} x "
+                             f"{mm['cell_bytes']:,} bytes per block give {b['blocks']:,} whole blocks, {b['pool_tokens']:,} tokens")
+            if b["logged_tokens"] != b["pool_tokens"]:
+                out["reason"] += f" ({b['logged_tokens']:,} as it counts them at its context length)"
+        elif not mm["sizing_rule"] and mm["kv_budget_bytes"] is not None:
+            out["reason"] = (f"no pool is tabulated: {adapter_of(entry).title} sizes its KV pool from a memory budget, "
+                             f"{mm['kv_budget_bytes'] / 2**30:.4g} GiB ({mm['kv_budget_source']}), "
+                             + (f"in blocks of a size not known here ({mm['kv_block_source']})" if not mm["kv_block_size"]
+                                else "at a KV figure not known here"))
+        elif not mm["sizing_rule"]:
             out["reason"] = (f"no pool is tabulated: {adapter_of(entry).title} sizes its KV pool by a rule the planner "
                              "does not model (it has no mem-fraction-static)")
         else:
@@ -208,6 +251,9 @@ def plan_configuration(entry: dict, fractions: list[float], longest: int | None)
             out["reason"] += f"; the pool it allocated holds {a['pool_tokens']:,} tokens (from {mm['observed_source']})"
             if a["kv_bytes"] is not None:
                 out["reason"] += f", {a['kv_bytes'] / 2**30:.3g} GiB at {mm['cell_bytes']:,} bytes per token"
+            if out.get("budget_rule"):
+                out["reason"] += (", as its rule predicts" if out.get("check") == "match"
+                                  else f", not the {out['predicted_tokens_at_configured']:,} its rule predicts")
     return out
 
 

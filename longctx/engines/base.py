@@ -191,6 +191,12 @@ class EngineAdapter(ABC):
             value = server_info["internal_states"][0].get("max_total_num_tokens")
         return int(value) if value is not None else None
 
+    def kv_budget(self, spec: ConfigurationSpec) -> dict | None:
+        """The KV cache memory budget as configured, for an engine that sizes its pool from one (vLLM):
+        {"bytes", "source", "block_size", "block_source"} (the flag or variable's name, never its
+        environment); None where the engine sizes its pool otherwise or the budget is left to run time."""
+        return None
+
     def gpus(self, args: dict[str, Any]) -> int:
         """GPUs a server with these flags takes on the machine that runs its bench job."""
         return 0

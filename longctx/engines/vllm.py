@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .api import OPENAI
 from .base import EngineAdapter, arg_value, args_to_argv
+from ..specs.model import ModelSpecError
 from .configuration import ConfigurationSpec
 
 VLLM_KV_RE = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
@@ -176,6 +177,55 @@ class VLLMAdapter(EngineAdapter):
     def pool_tokens(server_info: dict) -> int | None:
         return None  # vLLM reports its KV cache only in the log
 
+    def kv_budget(self, spec: ConfigurationSpec) -> dict | None:
+        """vLLM's KV budget as configured (vLLM 0.32): on its CPU build VLLM_CPU_KVCACHE_SPACE (whole GiB,
+        in the server's environment) sets kv_cache_memory_bytes over the flag (vllm/platforms/cpu.py,
+        check_and_update_config); else --kv-cache-memory-bytes (bytes per worker, with vLLM's k/M/G
+        suffixes; -1 or auto: profiled). With it the block size (kv_block_size). None where neither
+        is set: vLLM then profiles the memory at start-up (gpu-memory-utilization)."""
+        budget = source = None
+        if self.device(spec) == "cpu":
+            space = self.run_env(spec).get("VLLM_CPU_KVCACHE_SPACE", "")
+            if space != "":
+                try:
+                    budget, source = int(space) * 2**30, "VLLM_CPU_KVCACHE_SPACE"
+                except ValueError:  # vLLM itself fails on it (int(...)): no budget to predict from
+                    return None
+        if budget is None:
+            flag = arg_value(spec.args, "kv-cache-memory-bytes")
+            if flag is None:
+                return None
+            budget = human_readable_int(str(flag))
+            if budget is None or budget < 0:
+                return None
+            source = "--kv-cache-memory-bytes"
+        block, block_source = self.kv_block_size(spec)
+        return {"bytes": budget, "source": source, "block_size": block, "block_source": block_source}
+
+    def kv_block_size(self, spec: ConfigurationSpec) -> tuple[int | None, str]:
+        """The KV block size (tokens) vLLM will take, and why. On its CPU build (vllm/platforms/cpu.py,
+        0.32): 256 for DeepSeek-V4 and 16 for other MLA models without AMX, whatever --block-size says;
+        else --block-size, else 128. On a GPU: --block-size as configured (the attention backend may
+        still change it), else None (the backend chooses)."""
+        given = arg_value(spec.args, "block-size")
+        if self.device(spec) == "cpu":
+            try:
+                model = self.model_spec(spec.model, spec.args)
+            except (ModelSpecError, KeyError, TypeError, ValueError):
+                model = None
+            if model is not None and model.model_type == "deepseek_v4":
+                return 256, "vLLM's CPU build for DeepSeek-V4"
+            if model is not None and model.attention == "mla":
+                if not _cpu_has_amx():
+                    return 16, "vLLM's CPU MLA kernel (no AMX)"
+                return None, "vLLM's CPU build picks the MLA block size by its attention backend (AMX present)"
+            if given is not None:
+                return int(given), "--block-size"
+            return 128, "vLLM's CPU default"
+        if given is not None:
+            return int(given), "--block-size"
+        return None, "vLLM's attention backend chooses it"
+
     def spec_counters(self, client: httpx.Client, base: str) -> dict | None:
         try:
             r = client.get(base + "/metrics", timeout=10)
@@ -184,6 +234,34 @@ class VLLMAdapter(EngineAdapter):
         if r.status_code != 200:
             return None
         return parse_spec_counters(r.text)
+
+
+def human_readable_int(value: str) -> int | None:
+    """vLLM's reading of a size flag (vllm/utils/argparse_utils.py, human_readable_int_or_auto):
+    '1k' 1,000, '1K' 1,024 (decimal k m g t, binary K M G T), a plain integer as itself, -1 or 'auto'
+    -1; None for what vLLM's parser refuses."""
+    value = value.strip()
+    if value == "-1" or value.lower() == "auto":
+        return -1
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if m:
+        number, suffix = m.groups()
+        decimal = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+        if suffix in decimal:
+            return int(float(number) * decimal[suffix])
+        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10) if number.isdigit() else None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def _cpu_has_amx() -> bool:
+    """Whether this machine's CPU reports AMX tiles (the flag torch's _is_amx_tile_supported checks first)."""
+    try:
+        return " amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
 
 
 def parse_spec_counters(text: str) -> dict | None:
