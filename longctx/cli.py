@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .core.errors import ConfigError
+from .core.hashing import digest
 
 
 def _bench(a) -> int:
@@ -19,7 +20,11 @@ def _bench(a) -> int:
     if a.spec:
         spec = ConfigurationSpec.from_json(a.spec)
     elif a.configfile and a.configuration:
-        spec = cfg.configuration_spec(cfg.load(a.configfile), a.configuration)
+        overrides = json.loads(a.config_overrides) if a.config_overrides else None
+        spec = cfg.configuration_spec(cfg.load(a.configfile, overrides), a.configuration)
+        if a.spec_hash and digest(spec.to_dict()) != a.spec_hash:
+            raise ConfigError(f"configuration {a.configuration!r} in {', '.join(a.configfile)} is not the one the workflow "
+                              "planned this job for (the file changed since): run the workflow again")
     else:
         raise ConfigError("bench needs --spec, or --configfile with --configuration")
     failed = run_configuration(spec, a.outdir or f"data/raw/{spec.name}", a.server_log or f"data/logs/server/{spec.name}.log",
@@ -174,9 +179,11 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("bench", help="bring one configuration's server up, measure every length, stop it")
-    s.add_argument("--spec", help="the configuration spec as JSON (what the workflow passes)")
-    s.add_argument("--configfile", help="or: a config file ...")
+    s.add_argument("--spec", help="the configuration spec as JSON")
+    s.add_argument("--configfile", action="append", help="or (what the workflow passes): the config files, merged in order ...")
+    s.add_argument("--config-overrides", help="... Snakemake's --config values as JSON ...")
     s.add_argument("--configuration", help="... and the configuration's name")
+    s.add_argument("--spec-hash", help="the spec's hash as the workflow planned it: a changed config file is refused")
     s.add_argument("--outdir", help="where <length>.json go (default data/raw/<configuration>)")
     s.add_argument("--server-log", help="the server's log file (default data/logs/server/<configuration>.log)")
     s.add_argument("--resume-dir", help="keep each measured length here and reuse the ones a previous run finished")

@@ -127,17 +127,47 @@ def _check_context(name: str, conf: dict, config: dict, adapter) -> None:
                 f"allowed: prompts of at most {limit - output} tokens there, or a longer context length")
 
 
-def load(path: str | Path, overrides: dict | None = None) -> dict[str, Any]:
+def read(path: str | Path) -> dict[str, Any]:
+    """One config file as written (not validated); a YAML error names the file, the line and the column."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    if overrides:
-        raw.update(overrides)
-    return validate(raw)
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {exc}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"config file {path}: its top level must be a mapping of config keys, not {type(raw).__name__}")
+    return raw or {}
+
+
+def merge(base: dict, update: dict) -> dict:
+    """base updated by update, mappings merged key by key (as Snakemake merges --configfile and --config)."""
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load(path: str | Path | list, overrides: dict | None = None) -> dict[str, Any]:
+    """The validated config of one file, or of several merged in order (then overrides), as the workflow sees them."""
+    raw: dict = {}
+    for p in (path if isinstance(path, (list, tuple)) else [path]):
+        raw = merge(raw, read(p))
+    return validate(merge(raw, overrides or {}))
+
+
+def redacted(config: dict[str, Any]) -> dict[str, Any]:
+    """The config with every configuration's env values hidden, but those report.env_shown names: what
+    may reach a Snakemake param, a log or the report (the values stay in the config file)."""
+    shown = set(config.get("report", {}).get("env_shown") or ())
+    out = copy.deepcopy(config)
+    for conf in out.get("configurations", {}).values():
+        if conf.get("env"):
+            conf["env"] = {k: (v if k in shown else "(hidden)") for k, v in conf["env"].items()}
+    return out
 
 
 def report_baseline(config: dict[str, Any]) -> str:

@@ -10,7 +10,8 @@ rule bench_configuration:
         bench="data/logs/bench/{configuration}.log",
         server="data/logs/server/{configuration}.log",
     params:
-        spec=bench_spec,
+        spec_hash=bench_spec_hash,
+        config=f"{CONFIG_FILES} {CONFIG_OVERRIDES}",
         outdir=lambda w, output: os.path.dirname(output[0]),
         resume=f"{PARTIAL}/{{configuration}}",
     threads: workflow.cores
@@ -21,7 +22,8 @@ rule bench_configuration:
     conda:
         ENV
     shell:
-        "longctx bench --spec {params.spec:q} --outdir {params.outdir} --server-log {log.server} "
+        "longctx bench --configuration {wildcards.configuration} {params.config} --spec-hash {params.spec_hash} "
+        "--outdir {params.outdir} --server-log {log.server} "
         "--resume-dir {params.resume} > {log.bench} 2>&1"
 
 

@@ -4,9 +4,10 @@ import glob
 import json
 import os
 import re
+import shlex
 
 from longctx import config as lcfg
-from longctx.core.hashing import canonical_json
+from longctx.core.hashing import canonical_json, digest
 from longctx.measure.calibration import plan as calibration_plan
 from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS
 from longctx.measure.resources import bench_resources
@@ -25,8 +26,14 @@ TEMPLATE_SECTIONS = sorted(glob.glob("templates/sections/*.tex.j2"))
 TEMPLATES = sorted(p for p in glob.glob("templates/**", recursive=True) if os.path.isfile(p))
 MARKDOWN_PARTIALS = sorted(glob.glob("templates/markdown/*.md.j2"))
 BASELINE = lcfg.report_baseline(CFG)
-# What the report prints as its configuration (and hashes into its version).
-REPORT_CONFIG = json.dumps(CFG)  # in the config file's order
+# What the report prints as its configuration (and hashes into its version): env values hidden
+# (longctx.config.redacted), as in every param, so that none reaches .snakemake/ or a log.
+REPORT_CONFIG = json.dumps(lcfg.redacted(CFG))  # in the config file's order
+# What a bench job reads its configuration from: the config files Snakemake merged, in order, and
+# its --config values; the job's params carry only the spec's hash (its staleness), never the spec.
+CONFIG_FILES = " ".join(f"--configfile {shlex.quote(str(f))}" for f in workflow.configfiles)
+CONFIG_OVERRIDES = (f"--config-overrides {shlex.quote(canonical_json(workflow.config_settings.config))}"
+                    if workflow.config_settings.config else "")
 # The data every rendering of the report reads (the PDF's .tex, the Markdown twin, a plan's section):
 # the inputs of those rules, each a field of longctx.report.context.ReportInputs and an option of
 # `longctx render/markdown/plan-section` (--results, --fits, --provenance, --itl-depth, --planner).
@@ -78,8 +85,10 @@ def kernel_build(wildcards):
     return [f"{lcfg.kernel_build_dir(kernel)}/manifest.json"] if kernel else []
 
 
-# Native kernels are also timed alone (rule bench_kernel) at the shape they serve, for the roofline.
-NATIVE_KERNELS = sorted(k for k, v in CFG["kernels"].items() if v["kind"] == "native")
+# Native kernels that a configuration uses are also timed alone (rule bench_kernel) at the shape they
+# serve, for the roofline (one no configuration uses serves no shape).
+NATIVE_KERNELS = sorted(k for k, v in CFG["kernels"].items()
+                        if v["kind"] == "native" and any(c["kernel"] == k for c in CFG["configurations"].values()))
 
 
 def kernel_bench_shape(wildcards):
@@ -94,9 +103,9 @@ def kernel_bench_shape(wildcards):
     return served_shape(wildcards.kernel, served).options()
 
 
-def bench_spec(wildcards):
-    """The configuration's spec (longctx.engines.ConfigurationSpec) as canonical JSON, for `longctx bench --spec`."""
-    return lcfg.configuration_spec(CFG, wildcards.configuration).to_json()
+def bench_spec_hash(wildcards):
+    """The hash of the configuration's spec (longctx.engines.ConfigurationSpec): a changed spec reruns its bench."""
+    return digest(lcfg.configuration_spec(CFG, wildcards.configuration).to_dict())
 
 
 def bench_resource(name):
