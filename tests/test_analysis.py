@@ -280,4 +280,7 @@ def test_the_studys_report_renders_with_datasheet_ceilings_and_sources(tmp_path)
     assert re.search(r"0\.55% of the datasheet's 1,792 GB/s \(NVIDIA RTX PRO 6000 Blackwell Workstation Edition\)\. \(Figure \d+\)", flat)
     assert "Sources: NVIDIA RTX PRO 6000 Blackwell Workstation Edition: https://www.nvidia.com/en-us/products/" in flat
     assert "professional-desktop-gpus/rtx-pro-6000/" in text  # \url breaks the line, not the address
-    assert re.search(r"triton-page1\s+MLA\s+bfloat16\s+8\s+70,272", text)
+    # the model as served (appendix): MLA, bf16 KV cache, 8 ranks, the study's 70,272 bytes per token
+    assert "Kimi-K2.6: MLA (multi-head latent attention), described exactly by model.architecture" in flat
+    assert re.search(r"KV cache dtype\s+bfloat16", text) and re.search(r"tensor-parallel ranks\s+8\s", text)
+    assert re.search(r"KV bytes per token \(the analysis\)\s+70,272\s+model\.kv_bytes_per_token", text)
