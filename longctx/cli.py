@@ -11,12 +11,26 @@ from pathlib import Path
 from .core.errors import ConfigError
 from .core.hashing import digest
 
+LOG_FORMAT = "[%(asctime)s] %(name)s: %(message)s"
+
 
 def _bench(a) -> int:
     from . import config as cfg
     from .engines import ConfigurationSpec
     from .measure.sweep import run_configuration
 
+    if a.log:  # everything to the file; the console gets a line per bring-up attempt and per length, and errors
+        Path(a.log).parent.mkdir(parents=True, exist_ok=True)
+        root = logging.getLogger()
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        to_file = logging.FileHandler(a.log, mode="w")
+        to_file.setFormatter(logging.Formatter(LOG_FORMAT))
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter("longctx bench: %(message)s"))
+        console.addFilter(lambda r: r.name == "longctx.progress" or r.levelno >= logging.ERROR)
+        root.addHandler(to_file)
+        root.addHandler(console)
     if a.spec:
         spec = ConfigurationSpec.from_json(a.spec)
     elif a.configfile and a.configuration:
@@ -187,6 +201,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--outdir", help="where <length>.json go (default data/raw/<configuration>)")
     s.add_argument("--server-log", help="the server's log file (default data/logs/server/<configuration>.log)")
     s.add_argument("--resume-dir", help="keep each measured length here and reuse the ones a previous run finished")
+    s.add_argument("--log", help="write the whole log here; the console then gets a line per bring-up attempt and per length")
     s.set_defaults(func=_bench)
 
     s = sub.add_parser("build-kernel", help="build and check one attention kernel")
@@ -308,7 +323,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     args = parser().parse_args(argv)
     try:

@@ -23,8 +23,7 @@ rule bench_configuration:
         ENV
     shell:
         "longctx bench --configuration {wildcards.configuration} {params.config} --spec-hash {params.spec_hash} "
-        "--outdir {params.outdir} --server-log {log.server} "
-        "--resume-dir {params.resume} > {log.bench} 2>&1"
+        "--outdir {params.outdir} --server-log {log.server} --resume-dir {params.resume} --log {log.bench}"
 
 
 # Measured ceilings of the devices of this machine that the servers compute on (managed servers, and

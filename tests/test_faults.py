@@ -199,3 +199,23 @@ def test_a_truncated_raw_file_is_recovered_from_its_intact_copy_and_said(tmp_pat
     df = aggregate(files, tmp_path / "r.csv", tmp_path / "p.json", partial_dir=partial)
     reason = df.loc[df["length"] == 64, "reason"].item()
     assert df.loc[df["length"] == 64, "status"].item() == "failed" and str(path) in reason and "its copy" in reason
+
+
+def test_an_output_directory_that_cannot_be_written_is_said_before_any_server_starts(tmp_path):
+    """A directory that cannot be made (a file where a directory should be: what a read-only or full disk
+    gives even root) fails the bench at once, by the CLI's message, with no server started and no traceback."""
+    import subprocess
+    import sys
+
+    (tmp_path / "file").write_text("")
+    spec = tiny_spec("page1", lengths=[32])
+    run = subprocess.run([sys.executable, "-m", "longctx.cli", "bench", "--spec", spec.to_json(), "--outdir",
+                          str(tmp_path / "file" / "raw"), "--server-log", str(tmp_path / "server.log")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert f"longctx: cannot write to {tmp_path / 'file' / 'raw'} (" in run.stderr and "nothing was started" in run.stderr
+    assert not (tmp_path / "server.log").exists()
+    if os.geteuid() != 0:  # permission bits hold only for other users than root
+        (tmp_path / "ro").mkdir(mode=0o500)
+        with pytest.raises(Exception, match="cannot write to"):
+            run_configuration(spec, tmp_path / "ro", tmp_path / "server.log")

@@ -21,6 +21,7 @@ import httpx
 
 from . import provenance
 from .client import timed_client
+from ..core.errors import ConfigError
 from ..core.hashing import digest
 from ..engines import ConfigurationSpec, EngineAdapter, get_adapter
 from ..core.fitting import fit_prefill, prefill_curve
@@ -31,12 +32,28 @@ from .needle import probe as needle_probe
 from .prompts import Prompter, PromptError, probe as prompt_probe, tokenizer_path
 
 log = logging.getLogger("longctx.measure.sweep")
+# One line per bring-up attempt and per length: what `longctx bench --log` also shows on the console
+progress = logging.getLogger("longctx.progress")
 RAW_FORMAT = "longctx.raw/1"
 PORT_ATTEMPTS = 5  # launches on fresh ports when another process took the chosen one
 # Thread limits a workflow job inherits (Snakemake sets them to the job's threads). The server's
 # threading belongs to its configuration (engine flags or `env`), so they are not passed on.
 THREAD_LIMIT_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                      "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def writable(directory: Path | None) -> None:
+    """Create directory and write a file in it, or say at once, in words, why that cannot be done."""
+    if directory is None:
+        return
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".longctx-write-check-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write to {directory} ({exc.strerror or exc}): the bench keeps every length it measures "
+                          "there, so nothing was started; make it writable, or free space, and run again") from None
 
 
 def write_json(path: Path, obj: dict) -> None:
@@ -83,8 +100,6 @@ def resolved_model_spec(adapter: EngineAdapter, spec: ConfigurationSpec) -> tupl
     except ModelSpecError as exc:
         if spec.model.get("kv_bytes_per_token"):
             return None, str(exc)
-        from ..core.errors import ConfigError
-
         raise ConfigError(str(exc)) from None
 
 
@@ -313,7 +328,7 @@ class Session:
         if adapter.managed:  # a server an earlier run of this configuration left behind (its bench was killed)
             stray = reap_stray(pid_file(server_log), spec.server["stop_timeout_s"])
             if stray:
-                log.warning("%s: %s", spec.name, stray)
+                progress.warning("%s: %s", spec.name, stray)
                 self.prov["stray_server"] = stray
 
     def up(self) -> None:
@@ -324,6 +339,8 @@ class Session:
         last = None
         while self.starts < limit:
             self.starts += 1
+            progress.info("%s: %s (attempt %d of at most %d)", self.spec.name, "starting the server" if self.adapter.managed
+                          else f"connecting to the external server at {self.spec.url}", self.starts, limit)
             try:
                 self._start()
                 self._probe()
@@ -332,7 +349,7 @@ class Session:
                 raise
             except ServerError as exc:
                 last = str(exc)
-                log.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
+                progress.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
                 self.down()
         raise ServerError(f"the server could not be (re)started after {self.starts} starts; last: {last}")
 
@@ -349,7 +366,7 @@ class Session:
             except ServerError as exc:  # longctx cannot start it: a restart would only wait again
                 raise FatalServerError(f"the external server of configuration {spec.name!r} (configurations."
                                        f"{spec.name}.url: {spec.url}) is not ready: {exc}") from None
-        log.info("%s: server up in %.1f s (pid %s, %s), health on %s", spec.name, startup_s, self.server.pid,
+        progress.info("%s: server up in %.1f s (pid %s, %s), health on %s", spec.name, startup_s, self.server.pid,
                  self.log_path if a.managed else self.base, self.health_path)
         info = fetch_server_info(self.client, self.base, self.api)
         log_text = self.log_path.read_text(errors="replace") if a.managed else ""
@@ -376,7 +393,7 @@ class Session:
         except PromptError as exc:  # the same server would answer the same: no restart helps
             raise FatalServerError(f"the prompt probe of configuration {spec.name!r} failed: {exc}") from None
         self.prov["prompt_probe"] = plan.to_dict()
-        log.info("%s: prompt probe: %s", spec.name, plan.describe())
+        progress.info("%s: prompt probe: %s", spec.name, plan.describe())
 
     def _start_managed(self, timeout: float) -> tuple[list[str], float]:
         """Launch on a free port; when another process takes that port first (another bench job
@@ -461,6 +478,8 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     outdir, server_log = Path(outdir), Path(server_log)
     resume_dir = Path(resume_dir) if resume_dir else None
     adapter = get_adapter(spec.engine)
+    for where in (outdir, resume_dir, server_log.parent if adapter.managed else None):
+        writable(where)  # before any server starts: nothing measured may be lost for want of a place to keep it
     name = spec.name
     run_id = uuid.uuid4().hex
     if adapter.managed:
@@ -498,7 +517,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         for length in spec.lengths:
             kept = _resumable(resume_dir, length, key)
             if kept:
-                log.info("%s L=%d: measured before (run %s), reused", name, length, kept["run_id"])
+                progress.info("%s L=%d: measured before (run %s), reused", name, length, kept["run_id"])
                 write_json(outdir / f"{length}.json", {**kept, "resumed": True})
                 statuses[length] = kept["status"]
                 history += [(length, t["ttft_s"], t.get("tpot_s")) for t in kept["trials"] if t["status"] == "ok"]
@@ -514,7 +533,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                 result["needle"] = _needle(session, spec, length, timeout_s)
                 history += [(length, t["ttft_s"], t.get("tpot_s")) for t in result["trials"] if t["status"] == "ok"]
             except LengthRefused as exc:
-                log.error("%s L=%d: %s", name, length, exc)
+                progress.error("%s L=%d: %s", name, length, exc)
                 result = {"status": "failed", "reason": str(exc), "warmup": [], "trials": []}
             except Exception as exc:  # a bug or a surprise must not cost the lengths already measured
                 log.exception("%s L=%d: measurement failed", name, length)
@@ -527,7 +546,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                     reason = session.server.died_message(f"the server died while measuring length {length}")
                 # the fault is what the report names for the length, not the transport errors it caused
                 result.update(status="failed", fault=reason, reason="; ".join(filter(None, [reason, result.get("reason")])))
-                log.error("%s L=%d: %s", name, length, reason)
+                progress.error("%s L=%d: %s", name, length, reason)
                 session.down()
             record = {**common, "provenance": copy.deepcopy(prov), "length": length, **result, "resume_key": key,
                       "started_at": started, "finished_at": provenance.now_iso()}
@@ -535,6 +554,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                 write_json(resume_dir / f"{length}.json", record)
             write_json(outdir / f"{length}.json", record)
             statuses[length] = result["status"]
+            progress.info("%s L=%d: %s", name, length, _length_line(result))
         depth = spec.protocol["itl_depth"]
         if depth["length"]:
             session.up()
@@ -553,11 +573,22 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     for length in spec.lengths:
         if length not in statuses:
             reason = f"not measured: {failure}"
-            log.error("%s L=%d %s", name, length, reason)
+            progress.error("%s L=%d %s", name, length, reason)
             write_json(outdir / f"{length}.json", {**common, "length": length, "status": "failed", "reason": reason,
                                                    "warmup": [], "trials": [], "finished_at": provenance.now_iso()})
             statuses[length] = "failed"
     return sum(status == "failed" for status in statuses.values())
+
+
+def _length_line(result: dict) -> str:
+    """A measured length in one line: its status, trials that succeeded, median TTFT and decode rate."""
+    ok = [t for t in result.get("trials") or [] if t["status"] == "ok"]
+    line = f"{result['status']}, {len(ok)} of {len(result.get('trials') or [])} trials"
+    if ok:
+        ttft = sorted(t["ttft_s"] for t in ok)[len(ok) // 2]
+        rates = sorted(t["decode_tok_s"] for t in ok if t.get("decode_tok_s"))
+        line += f", TTFT {ttft:.3f} s" + (f", decode {rates[len(rates) // 2]:.1f} tok/s" if rates else "")
+    return line + (f" ({result['reason'][:200]})" if result.get("reason") and result["status"] != "ok" else "")
 
 
 def _resumable(resume_dir: Path | None, length: int, key: str) -> dict | None:
