@@ -37,6 +37,28 @@ def reader():
         yield base
 
 
+@pytest.fixture(scope="module")
+def stubborn():
+    """Counts every prompt as 3,000 tokens, whatever its length: a server whose count of a haystack
+    never comes within the tolerance of the length asked, however the probe resizes it."""
+
+    async def generate(request):
+        text = (await request.json())["text"]
+        return JSONResponse({"text": " Dog.", "meta_info": {"prompt_tokens": 3000, "completion_tokens": 2}})
+
+    with serve_generate(generate) as base:
+        yield base
+
+
+def test_a_prompt_whose_length_could_not_be_matched_is_flagged(stubborn, reader):
+    with httpx.Client() as client:
+        off = probe(client, stubborn, "sglang", "m", 1000, CFG, 30, random_weights=False)
+        assert off["status"] == "pass" and off["length_matched"] is False and off["prompt_tokens"] == 3000
+        assert off["reason"] == f"its prompt had {off['prompt_tokens']} tokens, not the 1000 asked, after 3 tries"
+        near = probe(client, reader, "sglang", "m", 1000, CFG, 30, random_weights=False)
+        assert near["length_matched"] is True and "reason" not in near
+
+
 def test_pass_and_fail_are_judged_from_the_answer(reader):
     with httpx.Client() as client:
         ok = probe(client, reader, "sglang", "m", 5000, CFG, 30, random_weights=False)
