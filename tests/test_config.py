@@ -140,3 +140,12 @@ def test_a_length_beyond_the_context_length_is_refused_before_any_server_starts(
             "configurations": {"v": {"engine": "vllm", "args": {"max-model-len": 4096}}}}
     with pytest.raises(lcfg.ConfigError, match=r"context length of 4096 \(configurations\.v\.args\.max-model-len\)"):
         lcfg.validate(vllm)
+
+
+def test_a_yaml_error_names_the_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lengths: [64, 128\nmodel: {name: x}\n")
+    with pytest.raises(lcfg.ConfigError, match=rf"config file {bad} is not valid YAML, line 2, column 6: "):
+        lcfg.load(bad)
+    run = subprocess.run([sys.executable, "-m", "longctx.cli", "check-config", str(bad)], capture_output=True, text=True)
+    assert run.returncode == 2 and "line 2, column 6" in run.stderr and "Traceback" not in run.stderr
