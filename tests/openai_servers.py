@@ -15,6 +15,7 @@ import http.server
 import json
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 DECODE_S = 0.002
@@ -50,15 +51,25 @@ def make_tokenizer(directory: Path, bos: bool = False) -> Path:
     return directory
 
 
+class Seen(list):
+    """The request bodies a server got, in order; .hits counts the requests per path (GET and POST)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hits: Counter = Counter()
+
+
 @contextlib.contextmanager
-def openai_server(behaviour: str, tokenizer_dir: Path):
+def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | None = None, default: int = 404):
     """The server of one behaviour on loopback, counting prompts with tokenizer_dir/tokenizer.json
-    (encoded with special tokens: a BOS server's tokenizer adds one). Yields (base URL, requests seen)."""
+    (encoded with special tokens: a BOS server's tokenizer adds one). With `codes`, GET answers
+    codes[path] (else `default`) instead of the behaviour's health paths. Yields (base URL, Seen)."""
     from tokenizers import Tokenizer
 
     b = BEHAVIOURS[behaviour]
     tok = Tokenizer.from_file(str(make_tokenizer(tokenizer_dir / behaviour, bos=b["bos"]) / "tokenizer.json"))
-    seen: list[dict] = []
+    seen = Seen()
+    answers = codes if codes is not None else {path: 200 for path in b["health"]}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -72,12 +83,12 @@ def openai_server(behaviour: str, tokenizer_dir: Path):
             self.wfile.write(body)
 
         def do_GET(self):
-            if self.path in b["health"]:
-                self._json(200, {"object": "list", "data": [{"id": "m", "max_model_len": 8192}]})
-            else:
-                self._json(404, {"detail": "Not Found"})
+            seen.hits[self.path] += 1
+            code = answers.get(self.path, default if codes is not None else 404)
+            self._json(code, {"object": "list", "data": [{"id": "m", "max_model_len": 8192}]} if code == 200 else {"detail": "no"})
 
         def do_POST(self):
+            seen.hits[self.path] += 1
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append(req)
             if self.path != "/v1/completions":
@@ -124,3 +135,11 @@ def openai_server(behaviour: str, tokenizer_dir: Path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+if __name__ == "__main__":  # a server of its own process: python -m tests.openai_servers BEHAVIOUR TOKENIZER_DIR
+    import sys
+
+    with openai_server(sys.argv[1], Path(sys.argv[2])) as (url, _):
+        print(url, flush=True)
+        threading.Event().wait()

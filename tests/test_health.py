@@ -3,11 +3,9 @@ recorded, server.health_path replaces the probes, and a server that answers only
 that listens, fails within seconds with what each path answered (not after the start-up timeout)."""
 
 import contextlib
-import http.server
 import json
-import threading
 import time
-from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -15,53 +13,18 @@ from longctx import config as lcfg
 from longctx.measure.process import free_port
 from longctx.measure.sweep import run_configuration
 
+from . import openai_servers as servers
 from .conftest import tiny_spec
 
 
 @contextlib.contextmanager
 def openai_server(codes: dict[str, int], default: int = 404):
-    """A server of our own on loopback: GET answers codes[path] (else `default`), POST /v1/completions
-    streams OpenAI chunks (one token per chunk, usage last). Yields its base URL and the paths it was asked."""
-    hits: Counter = Counter()
+    """tests/openai_servers.py's server that takes token ids (one token per chunk, usage last), whose GET
+    answers codes[path], else `default`. Yields its base URL and the requests per path."""
+    import tempfile
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            hits[self.path] += 1
-            code = codes.get(self.path, default)
-            body = json.dumps({"data": [{"id": "m", "max_model_len": 4096}]} if code == 200 else {"detail": "no"}).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_POST(self):
-            hits[self.path] += 1
-            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if self.path != "/v1/completions":
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            n = req["max_tokens"]
-            for i in range(n):
-                chunk = {"choices": [{"text": f"t{i}", "finish_reason": "length" if i == n - 1 else None}]}
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
-            usage = {"choices": [], "usage": {"prompt_tokens": len(req["prompt"]), "completion_tokens": n}}
-            self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", hits
-    finally:
-        server.shutdown()
-        server.server_close()
+    with tempfile.TemporaryDirectory() as tok, servers.openai_server("no-health", Path(tok), codes, default) as (base, seen):
+        yield base, seen.hits
 
 
 def external_sweep(tmp_path, url: str, **server):
