@@ -118,12 +118,14 @@ class WireStream(httpcore.NetworkStream):
         self.request_sent: float | None = None
         self.read_at: float | None = None
         self.read_stamped = False
+        self._last_stamp = 0.0
         self._after_read = True  # HTTP/1.1 without pipelining: the first write after a read starts a request
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if buffer and self._after_read:
             self.request_sent = time.perf_counter()
             self._after_read = False
+            self._last_stamp = 0.0
         self._inner.write(buffer, timeout)
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
@@ -151,8 +153,11 @@ class WireStream(httpcore.NetworkStream):
                     now, now_real_ns = read_clocks()
                     age = (now_real_ns - (sec * 1_000_000_000 + nsec)) * 1e-9
                     if age >= 0:  # else the wall clock was stepped: keep the read's own time
-                        self.read_at = max(now - age, self.request_sent or 0.0)
+                        # never before the request, nor before the previous read's bytes: bytes the kernel
+                        # kept together share one stamp, which each read converts with its own clock pair
+                        self.read_at = max(now - age, self.request_sent or 0.0, self._last_stamp)
                         self.read_stamped = True
+                        self._last_stamp = self.read_at
         self._after_read = True
         return data
 
