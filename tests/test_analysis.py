@@ -284,3 +284,98 @@ def test_the_studys_report_renders_with_datasheet_ceilings_and_sources(tmp_path)
     assert "Kimi-K2.6: MLA (multi-head latent attention), described exactly by model.architecture" in flat
     assert re.search(r"KV cache dtype\s+bfloat16", text) and re.search(r"tensor-parallel ranks\s+8\s", text)
     assert re.search(r"KV bytes per token \(the analysis\)\s+70,272\s+model\.kv_bytes_per_token", text)
+
+
+# --- partial lengths: fewer successful trials than configured -------------------------------------
+
+def _trials(name: str, L: int, ok: int, failed: int, step: float, ttft: float, concurrency: int = 1) -> list[dict]:
+    """ok trials at exactly (ttft, step), then failed ones, of one configuration and length."""
+    rows = [{"configuration": name, "length": L, "concurrency": concurrency, "trial": t, "status": "ok", "reason": None,
+             "ttft_s": ttft, "tpot_s": step, "decode_tok_s": 1 / step, "kv_bytes_per_token": 1000} for t in range(ok)]
+    return rows + [{"configuration": name, "length": L, "concurrency": concurrency, "trial": ok + t, "status": "failed",
+                    "reason": "connection reset", "kv_bytes_per_token": 1000} for t in range(failed)]
+
+
+def _protocol(**trials) -> dict:
+    return {"configurations": {n: {"engine": "reference", "protocol": {"trials": k}} for n, k in trials.items()}}
+
+
+def test_partial_lengths_are_those_with_fewer_ok_trials_than_the_protocol():
+    from longctx.analysis.tables import configured_trials, partial_lengths
+
+    rows = (_trials("c", 1000, 3, 0, 1e-3, 0.1) + _trials("c", 2000, 1, 2, 1e-3, 0.2)  # partial: 1 of 3
+            + _trials("c", 4000, 0, 3, 1e-3, 0.4)  # failed, not partial
+            + _trials("c", 8000, 3, 1, 1e-3, 0.8)  # a fourth, failed trial: still 3 of 3
+            + _trials("c", 8000, 1, 3, 1e-3, 0.8, concurrency=2))  # batched requests do not count
+    df = pd.DataFrame(rows)
+    assert partial_lengths(df, _protocol(c=3)) == {"c": {2000: {"ok": 1, "trials": 3, "configured": 3}}}
+    med = medians(df, _protocol(c=3)).set_index("length")
+    assert med["partial"].to_dict() == {1000: False, 2000: True, 4000: False, 8000: False}
+    assert med["configured"].tolist() == [3] * 4 and med.loc[2000, "ok"] == 1
+    # a protocol of 5 trials makes every measured length partial
+    assert set(partial_lengths(df, _protocol(c=5))["c"]) == {1000, 2000, 8000}
+    # no protocol recorded: the most trials any length has (8,000 tokens: 4), which its one failure makes partial too
+    assert configured_trials(df) == {"c": 4} and set(partial_lengths(df)["c"]) == {1000, 2000, 8000}
+
+
+def _knee(name: str = "c", partial_factor: float = 1.5) -> list[dict]:
+    """Exact laws (TTFT 0.01 + 1e-6 L + 1e-10 L^2, step 1e-3 + 1e-7 L) at 1k..16k, 3 of 3 trials each; at
+    32k one surviving trial of 3, partial_factor times slower than the laws."""
+    rows = []
+    for L in (1000, 2000, 4000, 8000, 16000, 32000):
+        f, ok = (partial_factor, 1) if L == 32000 else (1.0, 3)
+        rows += _trials(name, L, ok, 3 - ok, (1e-3 + 1e-7 * L) * f, (0.01 + 1e-6 * L + 1e-10 * L * L) * f)
+    return rows
+
+
+def test_a_partial_length_is_left_out_of_the_fits_and_regime_detection_unless_configured():
+    df = pd.DataFrame(_knee())
+    out = fit_all(df, _protocol(c=3), None, {"bootstrap": 50})
+    assert out["settings"]["partial_lengths"] == "exclude"
+    c = out["configurations"]["c"]
+    # the fits stand on the five full lengths: the laws exactly, and no regime change at 32k
+    assert c["decode"]["beta_s_per_token"] == pytest.approx(1e-7, rel=1e-6) and c["decode"]["t0_s"] == pytest.approx(1e-3, rel=1e-6)
+    assert c["prefill"]["c_s_per_token2"] == pytest.approx(1e-10, rel=1e-5)
+    assert c["decode"]["regime_change"] is None and c["prefill"]["regime_change"] is None
+    assert not c["decode"]["on_partial_lengths"] and not c["prefill"]["on_partial_lengths"]
+    assert c["partial_lengths"] == {"mode": "exclude", "lengths": [
+        {"length": 32000, "ok": 1, "trials": 3, "configured": 3, "fitted": {"prefill": False, "decode": False},
+         "regime_detection": {"prefill": False, "decode": False}}]}
+    # include: the one slow trial at 32k is fitted, and starts a regime 50% slower than the shorter lengths predict
+    c = fit_all(df, _protocol(c=3), None, {"bootstrap": 50, "partial_lengths": "include"})["configurations"]["c"]
+    assert c["decode"]["beta_s_per_token"] > 1.1e-7
+    rc = c["decode"]["regime_change"]
+    assert rc["from_length"] == 32000 and rc["fitted_up_to"] == 16000 and rc["deviation"] == pytest.approx(0.5, rel=1e-3)
+    assert c["partial_lengths"]["lengths"][0]["fitted"] == {"prefill": True, "decode": True}
+    with pytest.raises(ValueError, match="partial_lengths"):
+        fit_all(df, _protocol(c=3), None, {"bootstrap": 0, "partial_lengths": "drop"})
+
+
+def test_a_fit_stands_on_partial_lengths_only_where_too_few_others_remain_and_says_so():
+    rows = [r for r in _knee() if r["length"] in (1000, 2000, 32000)]  # two full lengths and a partial one
+    c = fit_all(pd.DataFrame(rows), _protocol(c=3), None, {"bootstrap": 0})["configurations"]["c"]
+    # decode needs two lengths: the full ones suffice; prefill needs three: it takes the partial one, and says so
+    assert not c["decode"]["on_partial_lengths"] and c["decode"]["beta_s_per_token"] == pytest.approx(1e-7, rel=1e-6)
+    assert c["prefill"]["on_partial_lengths"]
+    assert c["partial_lengths"]["lengths"][0]["fitted"] == {"prefill": True, "decode": False}
+    assert c["partial_lengths"]["lengths"][0]["regime_detection"] == {"prefill": False, "decode": False}
+
+
+def test_the_diagnosis_does_not_set_a_partial_lengths_one_trial_against_the_fit():
+    df = pd.DataFrame(_knee())
+    for mode in ("exclude", "include"):
+        fits = fit_all(df, _protocol(c=3), None, {"bootstrap": 50, "partial_lengths": mode})["configurations"]
+        texts = [i["text"] for i in diagnose(medians(df, _protocol(c=3)), fits)]
+        # what bounds decode and how long prefill takes: at 16k, the longest length measured in full
+        assert any(t.startswith("c: decode at 16,000 tokens runs at") for t in texts), texts
+        assert any(t.startswith("c: prefill of 16,000 tokens takes") for t in texts), texts
+        assert not any("decode at 32,000" in t or "prefill of 32,000" in t for t in texts)
+        said = [t for t in texts if "fewer successful trials than configured" in t]
+        if mode == "exclude":
+            assert said == ["c: 1 length was measured by fewer successful trials than configured (32,000 tokens: measured "
+                            "by 1 of 3 trials); it is left out of the fits and of the regime detection."]
+            assert not any("slower than the fit" in t for t in texts)
+        else:
+            assert said[0].endswith("; the prefill and decode fits include it.")
+            [regime] = [t for t in texts if "stops following its model" in t and "decode step" in t]
+            assert "at 32,000 tokens (measured by 1 of 3 trials) it is 50% slower" in regime

@@ -2,6 +2,12 @@
 against the model spec and the hardware's ceilings: effective KV bandwidth and attention FLOP rate as
 fractions of the roofs, regime changes, the extrapolation to the longest request the deployment could
 serve, and the roofline points. fit_file writes data/fits.json.
+
+A partial length (some of its single-request trials succeeded, fewer than the protocol asked for:
+longctx.analysis.tables.partial_lengths) stays out of the fits and of regime detection under the
+setting partial_lengths: exclude (the default), unless the other lengths are too few for the fit (then
+the fit stands on them and says so: on_partial_lengths); include fits it like any other. Each
+configuration's `partial_lengths` lists them, with what they were used for.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ from ..core.fitting import LEVEL, Fit, decode_summary, prefill_summary, regime_c
 from ..core.numbers import is_number
 from . import kernel_records
 from .memory import adapter_of, kv_bytes, observed_pool, spec_absent_reason, spec_of
-from .tables import ok_rows, step_seconds
+from .tables import ok_rows, partial_lengths, step_seconds
 
 
-SETTINGS = {"bootstrap": 1000, "confidence": LEVEL, "seed": 0, "regime_tolerance": 0.2}
+SETTINGS = {"bootstrap": 1000, "confidence": LEVEL, "seed": 0, "regime_tolerance": 0.2, "partial_lengths": "exclude"}
+# the distinct lengths each fit needs (longctx.core.fitting.Fit: a + bL + cL^2; t0 + beta L)
+FIT_LENGTHS = {"prefill": 3, "decode": 2}
+PARTIAL_MODES = ("exclude", "include")
 
 
 def max_length(entry: dict) -> tuple[int | None, str | None]:
@@ -46,11 +55,24 @@ def _trusted(rows: pd.DataFrame, doubtful: pd.Series) -> tuple[pd.DataFrame, boo
     return (keep, False) if len(keep) or not len(rows) else (rows, True)
 
 
+def _without_partial(rows: pd.DataFrame, partial: set[int], kind: str, mode: str) -> tuple[pd.DataFrame, pd.DataFrame, bool]:
+    """The rows a fit of `kind` stands on and those its regime detection looks at: without the partial
+    lengths under exclude, unless the others are too few for the fit (then the fit takes them all, and
+    True says so; the regime detection still leaves them out). include: every row, both."""
+    if mode == "include" or not partial:
+        return rows, rows, False
+    full = rows[~rows["length"].isin(partial)]
+    if full["length"].nunique() < FIT_LENGTHS[kind] and rows["length"].nunique() >= FIT_LENGTHS[kind]:
+        return rows, full, True
+    return full, full, False
+
+
 def _pct(x, ref):
     return 100.0 * x / ref if x is not None and ref else None
 
 
-def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration: dict | None, st: dict) -> dict:
+def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration: dict | None, st: dict,
+                           partial: dict[int, dict] | None = None) -> dict:
     from ..specs import hardware
     from . import roofline
 
@@ -74,23 +96,40 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     estimated, early = _flagged(g, "tokens_estimated"), _flagged(g, "early_stop")
     out["trials_estimated"], out["trials_early_stop"] = int(estimated.sum()), int(early.sum())
     # the fits weigh relative residuals: only positive times count (a server may report 0)
+    # partial lengths (fewer ok trials than configured) stay out of the fits and the regime detection
+    # under exclude, unless the other lengths are too few for the fit (_without_partial)
+    partial = partial or {}
+    mode = st["partial_lengths"]
+    if mode not in PARTIAL_MODES:
+        raise ValueError(f"analysis.partial_lengths is {mode!r}; it is one of {', '.join(PARTIAL_MODES)}")
     p, p_estimated = _trusted(g[g["ttft_s"] > 0], estimated)
-    if p["length"].nunique() >= 3:
+    p, p_regime, p_partial = _without_partial(p, set(partial), "prefill", mode)
+    if p["length"].nunique() >= FIT_LENGTHS["prefill"]:
         fits["prefill"] = Fit("prefill", p["length"], p["ttft_s"], n_boot, level, seed)
         out["prefill"] = prefill_summary(fits["prefill"])
-        out["prefill"]["regime_change"] = regime_change("prefill", p["length"], p["ttft_s"], st["regime_tolerance"],
-                                                        min(n_boot, 400), level, seed)
+        out["prefill"]["regime_change"] = regime_change("prefill", p_regime["length"], p_regime["ttft_s"],
+                                                        st["regime_tolerance"], min(n_boot, 400), level, seed)
     d, d_estimated = _trusted(g[g["step_s"] > 0], estimated | early)
-    if d["length"].nunique() >= 2:
+    d, d_regime, d_partial = _without_partial(d, set(partial), "decode", mode)
+    if d["length"].nunique() >= FIT_LENGTHS["decode"]:
         fits["decode"] = Fit("decode", d["length"], d["step_s"], n_boot, level, seed)
         out["decode"] = decode_summary(fits["decode"], kv)
-        out["decode"]["regime_change"] = regime_change("decode", d["length"], d["step_s"], st["regime_tolerance"],
-                                                       min(n_boot, 400), level, seed)
+        out["decode"]["regime_change"] = regime_change("decode", d_regime["length"], d_regime["step_s"],
+                                                       st["regime_tolerance"], min(n_boot, 400), level, seed)
     if out.get("decode"):
-        out["decode"].update(bw_pct_datasheet=None, bw_pct_measured=None, on_estimated_counts=d_estimated)
+        out["decode"].update(bw_pct_datasheet=None, bw_pct_measured=None, on_estimated_counts=d_estimated,
+                             on_partial_lengths=d_partial)
     if out.get("prefill"):
         out["prefill"].update(attention_flops=None, attention_pct_datasheet=None, attention_pct_measured=None,
-                              on_estimated_counts=p_estimated)
+                              on_estimated_counts=p_estimated, on_partial_lengths=p_partial)
+    used = {"prefill": (set(p["length"]) if "prefill" in fits else set(), set(p_regime["length"]) if "prefill" in fits else set()),
+            "decode": (set(d["length"]) if "decode" in fits else set(), set(d_regime["length"]) if "decode" in fits else set())}
+    out["partial_lengths"] = {
+        "mode": mode,
+        "lengths": [{"length": L, **counts, "fitted": {k: L in fits_ for k, (fits_, _) in used.items()},
+                     "regime_detection": {k: L in regime for k, (_, regime) in used.items()}}
+                    for L, counts in sorted(partial.items())],
+    }
     # each fitted curve with its bootstrap band, from half the shortest length measured to past the
     # longest request the deployment could serve: the plots' bands (longctx.analysis.bands) and the extrapolation
     lmax, why = max_length(entry)
@@ -172,8 +211,10 @@ def fit_all(df: pd.DataFrame, provenance: dict | None = None, calibration: dict 
     ok = ok_rows(df).copy()
     ok["step_s"] = step_seconds(ok) if "tpot_s" in ok else np.nan
     entries = (provenance or {}).get("configurations", {})
+    partial = partial_lengths(df, provenance)
     for name, g in ok.groupby("configuration", sort=True):
-        out["configurations"][name] = _analyse_configuration(name, g, entries.get(name, {}), calibration, st)
+        out["configurations"][name] = _analyse_configuration(name, g, entries.get(name, {}), calibration, st,
+                                                             partial.get(name))
     return out
 
 

@@ -1,4 +1,5 @@
-"""Tables of the measurements: the single-request rows, medians per length, concurrency, step time."""
+"""Tables of the measurements: the single-request rows, medians per length, concurrency, step time, and
+the lengths measured by fewer successful trials than configured (partial lengths)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,41 @@ def step_seconds(df: pd.DataFrame) -> pd.Series:
     return df["tpot_s"] * tokens
 
 
-def medians(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (configuration, length): medians over ok trials, and the trial counts."""
+def configured_trials(df: pd.DataFrame, provenance: dict | None = None) -> dict[str, int]:
+    """Per configuration: the single-request trials its protocol asked for at each length (provenance
+    protocol.trials), else the most trials any of its lengths has."""
     df = single(df)
+    entries = (provenance or {}).get("configurations") or {}
+    out = {}
+    for name, g in df.groupby("configuration", sort=True):
+        asked = ((entries.get(name) or {}).get("protocol") or {}).get("trials")
+        if isinstance(asked, (int, float)) and not isinstance(asked, bool) and asked > 0:
+            out[name] = int(asked)
+        else:
+            out[name] = int(g.groupby("length").size().max())
+    return out
+
+
+def partial_lengths(df: pd.DataFrame, provenance: dict | None = None) -> dict[str, dict[int, dict]]:
+    """Per configuration, its partial lengths: those with at least one ok single-request trial but fewer
+    than the configured trials (configured_trials); each {ok, trials, configured}. A length with no ok
+    trial is a failed length, not a partial one."""
+    df = single(df)
+    asked = configured_trials(df, provenance)
+    out: dict[str, dict[int, dict]] = {}
+    for (name, length), g in df.groupby(["configuration", "length"], sort=True):
+        ok = int((g["status"] == "ok").sum())
+        if 0 < ok < asked[name]:
+            out.setdefault(name, {})[int(length)] = {"ok": ok, "trials": len(g), "configured": asked[name]}
+    return out
+
+
+def medians(df: pd.DataFrame, provenance: dict | None = None) -> pd.DataFrame:
+    """One row per (configuration, length): medians over ok trials, and the trial counts: `trials`
+    (recorded), `ok`, `configured` (what the protocol asked for: configured_trials) and `partial` (some
+    ok trials, but fewer than configured: partial_lengths)."""
+    df = single(df)
+    asked = configured_trials(df, provenance)
     counts = df.groupby(["configuration", "length"], sort=True).agg(
         trials=("status", "size"), ok=("status", lambda s: int((s == "ok").sum()))
     )
@@ -46,6 +79,8 @@ def medians(df: pd.DataFrame) -> pd.DataFrame:
             *(c for c in df.columns if c.startswith(("prefill_", "decode_")) and c.endswith("_mean"))]
     med = ok_rows(df).reindex(columns=["configuration", "length", *cols]).groupby(["configuration", "length"], sort=True)[cols].median()
     out = counts.join(med).reset_index()
+    out["configured"] = [asked[c] for c in out["configuration"]]
+    out["partial"] = (out["ok"] > 0) & (out["ok"] < out["configured"])
     if "needle" in df:
         needle = df.groupby(["configuration", "length"])["needle"].first()
         out["needle"] = [needle.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
