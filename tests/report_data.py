@@ -23,19 +23,30 @@ LAWS = {  # configuration: (a, b, c, t0, beta)
 }
 
 
+PARTIAL_REASON = "connection reset by the server"
+
+
 def write_data(out: Path, lengths=(1000, 4000, 16000, 64000), trials: int = 3, seed: int = 0, scale: float = 1.0,
-               configs: dict | None = None) -> dict:
-    """Write the data files under out/ (scale multiplies every time: a slower run); return their paths."""
+               configs: dict | None = None, partial: dict | None = None, settings: dict | None = None) -> dict:
+    """Write the data files under out/ (scale multiplies every time: a slower run); return their paths.
+    partial: {(configuration, length): (ok, factor)}: a partial length, whose first `ok` trials succeed,
+    `factor` times slower than the law, and whose other trials fail (PARTIAL_REASON). settings: the fits'."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     configs = configs or LAWS
+    partial = partial or {}
     rows = []
     for name, (a, b, c, t0, beta) in configs.items():
         for L in lengths:
+            ok, factor = partial.get((name, L), (trials, 1.0))
             for t in range(trials):
                 noise = 1 + rng.normal(0, 0.02, 2)
-                ttft = (a + b * L + c * L * L) * noise[0] * scale
-                tpot = (t0 + beta * L) * noise[1] * scale
+                if t >= ok:
+                    rows.append({"configuration": name, "engine": "reference", "length": L, "concurrency": 1, "trial": t,
+                                 "request": 0, "status": "failed", "reason": PARTIAL_REASON, "kv_bytes_per_token": 160})
+                    continue
+                ttft = (a + b * L + c * L * L) * noise[0] * scale * factor
+                tpot = (t0 + beta * L) * noise[1] * scale * factor
                 rows.append({"configuration": name, "engine": "reference", "length": L, "concurrency": 1, "trial": t,
                              "request": 0, "status": "ok", "ttft_s": ttft, "tpot_s": tpot, "decode_tok_s": 1 / tpot,
                              "e2e_s": ttft + 31 * tpot, "prompt_tokens": L, "completion_tokens": 32,
@@ -67,7 +78,7 @@ def write_data(out: Path, lengths=(1000, 4000, 16000, 64000), trials: int = 3, s
     provenance = out / "provenance.json"
     provenance.write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
     fits = out / "fits.json"
-    fit_file(results, fits, provenance, settings={"bootstrap": 200})
+    fit_file(results, fits, provenance, settings={"bootstrap": 200, **(settings or {})})
     planner = out / "planner.json"
     plan_file(provenance, results, planner, [0.5, 0.9])
     depth = out / "itl_depth.csv"

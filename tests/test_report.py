@@ -24,7 +24,7 @@ from longctx.report.figures.measured import plot_all
 from longctx.report.figures.style import length_axis, spans_decades
 
 from .conftest import ROOT
-from .report_data import LAWS, NASTY, config, inputs, write_data
+from .report_data import LAWS, NASTY, PARTIAL_REASON, config, inputs, write_data
 
 TEMPLATES = ROOT / "templates"
 LENGTHS = (1000, 4000, 16000, 64000)
@@ -203,11 +203,15 @@ def test_latex_error_is_traced_to_the_template_line(tmp_path):
     assert "sections/summary.tex.j2 line 2" in str(err.value) and "Undefined control sequence" in str(err.value)
 
 
+PARTIAL = {("fast_kv", 64000): (1, 1.4)}
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """One real report from synthetic data: figures, .tex, PDF, Markdown twin and a plan section."""
+    """One real report from synthetic data: figures, .tex, PDF, Markdown twin and a plan section; fast_kv's
+    longest length is partial (PARTIAL: 1 of its 3 trials succeeded, 1.4 times slower than the law)."""
     root = tmp_path_factory.mktemp("built")
-    paths = write_data(root / "data")
+    paths = write_data(root / "data", partial=PARTIAL)
     out = root / "report"
     plot_all(paths["results_csv"], paths["fits_json"], TEMPLATES / "plot.mplstyle", out / "figures", paths["itl_depth_csv"])
     plot_analysis(paths["results_csv"], paths["fits_json"], paths["planner_json"], TEMPLATES / "plot.mplstyle", out / "figures")
@@ -226,7 +230,8 @@ def test_every_string_is_escaped_and_secrets_are_not_printed(built):
     assert f"base: {NASTY}" in flat  # a configuration's description
     assert "hf_secret_value" not in flat and "HF_TOKEN: (hidden)" in flat
     failures = md_rows(built["md"], "configuration | L | lost | reason")
-    assert failures == [["base", "64,000", "1 of 4", f"timeout: {NASTY}"]]  # three trials ok, a fourth failed
+    assert failures == [["base", "64,000", "1 of 4", f"timeout: {NASTY}"],  # three trials ok, a fourth failed
+                        ["fast_kv", "64,000", "2 of 3", PARTIAL_REASON]]  # the partial length
 
 
 def test_the_twin_and_the_plan_section_carry_the_pdfs_headline_table(built):
@@ -426,3 +431,44 @@ def test_a_server_that_reports_no_settings_is_said_so(tmp_path):
     assert "Server settings: the server reported none." in tex
     assert "reference 9.9" in tex  # the version the server offers, where the record has none
     assert external_cpu_gqa  # (the helper the PDF tests above build from)
+
+
+def test_a_partial_length_is_marked_in_every_table_and_counted_on_page_one(built):
+    """fast_kv at 64,000 tokens is partial by construction (PARTIAL: 1 of 3 trials); base at 64,000 lost a
+    fourth trial but has its 3 of 3, so it is not."""
+    text, md, section = built["text"], built["md"], built["section"]
+    flat = " ".join(text.split())
+    note = "Measured by fewer successful trials than configured: fast_kv at 64,000 tokens, measured by 1 of 3 trials."
+    said = ("1 length was measured by fewer successful trials than configured (fast_kv at 64,000 tokens: 1 of 3 trials); "
+            "it is marked † and left out of the fits and of the regime detection.")
+    # page one counts it; the twin and the plan section say the same
+    page_one = text[:text.index("\f")]
+    assert said in " ".join(page_one.split())
+    assert said in re.sub(r"\\(.)", r"\1", md) and said in re.sub(r"\\(.)", r"\1", section)
+    # the headline table (PDF, twin, plan section): the mark on that row alone, and its note
+    for rows in (md_rows(md, "configuration | L (tokens) | TTFT (ms) | decode (tok/s)"),
+                 md_rows(section, "configuration | L (tokens) | TTFT (ms) | decode (tok/s)")):
+        assert [r[:2] for r in rows if r[1].endswith("†")] == [["fast_kv", "64,000†"]]
+    assert re.search(r"^\s*fast_kv\s+64,000†\s+\S", page_one, re.M) and not re.search(r"base\s+64,000†", text)
+    assert note in " ".join(page_one.split()) and "† " + note in re.sub(r"\\(.)", r"\1", md)
+    # the results appendix (PDF and twin), the telemetry and needle tables: marked, with the note
+    assert re.search(r"fast_kv\s+64,000†\s+3,0\d\d\.\d\s+\S+\s+\S+\s+\S+\s+1/3", text)
+    [results] = [r for r in md_rows(md, "configuration | L (tokens) | TTFT (ms) | TPOT (ms)") if r[1].endswith("†")]
+    assert results[0] == "fast_kv" and results[-1] == "1/3"
+    assert re.search(r"fast_kv\s+64,000†\s+not applicable", text)  # the needle table
+    assert flat.count("† " + note) == 4  # headline, telemetry, needle, results appendix
+    # fits.json: left out of both fits; the diagnosis does not set its one trial against them
+    fits = json.loads(built["paths"]["fits_json"].read_text())["configurations"]
+    assert fits["fast_kv"]["partial_lengths"]["lengths"][0]["fitted"] == {"prefill": False, "decode": False}
+    assert fits["base"]["partial_lengths"]["lengths"] == []
+    assert fits["fast_kv"]["decode"]["regime_change"] is None
+    assert "fast_kv: decode at 16,000 tokens runs at" in flat and "fast_kv: decode at 64,000" not in flat
+
+
+def test_with_partial_lengths_included_page_one_says_they_are_fitted(tmp_path):
+    paths = write_data(tmp_path, partial=PARTIAL, settings={"partial_lengths": "include"})
+    ctx = context(inputs(paths, config=config()))
+    assert ctx["partial"]["use"] == (" and fitted like every other length (analysis.partial_lengths is include), "
+                                     "in the regime detection too.")
+    regime = [d["text"] for d in ctx["diagnosis"] if d["figure"] == "residuals" and d["configuration"] == "fast_kv"]
+    assert regime and all("at 64,000 tokens (measured by 1 of 3 trials) it is" in t for t in regime)

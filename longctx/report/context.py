@@ -205,7 +205,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
     fits = dict(analysis["configurations"])
     planner = json.loads(Path(inputs.planner).read_text()) if inputs.planner else None
     prov = json.loads(Path(inputs.provenance).read_text())
-    med = medians(df)
+    med = medians(df, prov)  # with the partial lengths (fewer ok trials than the protocol's) marked
     names = sorted(df["configuration"].unique())
     order = list(config["configurations"]) if config else names
     base = choose_baseline([n for n in order if n in names] + [n for n in names if n not in order], inputs.baseline)
@@ -215,6 +215,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         taken = (fit.get("ceilings") or {}).get("device")
         if recorded in wording.DEVICES and taken and taken != recorded:
             fits[name] = wording.without_ceilings(fit, recorded)
+    partial = wording.partial_lengths(med, analysis)
     configs = []
     for name in names:
         p = prov["configurations"].get(name, {})
@@ -255,6 +256,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "starts": p.get("starts"),
             "fit": fit,
             "rows": med[med["configuration"] == name].to_dict("records"),
+            "partial": [r for r in partial["rows"] if r["configuration"] == name],
             "speculative": bool(med[med["configuration"] == name]["spec_accept_length"].notna().any()),
         })
     # the served model, hardware and protocol: from the first configuration whose server started
@@ -304,6 +306,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "planner": planner,
         "bands": {kind: bands.describe(analysis, kind) for kind in bands.KINDS},
         "failures": failures,
+        "partial": partial,
         "flagged": [{"name": c["name"], "flags": c["flags"]} for c in configs if c["flags"]],
         "cache_flush": cache_flush,
         "measured": bool((med["ttft_s"] > 0).any()),  # False: no length of any configuration has a usable TTFT
@@ -354,8 +357,14 @@ def version_of(ctx: dict, inputs: ReportInputs, template_dir: str | Path, versio
 
 
 def with_version(ctx: dict, record: dict, versions_dir: str | Path) -> dict:
-    """The context with this build's version and the comparison with the previous version."""
-    return {**ctx, "version": record, "comparison": versions.comparison(versions_dir, record["previous"], ctx["snapshot"])}
+    """The context with this build's version and the comparison with the previous version (a row's
+    partial_now: the length is partial in this version, marked like every per-length row)."""
+    cmp = versions.comparison(versions_dir, record["previous"], ctx["snapshot"])
+    keys = set((ctx.get("partial") or {}).get("keys") or [])
+    for r in (cmp or {}).get("rows") or []:
+        r["key"] = f"{r['configuration']}:{r['length']}"
+        r["partial_now"] = r["key"] in keys
+    return {**ctx, "version": record, "comparison": cmp}
 
 
 def render_text(template: str | Path, ctx: dict, env: jinja2.Environment) -> str:

@@ -7,6 +7,10 @@ work, or reading the KV cache, and then how far from the memory roof), the prefi
 share, crossover and FLOP rate, speculative acceptance, a regime change where the model stops
 fitting, what the fits predict at the longest request the deployment could serve, and, per KV
 pool, what the memory planner says.
+
+A partial length (fewer successful trials than configured: the medians' `partial`) is not set against
+the fits as if it were measured in full: the sentences about the longest length take the longest full
+one, and wherever a partial length is named it says by how many trials it was measured.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .numbers import is_number, rounded
-from .wording import planner_reason
+from .wording import partial_text, planner_reason
 
 # The figures (longctx.report.figures) the sentences point at, in the order the summary gives them.
 ORDER = ("roofline", "step_time", "ttft", "residuals", "extrapolation", "acceptance", "planner")
@@ -37,7 +41,7 @@ def _flops(f: float) -> str:
     return f"{f / 1e12:.3g} TFLOP/s" if f >= 1e12 else f"{f / 1e9:.3g} GFLOP/s"
 
 
-def _decode(name: str, top, L: int, fit: dict) -> list[tuple[str, str]]:
+def _decode(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list[tuple[str, str]]:
     d = fit.get("decode")
     if not d or not is_number(top.get("tpot_s")):
         return []
@@ -46,7 +50,7 @@ def _decode(name: str, top, L: int, fit: dict) -> list[tuple[str, str]]:
     share = d["beta_s_per_token"] * L / step if step > 0 else 0.0
     ceil = fit.get("ceilings") or {}
     roof = fit.get("roofline") or {}
-    head = f"{name}: decode at {L:,} tokens runs at {rounded(top['decode_tok_s'])} tok/s ({rounded(step * 1e3)} ms per step)"
+    head = f"{name}: decode at {_at(L, partial)} runs at {rounded(top['decode_tok_s'])} tok/s ({rounded(step * 1e3)} ms per step)"
     if share < ATTENTION_SHARE_BOUND:
         out.append(("step_time", f"{head}; it is bound by the fixed per-step work (t0 = {d['t0_s'] * 1e3:.3g} ms), "
                                  f"not by the KV cache: reading {L:,} tokens of it is {share:.0%} of the step."))
@@ -72,7 +76,7 @@ def _decode(name: str, top, L: int, fit: dict) -> list[tuple[str, str]]:
         width = f" (verify width {roof['query_tokens']})" if roof["query_tokens"] > 1 else ""
         text = (f"{name}: the decode attention's intensity is {roof['intensity']:.3g} FLOP/byte{width}, "
                 f"{'below' if bound == 'memory' else 'above'} the {which} ridge of {roof[f'ridge_{which}']:.3g} FLOP/byte: "
-                f"{bound}-bound on this hardware; at {last['length']:,} tokens it achieves {_flops(last['achieved_flops'])}")
+                f"{bound}-bound on this hardware; at {_at(int(last['length']), partial)} it achieves {_flops(last['achieved_flops'])}")
         frac = last.get(f"fraction_of_{which}")
         if frac is not None:
             text += f", {100 * frac:.2g}% of the {which} roof at that intensity"
@@ -81,14 +85,14 @@ def _decode(name: str, top, L: int, fit: dict) -> list[tuple[str, str]]:
     return out
 
 
-def _prefill(name: str, top, L: int, fit: dict) -> list[tuple[str, str]]:
+def _prefill(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list[tuple[str, str]]:
     p = fit.get("prefill")
     if not p:
         return []
     quad = p["c_s_per_token2"] * L**2
     total = p["a_s"] + p["b_s_per_token"] * L + quad
     share = quad / total if quad > 0 and total > 0 else 0.0
-    text = f"{name}: prefill of {L:,} tokens takes {top['ttft_s']:.3g} s; the quadratic (attention) term is {share:.0%} of it"
+    text = f"{name}: prefill of {_at(L, partial)} takes {top['ttft_s']:.3g} s; the quadratic (attention) term is {share:.0%} of it"
     if p.get("crossover_tokens"):
         text += (f"; attention overtakes the linear work beyond {p['crossover_tokens']:,.0f} tokens"
                  f"{_ci(p['ci'].get('crossover_tokens'), fmt='{:,.0f}')}")
@@ -102,7 +106,19 @@ def _prefill(name: str, top, L: int, fit: dict) -> list[tuple[str, str]]:
     return [("ttft", text + ".")]
 
 
-def _regimes(name: str, fit: dict) -> list[tuple[str, str]]:
+def _partial_of(rows: pd.DataFrame) -> dict[int, str]:
+    """The partial lengths among a configuration's medians, each with its words ('measured by 1 of 3 trials')."""
+    if "partial" not in rows:
+        return {}
+    return {int(r["length"]): partial_text(r) for r in rows[rows["partial"].eq(True)].to_dict("records")}
+
+
+def _at(L: int, partial: dict[int, str]) -> str:
+    """'{L} tokens', with how many trials measured it where it is a partial length."""
+    return f"{L:,} tokens ({partial[L]})" if L in partial else f"{L:,} tokens"
+
+
+def _regimes(name: str, fit: dict, partial: dict[int, str]) -> list[tuple[str, str]]:
     out = []
     for kind, what in (("prefill", "TTFT"), ("decode", "the decode step")):
         rc = (fit.get(kind) or {}).get("regime_change")
@@ -110,10 +126,32 @@ def _regimes(name: str, fit: dict) -> list[tuple[str, str]]:
             later = len(rc["deviations"])
             tail = (", and at the longer length measured" if later == 2 else f", and at the {later - 1} longer lengths measured" if later > 2
                     else " (the longest length measured: one length, so check it with a longer one)")
+            among = sorted(int(x) for x in rc["deviations"] if int(x) in partial and int(x) != rc["from_length"])
+            if among:  # partial lengths in the regime detection (analysis.partial_lengths: include)
+                tail += f"; of those, {_lengths(among)} {'was' if len(among) == 1 else 'were'} measured by fewer trials than configured"
             out.append(("residuals", f"{name}: {what} stops following its model beyond {rc['fitted_up_to']:,} tokens: at "
-                        f"{rc['from_length']:,} tokens it is {abs(rc['deviation']):.0%} {rc['direction']} than the fit of the "
-                        f"shorter lengths predicts{tail}."))
+                        f"{_at(rc['from_length'], partial)} it is {abs(rc['deviation']):.0%} {rc['direction']} than the fit "
+                        f"of the shorter lengths predicts{tail}."))
     return out
+
+
+def _partial(name: str, partial: dict[int, str], fit: dict) -> str | None:
+    """What became of name's partial lengths, in one sentence; None without any."""
+    if not partial:
+        return None
+    where = "; ".join(f"{L:,} tokens: {text}" for L, text in sorted(partial.items()))
+    fitted = {x["length"]: x.get("fitted") or {} for x in (fit.get("partial_lengths") or {}).get("lengths") or []}
+    n = len(partial)
+    if not fitted:  # fits.json from before partial lengths were recorded
+        use = ""
+    elif any(any(f.values()) for f in fitted.values()):
+        kinds = [k for k in ("prefill", "decode") if any(f.get(k) for f in fitted.values())]
+        use = (f"; the {' and '.join(kinds)} fit{'s' if len(kinds) > 1 else ''} include{'' if len(kinds) > 1 else 's'} "
+               f"{'it' if n == 1 else 'them'}")
+    else:
+        use = f"; {'it is' if n == 1 else 'they are'} left out of the fits and of the regime detection"
+    return (f"{name}: {n} length{' was' if n == 1 else 's were'} measured by fewer successful trials than configured "
+            f"({where}){use}.")
 
 
 def _extrapolation(name: str, fit: dict) -> list[tuple[str, str]]:
@@ -131,12 +169,12 @@ def _extrapolation(name: str, fit: dict) -> list[tuple[str, str]]:
     return [("extrapolation", f"{name}: {where} {verb} " + " and ".join(parts) + tail + ".")]
 
 
-def _speculative(name: str, top, L: int) -> list[tuple[str, str]]:
+def _speculative(name: str, top, L: int, partial: dict[int, str]) -> list[tuple[str, str]]:
     if not is_number(top.get("spec_accept_length")):
         return []
     rate = f" ({top['spec_accept_rate']:.0%} of drafts accepted)" if is_number(top.get("spec_accept_rate")) else ""
     return [("acceptance", f"{name}: speculative decoding produces {top['spec_accept_length']:.3g} tokens per verify step "
-                           f"at {L:,} tokens{rate}.")]
+                           f"at {_at(L, partial)}{rate}.")]
 
 
 def _planner(planner: dict | None) -> list[tuple[str, str]]:
@@ -224,13 +262,19 @@ def diagnose(med: pd.DataFrame, fits: dict, planner: dict | None = None) -> list
             continue
         if failed:  # the lengths that failed, before what the others say
             items.append(("", name, failed, False))
-        top = rows.iloc[-1]
+        partial = _partial_of(rows)
+        said = _partial(name, partial, fit)
+        if said:
+            items.append(("", name, said, False))
+        # the longest length measured in full: a partial one's few trials are not set against the fits
+        full = rows[~rows["length"].astype(int).isin(partial)]
+        top = (full if len(full) else rows).iloc[-1]
         L = int(top["length"])
-        decode = _decode(name, top, L, fit)
+        decode = _decode(name, top, L, fit, partial)
         for text in _unusable(name, rows):
             items.append(("", name, text, not decode))
-        for i, (figure, text) in enumerate(decode + _prefill(name, top, L, fit) + _speculative(name, top, L)
-                                           + _regimes(name, fit) + _extrapolation(name, fit)):
+        for i, (figure, text) in enumerate(decode + _prefill(name, top, L, fit, partial) + _speculative(name, top, L, partial)
+                                           + _regimes(name, fit, partial) + _extrapolation(name, fit)):
             items.append((figure, name, text, i == 0 and bool(decode)))
     for name in sorted(set(med["configuration"]) - set(fits)):
         rows = med[med["configuration"] == name]

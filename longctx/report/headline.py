@@ -35,7 +35,8 @@ def headline(med: pd.DataFrame, baseline: str | None, names: list[str] | None = 
     TTFT speedup is the baseline's TTFT over this configuration's (above 1: faster prefill); decode
     speedup is this configuration's decode rate over the baseline's, at the same length. A length
     the baseline did not measure has no speedup. The baseline's rows come first, then the others
-    in `names` order (default: sorted)."""
+    in `names` order (default: sorted). A row's `partial` marks a length measured by fewer successful
+    trials (`ok`) than configured (`configured`)."""
     names = list(names) if names is not None else sorted(med["configuration"].unique())
     base = choose_baseline(names, baseline)
     order = ([base] if base else []) + [n for n in names if n != base]
@@ -53,6 +54,10 @@ def headline(med: pd.DataFrame, baseline: str | None, names: list[str] | None = 
                 "ttft_speedup": _ratio(b["ttft_s"], ttft) if b is not None else None,
                 "decode_speedup": _ratio(rate, b["decode_tok_s"]) if b is not None else None,
                 "is_baseline": name == base,
+                # fewer successful trials than configured (longctx.analysis.tables.medians): marked in the table
+                "partial": bool(r.get("partial", False)),
+                "ok": int(r["ok"]) if is_number(r.get("ok")) else None,
+                "configured": int(r["configured"]) if is_number(r.get("configured")) else None,
             })
     return {"baseline": base, "requested_baseline": baseline, "columns": [list(c) for c in COLUMNS], "rows": rows}
 

@@ -300,3 +300,51 @@ def trial_flags(rows) -> list[str]:
         out.append(f"{early} of {n} trials stopped before the output tokens asked (an early stop); they are left out "
                    "of the decode fit")
     return out
+
+
+PARTIAL_LISTED = 6  # partial lengths named on page one; the others are counted
+
+
+def partial_text(row) -> str:
+    """One partial length in words: 'measured by 1 of 3 trials'."""
+    return f"measured by {int(row['ok'])} of {int(row['configured'])} trials"
+
+
+def partial_lengths(med, analysis: dict) -> dict:
+    """The partial lengths (longctx.analysis.tables.medians' `partial` rows: fewer successful single-request
+    trials than configured) and what the fits did with them (fits.json's partial_lengths), for the tables'
+    marks and page one: {count, rows: [{configuration, length, ok, configured, key, text}], keys, said, use}.
+    `said` counts them (naming the first few), `use` says whether the fits and the regime detection left
+    them out; the templates write "<said>; <it> marked <the mark><use>"."""
+    rows = []
+    if len(med) and "partial" in med:
+        for r in med[med["partial"].eq(True)].sort_values(["configuration", "length"]).to_dict("records"):
+            rows.append({"configuration": r["configuration"], "length": int(r["length"]), "ok": int(r["ok"]),
+                         "configured": int(r["configured"]), "key": f"{r['configuration']}:{int(r['length'])}",
+                         "text": partial_text(r)})
+    out = {"count": len(rows), "rows": rows, "keys": [r["key"] for r in rows], "said": None, "it": None, "use": None}
+    if not rows:
+        return out
+    named = [f"{r['configuration']} at {r['length']:,} tokens: {r['ok']} of {r['configured']} trials" for r in rows[:PARTIAL_LISTED]]
+    if len(rows) > PARTIAL_LISTED:
+        named.append(f"{len(rows) - PARTIAL_LISTED} more")
+    n = len(rows)
+    out["said"] = (f"{n} length{' was' if n == 1 else 's were'} measured by fewer successful trials than configured "
+                   f"({_join(named)})")
+    out["it"] = "it is" if n == 1 else "they are"
+    mode = (analysis.get("settings") or {}).get("partial_lengths", "exclude")
+    configs = analysis.get("configurations") or {}
+    if mode == "include":
+        out["use"] = (f" and fitted like every other length (analysis.partial_lengths is include), in the regime "
+                      "detection too.")
+        return out
+    recorded = any("partial_lengths" in (configs.get(r["configuration"]) or {}) for r in rows)
+    if not recorded:  # fits.json from before partial lengths were recorded: what the fits did is not known
+        out["use"] = "."
+        return out
+    fell = [f"{name}'s {kind} fit" for name in sorted({r["configuration"] for r in rows})
+            for kind in ("prefill", "decode") if ((configs.get(name) or {}).get(kind) or {}).get("on_partial_lengths")]
+    out["use"] = " and left out of the fits and of the regime detection" + (
+        f", but for {_join(fell)}, which stand{'s' if len(fell) == 1 else ''} on {'it' if n == 1 else 'them'}: "
+        "too few other lengths were measured." if fell else ".")
+    return out
