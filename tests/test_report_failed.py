@@ -1,7 +1,8 @@
 """A failed run still reports: raw files where every length (of one configuration, or of all)
 failed, a single successful length, or successful trials whose times read 0 or below go through
 the report rules' commands (aggregate, fit, plan-memory, plot, plot-analysis, render, pdf,
-markdown) to a PDF and its Markdown twin that say what was not measured and why."""
+markdown) to a PDF and its Markdown twin that say what was not measured and why. A real sweep that lost
+two trials of one length reports that length as partial."""
 
 from __future__ import annotations
 
@@ -180,3 +181,48 @@ def test_figures_without_data_say_not_measured(report):
     assert "not measured: no time to first token above 0" in text_of(figures / "ttft.pdf")
     assert "not measured: no decode rate" in text_of(figures / "decode_rate.pdf")
     assert "not measured: no decode step time" in text_of(figures / "step_time.pdf")
+
+
+def test_a_real_sweep_with_a_trial_lost_marks_that_length_and_leaves_it_out_of_the_fits(tmp_path, monkeypatch):
+    """A real sweep of the reference engine in which two of the three trials of its longest length time out (a
+    timeout of 0.1 ms, on the real client, for those requests alone): the raw file says partial, and the
+    report chain marks that length in its tables, counts it on page one and fits without it."""
+    import longctx.measure.prompts as prompts
+    from longctx.measure.sweep import run_configuration
+
+    from .conftest import tiny_spec
+
+    lengths, lost_at = (32, 64, 128, 256), 256
+    real, calls = prompts.Prompter.generate, []
+
+    def generate(self, client, url, body, timeout_s, length):
+        calls.append(length)
+        if length == lost_at and calls.count(lost_at) >= 2:  # the second and third trial of that length
+            timeout_s = 1e-4
+        return real(self, client, url, body, timeout_s, length)
+
+    monkeypatch.setattr(prompts.Prompter, "generate", generate)
+    spec = tiny_spec("page1", lengths=list(lengths))
+    spec.protocol.update({"warmup": 0, "trials": 3, "output_tokens": 4, "concurrency": []})
+    spec.server["stop_timeout_s"] = 2
+    data, out = tmp_path / "data", tmp_path / "report"
+    run_configuration(spec, data / "raw" / "page1", tmp_path / "server.log", tmp_path / "partial")
+    raw = json.loads((data / "raw" / "page1" / f"{lost_at}.json").read_text())
+    assert raw["status"] == "partial" and [t["status"] for t in raw["trials"]] == ["ok", "failed", "failed"]
+    run_chain(data, out, ("page1",))
+    fits = json.loads((data / "fits.json").read_text())["configurations"]["page1"]
+    assert fits["partial_lengths"]["lengths"] == [
+        {"length": lost_at, "ok": 1, "trials": 3, "configured": 3, "fitted": {"prefill": False, "decode": False},
+         "regime_detection": {"prefill": False, "decode": False}}]
+    assert "prefill" in fits and "decode" in fits  # on the three full lengths
+    pdf = text_of(out / "longctx.pdf")
+    summary = pdf[:pdf.index("2 Diagnosis")]
+    assert ("1 length was measured by fewer successful trials than configured (page1 at 256 tokens: 1 of 3 trials); it is "
+            "marked † and left out of the fits and of the regime detection.") in summary
+    assert "page1 256† " in summary and "page1 128 " in summary and "128†" not in pdf
+    assert "† Measured by fewer successful trials than configured: page1 at 256 tokens, measured by 1 of 3 trials." in summary
+    assert "page1: decode at 128 tokens runs at" in summary  # the longest length measured in full
+    assert "slower than the fit" not in pdf and "256 tokens (measured by 1 of 3 trials)" not in pdf
+    assert re.search(r"page1 256† [\d.,]+ [\d.,]+ [\d.,]+ [\d.,]+ 1/3", pdf)  # the results appendix
+    md = unescape_md((out / "longctx.md").read_text())
+    assert "| page1 | 256† |" in md and "it is marked † and left out of the fits" in md
