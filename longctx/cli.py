@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -31,16 +32,19 @@ def _bench(a) -> int:
         console.addFilter(lambda r: r.name == "longctx.progress" or r.levelno >= logging.ERROR)
         root.addHandler(to_file)
         root.addHandler(console)
+    sources = json.loads(os.environ.get(cfg.CONFIG_SOURCES_VAR) or "{}")
+    files = a.configfile or sources.get("configfiles")
     if a.spec:
         spec = ConfigurationSpec.from_json(a.spec)
-    elif a.configfile and a.configuration:
-        overrides = json.loads(a.config_overrides) if a.config_overrides else None
-        spec = cfg.configuration_spec(cfg.load(a.configfile, overrides), a.configuration)
+    elif files and a.configuration:
+        overrides = json.loads(a.config_overrides) if a.config_overrides else sources.get("overrides")
+        spec = cfg.configuration_spec(cfg.load(files, overrides), a.configuration)
         if a.spec_hash and digest(spec.to_dict()) != a.spec_hash:
-            raise ConfigError(f"configuration {a.configuration!r} in {', '.join(a.configfile)} is not the one the workflow "
+            raise ConfigError(f"configuration {a.configuration!r} in {', '.join(files)} is not the one the workflow "
                               "planned this job for (the file changed since): run the workflow again")
     else:
-        raise ConfigError("bench needs --spec, or --configfile with --configuration")
+        raise ConfigError(f"bench needs --spec, or --configuration with --configfile (or {cfg.CONFIG_SOURCES_VAR}, "
+                          "as the workflow sets it)")
     failed = run_configuration(spec, a.outdir or f"data/raw/{spec.name}", a.server_log or f"data/logs/server/{spec.name}.log",
                                a.resume_dir)
     print(f"{spec.name}: {len(spec.lengths) - failed} of {len(spec.lengths)} lengths measured")
@@ -194,8 +198,9 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bench", help="bring one configuration's server up, measure every length, stop it")
     s.add_argument("--spec", help="the configuration spec as JSON")
-    s.add_argument("--configfile", action="append", help="or (what the workflow passes): the config files, merged in order ...")
-    s.add_argument("--config-overrides", help="... Snakemake's --config values as JSON ...")
+    s.add_argument("--configfile", action="append", help="or: the config files, merged in order (the workflow passes them, "
+                   "and its --config values, in LONGCTX_CONFIG_SOURCES) ...")
+    s.add_argument("--config-overrides", help="... --config values as JSON ...")
     s.add_argument("--configuration", help="... and the configuration's name")
     s.add_argument("--spec-hash", help="the spec's hash as the workflow planned it: a changed config file is refused")
     s.add_argument("--outdir", help="where <length>.json go (default data/raw/<configuration>)")

@@ -159,6 +159,11 @@ def load(path: str | Path | list, overrides: dict | None = None) -> dict[str, An
     return validate(merge(raw, overrides or {}))
 
 
+# The environment variable through which the workflow tells `longctx bench` which config files (and
+# --config values) it merged: {"configfiles": [...], "overrides": {...}} as JSON
+CONFIG_SOURCES_VAR = "LONGCTX_CONFIG_SOURCES"
+
+
 def redacted(config: dict[str, Any]) -> dict[str, Any]:
     """The config with every configuration's env values hidden, but those report.env_shown names: what
     may reach a Snakemake param, a log or the report (the values stay in the config file)."""

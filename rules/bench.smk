@@ -11,7 +11,6 @@ rule bench_configuration:
         server="data/logs/server/{configuration}.log",
     params:
         spec_hash=bench_spec_hash,
-        config=f"{CONFIG_FILES} {CONFIG_OVERRIDES}",
         outdir=lambda w, output: os.path.dirname(output[0]),
         resume=f"{PARTIAL}/{{configuration}}",
     threads: workflow.cores
@@ -22,7 +21,7 @@ rule bench_configuration:
     conda:
         ENV
     shell:
-        "longctx bench --configuration {wildcards.configuration} {params.config} --spec-hash {params.spec_hash} "
+        "longctx bench --configuration {wildcards.configuration} --spec-hash {params.spec_hash} "
         "--outdir {params.outdir} --server-log {log.server} --resume-dir {params.resume} --log {log.bench}"
 
 

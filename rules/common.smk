@@ -4,7 +4,6 @@ import glob
 import json
 import os
 import re
-import shlex
 
 from longctx import config as lcfg
 from longctx.core.hashing import canonical_json, digest
@@ -30,10 +29,12 @@ BASELINE = lcfg.report_baseline(CFG)
 # (longctx.config.redacted), as in every param, so that none reaches .snakemake/ or a log.
 REPORT_CONFIG = json.dumps(lcfg.redacted(CFG))  # in the config file's order
 # What a bench job reads its configuration from: the config files Snakemake merged, in order, and
-# its --config values; the job's params carry only the spec's hash (its staleness), never the spec.
-CONFIG_FILES = " ".join(f"--configfile {shlex.quote(str(f))}" for f in workflow.configfiles)
-CONFIG_OVERRIDES = (f"--config-overrides {shlex.quote(canonical_json(workflow.config_settings.config))}"
-                    if workflow.config_settings.config else "")
+# its --config values, handed to `longctx bench` in its environment (LONGCTX_CONFIG_SOURCES; a job step
+# on a cluster node parses the workflow again and sets it there too). Neither a param nor part of the
+# command: the same spec under another file name reruns nothing, and the job's params carry only the
+# spec's hash, its staleness, never the spec.
+os.environ[lcfg.CONFIG_SOURCES_VAR] = canonical_json({"configfiles": [str(f) for f in workflow.configfiles],
+                                                      "overrides": workflow.config_settings.config or {}})
 # The data every rendering of the report reads (the PDF's .tex, the Markdown twin, a plan's section):
 # the inputs of those rules, each a field of longctx.report.context.ReportInputs and an option of
 # `longctx render/markdown/plan-section` (--results, --fits, --provenance, --itl-depth, --planner).
