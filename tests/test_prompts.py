@@ -134,29 +134,59 @@ def test_the_whole_workflow_reports_every_kind_of_server(tmp_path):
     from .conftest import copy_workflow, snakemake
     from .test_report import pdftotext
 
+    import subprocess
+    import sys
+
+    import psutil
+
+    from .conftest import ROOT
+
     (tmp_path / "wf").mkdir()
     work = copy_workflow(tmp_path / "wf")
+    # and one in a process of its own on this machine's CPU (device: cpu): its telemetry is that process's
+    own = subprocess.Popen([sys.executable, "-m", "tests.openai_servers", "text-only", str(tmp_path / "own")], cwd=ROOT,
+                           stdout=subprocess.PIPE, text=True)
     with contextlib.ExitStack() as stack:
+        stack.callback(own.wait)
+        stack.callback(own.kill)
         urls = {b: stack.enter_context(openai_server(b, tmp_path / "tok"))[0] for b in sorted(BEHAVIOURS)}
+        own_url = next(line.strip() for line in own.stdout if line.startswith("http"))  # after the trainer's blank lines
         config = {
             "lengths": [64, 256], "protocol": {"warmup": 0, "trials": 2, "output_tokens": 8, "token_id_range": [3, 300]},
             "model": {"name": "bpe-gqa", "random_weights": True,
                       "architecture": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 128,
                                        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
                                        "torch_dtype": "bfloat16"}},
-            "configurations": {b: {"engine": "external", "url": url, "api": "openai"} for b, url in urls.items()},
+            "configurations": {**{b: {"engine": "external", "url": url, "api": "openai"} for b, url in urls.items()},
+                               "own-cpu": {"engine": "external", "url": own_url, "api": "openai", "device": "cpu"}},
+            "calibration": {"copy_mib": 16, "matmul_size": 256, "repeats": 3},
         }
         # the servers' tokenizers share one vocabulary (the same training); a BOS server's adds <s>, which the
         # probe measures: model.tokenizer names the plain one, as a user's names the model's
         config["model"]["tokenizer"] = str(make_tokenizer(tmp_path / "tok" / "plain"))
         (work / "servers.yaml").write_text(yaml.safe_dump(config))
         snakemake(work, "--cores", "1", "report/longctx.pdf", "--configfile", "servers.yaml")
+        own_rss = psutil.Process(own.pid).memory_info().rss / 1e9  # the kernel's count for that process, read here
     df = pd.read_csv(work / "data" / "results.csv")
-    assert set(df["configuration"]) == set(BEHAVIOURS) and (df["status"] == "ok").all(), df[["configuration", "reason"]]
+    assert set(df["configuration"]) == {*BEHAVIOURS, "own-cpu"} and (df["status"] == "ok").all(), df[["configuration", "reason"]]
     assert (df["prompt_tokens"] == df["length"]).all() and (df["completion_tokens"] == 8).all()
-    text = pdftotext(work / "report" / "longctx.pdf")
+    rates = df.groupby("configuration")["decode_tok_s"].median()  # counted tokens at the servers' own pace
+    assert ((rates > 0.5 / DECODE_S) & (rates < 1.1 / DECODE_S)).all(), rates
+    raw = json.loads((work / "data" / "raw" / "own-cpu" / "256.json").read_text())
+    scope = raw["provenance"]["telemetry_scope"]
+    assert scope["over"] == "process" and scope["pid"] == own.pid and raw["provenance"]["device"] == "cpu"
+    samples = [s for _, s in raw["telemetry"]["samples"]]
+    assert samples and all(abs(s["rss_gb"] - own_rss) < 0.2 * own_rss for s in samples)  # that process's, not the machine's
+    calibration = json.loads((work / "data" / "calibration.json").read_text())
+    assert calibration["devices"]["cpu"]["status"] == "ok" and calibration["devices"]["cpu"]["configurations"] == ["own-cpu"]
+    assert sorted(calibration["remote"]) == sorted(BEHAVIOURS)  # the others are remote by default: not calibrated
+    fits = json.loads((work / "data" / "fits.json").read_text())["configurations"]
+    assert fits["own-cpu"]["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 2  # K and V, 2 layers, 2 KV heads of 64, bf16
+    assert fits["own-cpu"]["ceilings"]["measured"]["bandwidth_Bps"] > 0
+    text = " ".join(pdftotext(work / "report" / "longctx.pdf").split())
     for b in BEHAVIOURS:
         assert b in text
+    assert "GQA" in text and "1,024 KV bytes per token" in text and "MLA" not in text
 
 
 def test_estimated_counts_stay_out_of_the_fits_unless_nothing_else_exists():

@@ -149,7 +149,7 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     adapter = adapter_of(entry)
     # where the server computed: as the measurement recorded it (provenance device: vLLM's CPU build is a
     # CPU whatever its flags say), else as the engine's flags say
-    device = entry.get("device") if entry.get("device") in ("cpu", "gpu") else adapter.compute_device(args)
+    device = entry.get("device") if entry.get("device") in ("cpu", "gpu", "remote") else adapter.compute_device(args)
     ceil = hardware.ceilings(device, entry.get("hardware") or {}, calibration, dtype)
     out["ceilings"] = ceil
     dec = out.get("decode")

@@ -270,6 +270,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "description": first.get("telemetry", "off") if isinstance(first.get("telemetry", "off"), str)
         else wording.telemetry(first.get("telemetry"))["text"],
         "sources": sorted({re.sub(r"\s*\(pid \d+\)", "", s["text"]) for s in sources}),  # one per kind of source
+        # the configurations' own descriptions differ (one remote, one on this CPU...): each is said
+        "per_configuration": len({re.sub(r"\(pid \d+[^)]*\)", "", c["telemetry"]["text"]) for c in configs}) > 1,
         "util": "sm_util_pct" if gpu else "cpu_util_pct",
         "util_label": labels["util"],
         "util_text": labels["util"],

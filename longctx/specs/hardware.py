@@ -89,8 +89,11 @@ def peak_flops(entry: dict | None, dtype: str) -> tuple[float | None, str | None
 
 def ceilings(device: str, hardware: dict, calibration: dict | None, dtype: str) -> dict:
     """Datasheet and measured ceilings (bytes/s, FLOP/s) of the device a configuration's server
-    computes on: 'gpu' or 'cpu' (its engine adapter's compute_device)."""
+    computes on: 'gpu' or 'cpu' (of the machine that measured), or 'remote' (none apply)."""
     out: dict = {"device": device, "device_name": None, "datasheet": None, "measured": None}
+    if device == "remote":  # another machine's: neither this machine's datasheet entry nor its calibration applies
+        why = "the server computes on another machine, whose device this one neither knows nor measured"
+        return {**out, "datasheet_missing": why, "measured_missing": why}
     if device == "gpu":
         gpus = hardware.get("gpus") or []
         out["device_name"] = gpus[0]["name"] if gpus else None
