@@ -12,10 +12,9 @@ import subprocess
 
 import pytest
 
-from longctx import cli
 
 from .conftest import ROOT
-from .report_data import NASTY, config
+from .report_data import NASTY, config, run_report_chain
 
 TEMPLATES = ROOT / "templates"
 LENGTHS = (1000, 4000, 16000)
@@ -76,34 +75,8 @@ def case_non_positive(data):
 
 
 def run_chain(data, out, names) -> None:
-    """The report rules' commands (rules/report.smk, bench/report_from_data.sh), in order."""
-    (data / "calibration.json").write_text("{}\n")
-    raws = sorted(str(p) for p in (data / "raw").glob("*/*.json"))
-    f = {n: str(data / n) for n in ("results.csv", "provenance.json", "itl_depth.csv", "fits.json", "planner.json",
-                                    "calibration.json")}
-    style = str(TEMPLATES / "plot.mplstyle")
-    common = ["--results", f["results.csv"], "--fits", f["fits.json"], "--provenance", f["provenance.json"],
-              "--itl-depth", f["itl_depth.csv"], "--planner", f["planner.json"], "--config-json", json.dumps(config(names))]
-    steps = [
-        ["aggregate", "--out-csv", f["results.csv"], "--out-provenance", f["provenance.json"], "--out-itl-depth",
-         f["itl_depth.csv"], *raws],
-        ["fit", "--results", f["results.csv"], "--provenance", f["provenance.json"], "--calibration", f["calibration.json"],
-         "--settings", '{"bootstrap": 50}', "--out", f["fits.json"]],
-        ["plan-memory", "--provenance", f["provenance.json"], "--results", f["results.csv"], "--fractions", "0.5,0.9",
-         "--out", f["planner.json"]],
-        ["plot", "--results", f["results.csv"], "--fits", f["fits.json"], "--style", style, "--itl-depth", f["itl_depth.csv"],
-         "--outdir", str(out / "figures")],
-        ["plot-analysis", "--results", f["results.csv"], "--fits", f["fits.json"], "--planner", f["planner.json"],
-         "--style", style, "--outdir", str(out / "figures")],
-        ["render", "--template", str(TEMPLATES / "longctx.tex.j2"), *common, "--out", str(out / "longctx.tex"),
-         "--version-out", str(out / "version.json")],
-        ["pdf", "--tex", str(out / "longctx.tex"), "--provenance", f["provenance.json"], "--version",
-         str(out / "version.json"), "--out", str(out / "longctx.pdf")],
-        ["markdown", "--template", str(TEMPLATES / "longctx.md.j2"), "--version", str(out / "version.json"), *common,
-         "--out", str(out / "longctx.md")],
-    ]
-    for argv in steps:
-        assert cli.main(argv) in (0, None), argv[0]
+    """The report rules' commands (rules/report.smk, bench/report_from_data.sh), in order, uncalibrated."""
+    run_report_chain(data, out, config(names), calibration={})
 
 
 def text_of(pdf) -> str:
