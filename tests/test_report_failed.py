@@ -13,10 +13,8 @@ import subprocess
 import pytest
 
 
-from .conftest import ROOT
 from .report_data import NASTY, config, run_report_chain
 
-TEMPLATES = ROOT / "templates"
 LENGTHS = (1000, 4000, 16000)
 PROVENANCE = {  # what a sweep records once a server answered (longctx.measure.sweep)
     "protocol": {"warmup": 1, "trials": 3, "output_tokens": 32, "flush_cache": True},
