@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from longctx import config as lcfg
+from longctx.core.hashing import digest
 from longctx.measure.sweep import _spec_from_counters, run_configuration
 from longctx.measure.client import normalize_spec_fields
 from longctx.engines import ConfigurationSpec, get_adapter
@@ -80,13 +81,15 @@ WRONG_ERA = {"0.5.23": "ambiguous option: --cuda-graph-", "0.5.9": "unrecognized
 
 @pytest.fixture(scope="module")
 def kimi_bench_specs(tmp_path_factory) -> dict[str, ConfigurationSpec]:
-    """The specs `snakemake -n -p` on the study's deployment hands to its bench jobs (`longctx bench --spec`)."""
+    """The specs `snakemake -n -p` on the study's deployment plans its bench jobs for: each job names its
+    configuration and the spec's hash, and the spec longctx bench builds from the config file has that hash."""
     work = copy_workflow(tmp_path_factory.mktemp("kimi"))
     plan = snakemake(work, "-n", "-p", "report/longctx.pdf", "--configfile", str(KIMI.relative_to(ROOT)))
     specs = {}
     for line in re.findall(r"^Shell command: (longctx bench .*)$", plan, re.M):
         words = shlex.split(line)
-        spec = ConfigurationSpec.from_json(words[words.index("--spec") + 1])
+        spec = lcfg.configuration_spec(lcfg.load(KIMI), words[words.index("--configuration") + 1])
+        assert digest(spec.to_dict()) == words[words.index("--spec-hash") + 1]
         specs[spec.name] = spec
     assert sorted(specs) == ["sm120-kernel", "sm120-kernel-defrag", "triton-page1"]
     return specs
