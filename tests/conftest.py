@@ -48,8 +48,36 @@ def tiny_workflow(tmp_path_factory):
     workflow tests read it; the SLURM test compares its own run with it)."""
     work = copy_workflow(tmp_path_factory.mktemp("wf"))
     shutil.copy(TINY, work / "tiny.yaml")
-    snakemake(work, "--cores", "1", "--configfile", "tiny.yaml")  # the default target: the PDF and its twin
+    with CommandLines() as seen:  # every process's command line while it runs (tests/test_secrets.py reads them)
+        TINY_RUN["console"] = snakemake(work, "--cores", "1", "--configfile", "tiny.yaml")  # the PDF and its twin
+    TINY_RUN["command_lines"] = seen
     return work
+
+
+TINY_RUN: dict = {}  # the tiny workflow's console output and the command lines seen while it ran
+
+
+class CommandLines(set):
+    """The command lines of every process on this machine, sampled every 0.2 s while the block runs."""
+
+    def __enter__(self) -> "CommandLines":
+        import psutil
+
+        self._done = threading.Event()
+
+        def watch():
+            while not self._done.is_set():
+                for proc in psutil.process_iter(["cmdline"]):
+                    self.add(" ".join(proc.info["cmdline"] or []))
+                time.sleep(0.2)
+
+        self._thread = threading.Thread(target=watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 @contextlib.contextmanager
