@@ -179,7 +179,9 @@ def test_itl_against_depth_is_measured_plotted_and_reported(workflow):
     df = pd.read_csv(workflow / "data" / "itl_depth.csv")
     assert set(df["configuration"]) == {"page1", "page16", "page16-ngram"} and (df["status"] == "ok").all()
     plain = df[df["configuration"] == "page1"]
-    assert list(plain["depth"]) == list(range(301, 301 + 59)) and (plain["itl_s"] > 0).all()
+    # a gap is never negative; events the kernel received together share one arrival time (a gap of 0)
+    assert list(plain["depth"]) == list(range(301, 301 + 59)) and (plain["itl_s"] >= 0).all()
+    assert (plain["itl_s"] > 0).mean() > 0.5
     assert (workflow / "report" / "figures" / "itl_depth.png").is_file()
     text = pdftotext(workflow / "report" / "longctx.pdf")
     assert "Inter-token latency against KV depth" in text
