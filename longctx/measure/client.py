@@ -211,7 +211,6 @@ class StreamRecord:
     http_status: int | None = None
     error: str | None = None
     tokens_estimated: bool = False  # OpenAI streams: the events counted did not match the server's count (or it gave none)
-    events_counted: int = 0  # OpenAI streams: the events counted as tokens, before any correction from usage
     event_text: list[bool] = field(default_factory=list)  # OpenAI streams: whether each counted event carried text
 
     @property
@@ -307,7 +306,6 @@ def _count_openai(rec: StreamRecord, seen: int, rule: str) -> None:
         for series in (rec.event_times, rec.event_seen, rec.event_tokens, rec.event_sent, rec.event_text):
             series.pop()
         seen -= 1
-    rec.events_counted = seen
     reported = rec.meta.get("completion_tokens")
     if reported is None:
         return
