@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.longctx-installed
+HOOK := $(VENV)/.longctx-snakemake-hook
 PARSERS := $(VENV)/.longctx-parsers
 SGLANG_0_5_9 := $(VENV)/parsers/sglang-0.5.9
 VLLM_VENV ?= .venv-vllm
@@ -17,12 +18,17 @@ report: setup tex
 test: setup parsers vllm tex slurm
 	$(RUN) LONGCTX_REQUIRE_ENGINE_PARSERS=1 LONGCTX_VLLM_PYTHON="$(CURDIR)/$(VLLM_VENV)/bin/python" LONGCTX_SLURM=1 python -m pytest $(PYTEST_ARGS)
 
-setup: $(STAMP)
+setup: $(STAMP) $(HOOK)
 
 $(STAMP): envs/requirements.txt pyproject.toml
 	bash envs/make-venv.sh "$(PYTHON)" "$(VENV)"
 	$(BIN)/pip install -r envs/requirements.txt
 	$(BIN)/pip install --no-deps --no-build-isolation -e .
+	touch $@
+
+# A .pth file that makes Snakemake's own YAML errors name the file and line (longctx/snakemake_hook.py)
+$(HOOK): $(STAMP) longctx/snakemake_hook.py
+	$(BIN)/python -m longctx.snakemake_hook --install
 	touch $@
 
 # SGLang's own argument parsers (no GPU stack) for the tests that check our command lines with them:

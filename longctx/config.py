@@ -127,6 +127,13 @@ def _check_context(name: str, conf: dict, config: dict, adapter) -> None:
                 f"allowed: prompts of at most {limit - output} tokens there, or a longer context length")
 
 
+def yaml_error_message(path: str | Path, exc: yaml.YAMLError) -> str:
+    """What a YAML error says to a person: the file, the line and the column (1-based), then YAML's own words."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"config file {path} is not valid YAML{where}: {exc}"
+
+
 def read(path: str | Path) -> dict[str, Any]:
     """One config file as written (not validated); a YAML error names the file, the line and the column."""
     path = Path(path)
@@ -135,9 +142,7 @@ def read(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"config file {path} is not valid YAML{where}: {exc}") from None
+        raise ConfigError(yaml_error_message(path, exc)) from None
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(f"config file {path}: its top level must be a mapping of config keys, not {type(raw).__name__}")
     return raw or {}

@@ -8,7 +8,7 @@ import yaml
 
 from longctx import config as lcfg
 
-from .conftest import ROOT
+from .conftest import ROOT, snakemake
 
 
 # the reference engine is built from the architecture the config gives (nothing is filled in)
@@ -149,3 +149,15 @@ def test_a_yaml_error_names_the_file_line_and_column(tmp_path):
         lcfg.load(bad)
     run = subprocess.run([sys.executable, "-m", "longctx.cli", "check-config", str(bad)], capture_output=True, text=True)
     assert run.returncode == 2 and "line 2, column 6" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_snakemake_s_own_yaml_error_names_the_file_and_line(tmp_path):
+    """The README's command with a broken --configfile: Snakemake reads that file before our Snakefile
+    and, left alone, says only "Config file is not valid JSON or YAML"; longctx.snakemake_hook (a .pth
+    file that `make setup` installs) makes it name the file, the line and the column, as PyYAML marks them."""
+    bad = tmp_path / "my.yaml"
+    bad.write_text("lengths: [64, 128\nmodel: {name: x}\n")
+    out = snakemake(tmp_path, "-n", "-s", str(ROOT / "Snakefile"), "--configfile", str(bad), check=False)
+    assert f"config file {bad} is not valid YAML, line 2, column 6: " in out, out
+    assert "Traceback" not in out and "snakemake_hook" not in out, out  # the message, not our wrapper's frame
+    assert not (tmp_path / ".snakemake").exists()  # refused before anything was written
