@@ -45,6 +45,58 @@ def _legend_or_not_measured(ax, what: str, yscale: str | None = None) -> None:
         not_measured(ax, what)
 
 
+def _medians(ax, m: pd.DataFrame, col: str, s: dict, label: str | None = None) -> None:
+    """One configuration's medians of col as its markers."""
+    ax.plot(m["length"], m[col], linestyle="none", marker=s["marker"], color=s["color"], label=label)
+
+
+def ttft_panel(ax, name: str, s: dict, med: pd.DataFrame, fit: dict, grid, labels: bool = True) -> None:
+    """One configuration on a TTFT axes: its medians above 0 (a log axis) and its fitted a + bL + cL^2
+    on grid with the bootstrap band. labels: the legend's "(median)" and "fit" entries."""
+    m = med[(med["configuration"] == name) & (med["ttft_s"] > 0)]
+    _medians(ax, m, "ttft_s", s, f"{name} (median)" if labels else None)
+    if "prefill" in fit:
+        shade(ax, grid, bands.band(fit, "prefill", grid), s)
+        ax.plot(grid, prefill_curve(fit["prefill"], grid), color=s["color"], linestyle=s["linestyle"], marker="",
+                label=f"{name} fit" if labels else None)
+
+
+def ttft_axes(ax, lengths) -> None:
+    """The TTFT axes' labels, scales and legend once every configuration is drawn, or "not measured"."""
+    ax.set(xlabel="prompt length L (tokens)", ylabel="TTFT (s)", title="Prefill: time to first token")
+    length_axis(ax, lengths)
+    _legend_or_not_measured(ax, "no time to first token above 0", yscale="log")
+
+
+def decode_rate_panel(ax, name: str, s: dict, med: pd.DataFrame, fit: dict, grid, labels: bool = True) -> float:
+    """One configuration on a decode-rate axes: its medians, and k(L)/t(L) from the decode fit on grid with
+    its band (t: the time per decode step; k: tokens a step produces, the acceptance length interpolated
+    between lengths, else 1). Returns the highest rate drawn (0 without one), for the y limit."""
+    m = med[(med["configuration"] == name) & med["decode_tok_s"].notna()]
+    top = float(m["decode_tok_s"].max()) if len(m) else 0.0
+    if fit.get("decode"):
+        k = _tokens_per_step(m, grid)
+        step = decode_curve(fit["decode"], grid)
+        band = bands.band(fit, "decode", grid)
+        if band is not None:  # rate = k / step time; a step-time bound at or below 0 leaves the rate unbounded
+            band = (k / np.maximum(band[1], 1e-300), np.where(band[0] > 0, k / np.maximum(band[0], 1e-300), 1e300))
+        shade(ax, grid, band, s)
+        if (step > 0).all():
+            ax.plot(grid, k / step, color=s["color"], linestyle=s["linestyle"], marker="",
+                    label=f"{name} fit" if labels else None)
+            top = max(top, float((k / step).max()))
+    _medians(ax, m, "decode_tok_s", s, f"{name} (median)" if labels else None)
+    return top
+
+
+def decode_rate_axes(ax, lengths, top: float) -> None:
+    """The decode-rate axes' labels, scales (a linear rate from 0) and legend once every configuration is drawn."""
+    ax.set(xlabel="context length L (tokens)", ylabel="decode (tokens/s)", title="Decode rate (one request)")
+    length_axis(ax, lengths)
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+    _legend_or_not_measured(ax, "no decode rate (no trial decoded a second token)")
+
+
 def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, outdir: str | Path,
              itl_depth_csv: str | Path | None = None) -> list[Path]:
     plt.style.use(str(style))
@@ -58,47 +110,20 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
     sty = styles(names)
     lengths = np.geomspace(max(1, df["length"].min()), df["length"].max(), 200)
 
-    # TTFT against L, with the fitted a + bL + cL^2
+    # TTFT against L, every trial and the medians, with the fitted a + bL + cL^2
     fig, ax = plt.subplots()
     for name in names:
         s = sty[name]
         pts = ok[(ok["configuration"] == name) & (ok["ttft_s"] > 0)]  # a log axis: no time at or below 0
         ax.plot(pts["length"], pts["ttft_s"], linestyle="none", marker=s["marker"], color=s["color"], alpha=0.35, markersize=3)
-        m = med[(med["configuration"] == name) & (med["ttft_s"] > 0)]
-        ax.plot(m["length"], m["ttft_s"], linestyle="none", marker=s["marker"], color=s["color"], label=f"{name} (median)")
-        if "prefill" in fits.get(name, {}):
-            fit = fits[name]["prefill"]
-            shade(ax, lengths, bands.band(fits[name], "prefill", lengths), s)
-            ax.plot(lengths, prefill_curve(fit, lengths), color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
-    ax.set(xlabel="prompt length L (tokens)", ylabel="TTFT (s)", title="Prefill: time to first token")
-    length_axis(ax, df["length"])
-    _legend_or_not_measured(ax, "no time to first token above 0", yscale="log")
+        ttft_panel(ax, name, s, med, fits.get(name, {}), lengths)
+    ttft_axes(ax, df["length"])
     save(fig, outdir, "ttft")
 
-    # decode rate against L: medians, and k(L)/t(L) from the decode fit with its band (t: the time per
-    # decode step; k: tokens a step produces, the acceptance length interpolated between lengths, else 1)
+    # decode rate against L: medians and the decode fit's rate
     fig, ax = plt.subplots()
-    top = 0.0
-    for name in names:
-        s = sty[name]
-        m = med[(med["configuration"] == name) & med["decode_tok_s"].notna()]
-        top = max(top, float(m["decode_tok_s"].max()) if len(m) else 0.0)
-        fit = fits.get(name, {}).get("decode")
-        if fit:
-            k = _tokens_per_step(m, lengths)
-            step = decode_curve(fit, lengths)
-            band = bands.band(fits[name], "decode", lengths)
-            if band is not None:  # rate = k / step time; a step-time bound at or below 0 leaves the rate unbounded
-                band = (k / np.maximum(band[1], 1e-300), np.where(band[0] > 0, k / np.maximum(band[0], 1e-300), 1e300))
-            shade(ax, lengths, band, s)
-            if (step > 0).all():
-                ax.plot(lengths, k / step, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
-                top = max(top, float((k / step).max()))
-        ax.plot(m["length"], m["decode_tok_s"], linestyle="none", marker=s["marker"], color=s["color"], label=f"{name} (median)")
-    ax.set(xlabel="context length L (tokens)", ylabel="decode (tokens/s)", title="Decode rate (one request)")
-    length_axis(ax, df["length"])
-    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
-    _legend_or_not_measured(ax, "no decode rate (no trial decoded a second token)")
+    top = max([0.0] + [decode_rate_panel(ax, name, sty[name], med, fits.get(name, {}), lengths) for name in names])
+    decode_rate_axes(ax, df["length"], top)
     save(fig, outdir, "decode_rate")
 
     # step time against L, with the fitted t0 + beta L
