@@ -1,6 +1,7 @@
 """Names of the report's figures (light: the workflow reads them when it parses its rules)."""
 
-FIGURES = ("ttft", "decode_rate", "step_time", "acceptance", "itl_depth")
+# overview: page one's TTFT and decode rate side by side
+FIGURES = ("overview", "ttft", "decode_rate", "step_time", "acceptance", "itl_depth")
 # made by `longctx plot-analysis` (the plot_analysis_figures rule)
 ANALYSIS_FIGURES = ("roofline", "residuals", "extrapolation", "planner")
 # the formats each figure is saved in (PDF for LaTeX, PNG for Markdown): the files the plot rules expect

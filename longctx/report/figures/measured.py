@@ -4,7 +4,8 @@ Every figure takes its look from one style file (templates/plot.mplstyle, an inp
 rule): colours that stay apart in grayscale, each configuration also told apart by line style and
 marker. Length axes are logarithmic where the lengths span a decade or more; fitted curves carry
 their bootstrap band from fits.json (longctx.analysis.bands). What every figure shares (styles,
-axes, bands, saving in each format) is in longctx.report.figures.style.
+axes, bands, saving in each format) is in longctx.report.figures.style. The overview (page one) draws
+the TTFT and decode-rate panels of the single figures (ttft_panel, decode_rate_panel) side by side.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from ...analysis import bands  # noqa: E402
 from ...analysis.tables import medians, ok_rows, step_seconds  # noqa: E402
@@ -35,40 +37,49 @@ def _tokens_per_step(med: pd.DataFrame, grid) -> np.ndarray | float:
     return np.interp(np.log(np.asarray(grid, float)), np.log(m["length"].to_numpy(float)), m["spec_accept_length"].to_numpy(float))
 
 
-def _legend_or_not_measured(ax, what: str, yscale: str | None = None) -> None:
-    """The legend of what was drawn (on a yscale axis), or, with nothing drawn, "not measured: what"."""
+def _legend_or_not_measured(ax, what: str, yscale: str | None = None, legend: bool = True) -> None:
+    """The legend of what was drawn (on a yscale axis; no legend without `legend`), or, with nothing drawn,
+    "not measured: what"."""
     if any(len(line.get_xdata()) for line in ax.lines):
         if yscale:
             ax.set_yscale(yscale)
-        ax.legend()
+        if legend:
+            ax.legend()
     else:
         not_measured(ax, what)
 
 
-def _medians(ax, m: pd.DataFrame, col: str, s: dict, label: str | None = None) -> None:
-    """One configuration's medians of col as its markers."""
-    ax.plot(m["length"], m[col], linestyle="none", marker=s["marker"], color=s["color"], label=label)
+def _medians(ax, m: pd.DataFrame, col: str, s: dict, label: str | None = None, hollow: bool = False, gid: str = "") -> None:
+    """One configuration's medians of col as its markers; with hollow, its partial lengths' (medians'
+    `partial` column) as hollow ones. gid: "<gid> median" and "<gid> median partial" on the two."""
+    partial = m["partial"].to_numpy(bool) if hollow and "partial" in m else np.zeros(len(m), bool)
+    ax.plot(m["length"][~partial], m[col][~partial], linestyle="none", marker=s["marker"], color=s["color"], label=label,
+            gid=f"{gid} median")
+    if partial.any():
+        ax.plot(m["length"][partial], m[col][partial], linestyle="none", marker=s["marker"], color=s["color"],
+                markerfacecolor="white", gid=f"{gid} median partial")
 
 
-def ttft_panel(ax, name: str, s: dict, med: pd.DataFrame, fit: dict, grid, labels: bool = True) -> None:
+def ttft_panel(ax, name: str, s: dict, med: pd.DataFrame, fit: dict, grid, labels: bool = True, hollow: bool = False) -> None:
     """One configuration on a TTFT axes: its medians above 0 (a log axis) and its fitted a + bL + cL^2
-    on grid with the bootstrap band. labels: the legend's "(median)" and "fit" entries."""
+    on grid with the bootstrap band. labels: the legend's "(median)" and "fit" entries; hollow: see _medians."""
     m = med[(med["configuration"] == name) & (med["ttft_s"] > 0)]
-    _medians(ax, m, "ttft_s", s, f"{name} (median)" if labels else None)
+    _medians(ax, m, "ttft_s", s, f"{name} (median)" if labels else None, hollow, name)
     if "prefill" in fit:
         shade(ax, grid, bands.band(fit, "prefill", grid), s)
         ax.plot(grid, prefill_curve(fit["prefill"], grid), color=s["color"], linestyle=s["linestyle"], marker="",
-                label=f"{name} fit" if labels else None)
+                label=f"{name} fit" if labels else None, gid=f"{name} fit")
 
 
-def ttft_axes(ax, lengths) -> None:
+def ttft_axes(ax, lengths, legend: bool = True) -> None:
     """The TTFT axes' labels, scales and legend once every configuration is drawn, or "not measured"."""
     ax.set(xlabel="prompt length L (tokens)", ylabel="TTFT (s)", title="Prefill: time to first token")
     length_axis(ax, lengths)
-    _legend_or_not_measured(ax, "no time to first token above 0", yscale="log")
+    _legend_or_not_measured(ax, "no time to first token above 0", yscale="log", legend=legend)
 
 
-def decode_rate_panel(ax, name: str, s: dict, med: pd.DataFrame, fit: dict, grid, labels: bool = True) -> float:
+def decode_rate_panel(ax, name: str, s: dict, med: pd.DataFrame, fit: dict, grid, labels: bool = True,
+                      hollow: bool = False) -> float:
     """One configuration on a decode-rate axes: its medians, and k(L)/t(L) from the decode fit on grid with
     its band (t: the time per decode step; k: tokens a step produces, the acceptance length interpolated
     between lengths, else 1). Returns the highest rate drawn (0 without one), for the y limit."""
@@ -83,32 +94,109 @@ def decode_rate_panel(ax, name: str, s: dict, med: pd.DataFrame, fit: dict, grid
         shade(ax, grid, band, s)
         if (step > 0).all():
             ax.plot(grid, k / step, color=s["color"], linestyle=s["linestyle"], marker="",
-                    label=f"{name} fit" if labels else None)
+                    label=f"{name} fit" if labels else None, gid=f"{name} fit")
             top = max(top, float((k / step).max()))
-    _medians(ax, m, "decode_tok_s", s, f"{name} (median)" if labels else None)
+    _medians(ax, m, "decode_tok_s", s, f"{name} (median)" if labels else None, hollow, name)
     return top
 
 
-def decode_rate_axes(ax, lengths, top: float) -> None:
+def decode_rate_axes(ax, lengths, top: float, legend: bool = True) -> None:
     """The decode-rate axes' labels, scales (a linear rate from 0) and legend once every configuration is drawn."""
     ax.set(xlabel="context length L (tokens)", ylabel="decode (tokens/s)", title="Decode rate (one request)")
     length_axis(ax, lengths)
     ax.set_ylim(0, top * 1.15 if top > 0 else 1)
-    _legend_or_not_measured(ax, "no decode rate (no trial decoded a second token)")
+    _legend_or_not_measured(ax, "no decode rate (no trial decoded a second token)", legend=legend)
+
+
+# The text width of an A4 page with 2 cm margins (17 cm) by a height that leaves room for the legend
+# below: at \linewidth the style's 9 pt reads as 9 pt.
+OVERVIEW_SIZE = (6.7, 2.8)
+
+
+def _regime_changes(fits: dict, names, axes: dict) -> list[str]:
+    """A grey dotted vertical on the `kind` axes where a configuration's regime changes, between the
+    last length its model fits (fitted_up_to) and the first it misses (from_length), at their geometric
+    mean; one per place. The fitted curve stays whole: it is the fit of every length, not of those
+    up to fitted_up_to. Returns the note's words, one per place: which configurations change there."""
+    at: dict = {}
+    for name in names:
+        for kind in axes:
+            rc = ((fits.get(name) or {}).get(kind) or {}).get("regime_change")
+            if rc:
+                at.setdefault((kind, rc["fitted_up_to"], rc["from_length"]), []).append(name)
+    words = []
+    for (kind, upto, start), who in sorted(at.items()):
+        axes[kind].axvline(np.sqrt(upto * start), color="0.45", linestyle=":", linewidth=1, marker="", gid=f"regime {kind}")
+        what = "TTFT" if kind == "prefill" else "decode"
+        words.append(f"{what} of {', '.join(who)}: the model of L \u2264 {upto:,} misses from {start:,}")
+    return words
+
+
+def _partial_words(analysis: dict) -> str:
+    """What the fits did with the partial lengths (fits.json settings.partial_lengths and each fit's
+    on_partial_lengths: a fit with too few other lengths takes them)."""
+    fits = analysis["configurations"].values()
+    took = any((f.get(kind) or {}).get("on_partial_lengths") for f in fits for kind in bands.KINDS)
+    mode = (analysis.get("settings") or {}).get("partial_lengths", "exclude")
+    if mode == "include":
+        return ", fitted with the others"
+    return "" if took else ", left out of the fits"
+
+
+def overview(df: pd.DataFrame, analysis: dict, provenance: dict | None = None):
+    """Page one's figure, returned unsaved: TTFT (left, log-log) and decode rate (right, a log length axis)
+    against L for every configuration: the medians as markers (hollow at partial lengths: fewer ok trials
+    than configured), the fitted curves with their bootstrap bands, regime changes (_regime_changes), and
+    one legend below both: a marker and line per configuration, titled with a note of what they are."""
+    fits = analysis["configurations"]
+    med = medians(df, provenance)
+    names = sorted(df["configuration"].unique())
+    sty = styles(names)
+    lengths = np.geomspace(max(1, df["length"].min()), df["length"].max(), 200)
+    fig, (left, right) = plt.subplots(1, 2, figsize=OVERVIEW_SIZE)
+    top = 0.0
+    for name in names:
+        ttft_panel(left, name, sty[name], med, fits.get(name, {}), lengths, labels=False, hollow=True)
+        top = max(top, decode_rate_panel(right, name, sty[name], med, fits.get(name, {}), lengths, labels=False, hollow=True))
+    regimes = _regime_changes(fits, names, {"prefill": left, "decode": right})
+    ttft_axes(left, df["length"], legend=False)
+    decode_rate_axes(right, df["length"], top, legend=False)
+    drawn = [line.get_gid() or "" for ax in (left, right) for line in ax.lines if len(line.get_xdata())]
+    fitted = {name for name in names if f"{name} fit" in drawn}
+    note = ["markers: medians"]
+    if fitted:
+        level = (analysis.get("settings") or {}).get("confidence", 0.95)
+        note[0] += "; lines: fits" + (f" with {level:.0%} bootstrap bands" if left.collections or right.collections else "")
+    if any(gid.endswith(" median partial") for gid in drawn):
+        note.append("hollow: a partial length (fewer successful trials than configured" + _partial_words(analysis) + ")")
+    if regimes:
+        note.append("dotted: regime change (" + "; ".join(regimes) + ")")
+    handles = [Line2D([], [], color=sty[name]["color"], marker=sty[name]["marker"],
+                      linestyle=sty[name]["linestyle"] if name in fitted else "none", label=name) for name in names]
+    fig.tight_layout()
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.03), ncol=min(len(names), 4) or 1,
+               title="\n".join(note), title_fontsize="small")
+    return fig
 
 
 def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, outdir: str | Path,
-             itl_depth_csv: str | Path | None = None) -> list[Path]:
+             itl_depth_csv: str | Path | None = None, provenance_json: str | Path | None = None) -> list[Path]:
+    """Every figure of FIGURES in outdir; provenance_json (its protocol's trials) tells the overview's
+    partial lengths (longctx.analysis.tables.medians)."""
     plt.style.use(str(style))
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     df = pd.read_csv(results_csv)
-    fits = json.loads(Path(fits_json).read_text())["configurations"]
-    med = medians(df)
+    analysis = json.loads(Path(fits_json).read_text())
+    fits = analysis["configurations"]
+    provenance = json.loads(Path(provenance_json).read_text()) if provenance_json else None
+    med = medians(df, provenance)
     ok = ok_rows(df)
     names = sorted(df["configuration"].unique())
     sty = styles(names)
     lengths = np.geomspace(max(1, df["length"].min()), df["length"].max(), 200)
+
+    save(overview(df, analysis, provenance), outdir, "overview")
 
     # TTFT against L, every trial and the medians, with the fitted a + bL + cL^2
     fig, ax = plt.subplots()
