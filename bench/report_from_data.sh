@@ -19,7 +19,7 @@ SETTINGS=$(python -c "import json; c=json.loads('''$CFGJSON'''); print(json.dump
 longctx fit --results data/results.csv --provenance data/provenance.json --calibration data/calibration.json --settings "$SETTINGS" --kernel-bench data/kernels/*.json --out data/fits.json > /dev/null
 FR=$(python -c "import json; c=json.loads('''$CFGJSON'''); print(','.join(str(f) for f in c['analysis']['mem_fractions']))")
 longctx plan-memory --provenance data/provenance.json --results data/results.csv --fractions $FR --out data/planner.json > /dev/null
-longctx plot --results data/results.csv --fits data/fits.json --style templates/plot.mplstyle --itl-depth data/itl_depth.csv --outdir report/figures > /dev/null
+longctx plot --results data/results.csv --fits data/fits.json --style templates/plot.mplstyle --itl-depth data/itl_depth.csv --provenance data/provenance.json --outdir report/figures > /dev/null
 longctx plot-analysis --results data/results.csv --fits data/fits.json --planner data/planner.json --style templates/plot.mplstyle --outdir report/figures > /dev/null
 longctx render --template templates/longctx.tex.j2 --results data/results.csv --fits data/fits.json --provenance data/provenance.json --itl-depth data/itl_depth.csv --planner data/planner.json --config-json "$CFGJSON" --out report/longctx.tex --version-out report/version.json
 longctx pdf --tex report/longctx.tex --provenance data/provenance.json --version report/version.json --out report/longctx.pdf > /dev/null

@@ -122,7 +122,7 @@ def _plot_analysis(a) -> int:
 def _plot(a) -> int:
     from .report.figures.measured import plot_all
 
-    for p in plot_all(a.results, a.fits, a.style, a.outdir, a.itl_depth):
+    for p in plot_all(a.results, a.fits, a.style, a.outdir, a.itl_depth, a.provenance):
         print(p)
     return 0
 
@@ -272,6 +272,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--fits", required=True)
     s.add_argument("--style", required=True)
     s.add_argument("--itl-depth", help="data/itl_depth.csv")
+    s.add_argument("--provenance", help="data/provenance.json: the trials configured, for the partial lengths")
     s.add_argument("--outdir", required=True)
     s.set_defaults(func=_plot)
 

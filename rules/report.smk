@@ -3,6 +3,7 @@ rule plot_figures:
         results="data/results.csv",
         fits="data/fits.json",
         itl_depth="data/itl_depth.csv",
+        provenance="data/provenance.json",
         style="templates/plot.mplstyle",
     output:
         expand("report/figures/{figure}.{ext}", figure=FIGURES, ext=FORMATS),
@@ -14,7 +15,7 @@ rule plot_figures:
         ENV
     shell:
         "longctx plot --results {input.results} --fits {input.fits} --style {input.style} "
-        "--itl-depth {input.itl_depth} --outdir {params.outdir} > {log} 2>&1"
+        "--itl-depth {input.itl_depth} --provenance {input.provenance} --outdir {params.outdir} > {log} 2>&1"
 
 
 rule plot_analysis_figures:

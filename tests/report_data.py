@@ -235,7 +235,7 @@ def run_report_chain(data: Path, out: Path, configuration: dict, calibration: di
         ["plan-memory", "--provenance", f["provenance.json"], "--results", f["results.csv"], "--fractions", "0.5,0.9",
          "--out", f["planner.json"]],
         ["plot", "--results", f["results.csv"], "--fits", f["fits.json"], "--style", style, "--itl-depth", f["itl_depth.csv"],
-         "--outdir", str(out / "figures")],
+         "--provenance", f["provenance.json"], "--outdir", str(out / "figures")],
         ["plot-analysis", "--results", f["results.csv"], "--fits", f["fits.json"], "--planner", f["planner.json"],
          "--style", style, "--outdir", str(out / "figures")],
         ["render", "--template", str(templates / "longctx.tex.j2"), *common, "--out", str(out / "longctx.tex"),
