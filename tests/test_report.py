@@ -234,16 +234,48 @@ def test_every_string_is_escaped_and_secrets_are_not_printed(built):
                         ["fast_kv", "64,000", "2 of 3", PARTIAL_REASON]]  # the partial length
 
 
+def words(row: list[str]) -> tuple[str, ...]:
+    """A table row's words, as pdftotext lays them out (a speedup's cell has its interval: several words)."""
+    return tuple(w for cell in row for w in cell.split())
+
+
 def test_the_twin_and_the_plan_section_carry_the_pdfs_headline_table(built):
     pdf_rows = {tuple(line.split()) for line in built["text"].splitlines()}
     twin = md_rows(built["md"], "configuration | L (tokens) | TTFT (ms) | decode (tok/s)")
     assert len(twin) == len(LAWS) * len(LENGTHS)
     for row in twin:
-        assert tuple(row) in pdf_rows, f"headline row {row} not in the PDF"
+        assert words(row) in pdf_rows, f"headline row {row} not in the PDF"
     assert md_rows(built["section"], "configuration | L (tokens) | TTFT (ms) | decode (tok/s)") == twin
     assert "2,9" in " ".join(c for r in twin for c in r)  # TTFT at 64k: thousands grouped alike in both
     link = re.search(r"\]\((\S+\.pdf)\)", built["section"])[1]
     assert link.startswith("../report/versions/longctx-v1-")
+
+
+def test_a_speedup_whose_interval_includes_1_reads_as_no_difference_in_the_pdf_and_the_twin(built):
+    """fast_kv's TTFT law differs from base's only in c (half): at 1,000 tokens the speedup is 1.005 under 2%
+    noise, no measurable difference (≈); its decode reads the KV cache 4 times faster: at 16,000 tokens about 1.2
+    times the rate (2.64 ms a step against 2.16), faster (no mark), with an interval about it; at 64,000 tokens fast_kv has 1 trial
+    (PARTIAL), too few for an interval."""
+    ctx = context(inputs(built["paths"], config=config()))
+    rows = {(r["configuration"], r["length"]): r for r in ctx["headline"]["rows"]}
+    assert rows[("fast_kv", 1000)]["ttft_verdict"] == "no measurable difference"
+    assert rows[("fast_kv", 16000)]["decode_verdict"] == "faster" and 1.1 < rows[("fast_kv", 16000)]["decode_speedup_ci"][0]
+    assert rows[("fast_kv", 64000)]["ttft_verdict"] == "no interval" and rows[("fast_kv", 64000)]["ttft_speedup_ci"] is None
+    assert all(rows[("base", L)]["ttft_verdict"] is None for L in LENGTHS)
+    cells = {(r[0], r[1].rstrip("†")): r[4:] for r in md_rows(built["md"], "configuration | L (tokens) | TTFT (ms) | decode (tok/s)")}
+    assert re.fullmatch(r"≈1\.0\d \[0\.\d\d, 1\.\d\d\]", cells[("fast_kv", "1,000")][0])
+    assert re.fullmatch(r"1\.[12]\d \[1\.[01]\d, 1\.[23]\d\]", cells[("fast_kv", "16,000")][1])
+    assert cells[("fast_kv", "64,000")][0].endswith(" (no interval)") and cells[("base", "1,000")] == ["1.00", "1.00"]
+    # the PDF: the same cells (pdftotext), the mark typeset as math in the .tex, and the caption in both
+    flat = " ".join(built["text"].split())
+    assert re.search(r"fast_kv 1,000 \S+ \S+ " + re.escape(cells[("fast_kv", "1,000")][0]), flat)
+    assert r"$\approx$\num{" in (built["out"] / "longctx.tex").read_text()
+    said = "≈ marks a speedup whose interval includes 1: no measurable difference from the baseline, neither a gain nor a loss."
+    assert said in flat and f"In brackets: the 95% bootstrap interval of each speedup ({ctx['analysis']['settings']['bootstrap']} resamples" in flat
+    assert "“(no interval)”: fewer than 2 successful trials on a side" in flat
+    for md in (built["md"], built["section"]):
+        text = " ".join(md.split())
+        assert said in text and '"(no interval)": fewer than 2 successful trials on a side' in text
 
 
 def test_the_twin_and_the_plan_section_carry_the_pdfs_diagnosis(built):

@@ -4,7 +4,7 @@ Markdown in longctx.report.markdown), and the Jinja filters and finalize hook bu
 A dialect says how text is escaped, what a missing value prints as, which string type is already
 in the language (printed as it is), how digits from longctx.report.numbers are typeset and how an
 unbounded interval end reads. `Dialect.environment` then gives every template the same filters (fmt,
-sig, num, ci and the dialect's extras) and the same finalize hook, so the PDF and its Markdown twin
+sig, num, ci, speedup and the dialect's extras) and the same finalize hook, so the PDF and its Markdown twin
 print the same numbers.
 """
 
@@ -14,6 +14,7 @@ import math
 
 import jinja2
 
+from ..analysis.compare import NO_INTERVAL, SAME
 from .numbers import interval, plain, sig
 
 
@@ -22,6 +23,7 @@ class Dialect:
 
     raw: type[str]  # a string already in the dialect: the template prints it as it is
     unbounded: str  # the high end of an interval without one
+    approx: str  # the mark before a speedup that is no measurable difference (its interval includes 1)
     # What a value that is not there prints as. A None prints it as it is (TeX: an en dash); a filter
     # returns it as plain text, escaped like any other (TeX: two hyphens, -{}-).
     missing = "--"
@@ -39,6 +41,10 @@ class Dialect:
         """The digits `sig` gives, typeset; by default as `number` typesets them."""
         return self.number(digits)
 
+    def aside(self, text: str) -> str:
+        """text (already in the dialect) set beside a number, smaller where the dialect can; by default as it is."""
+        return self.raw(text)
+
     def finalize(self, value):
         """Jinja's finalize hook: what \\VAR{x} or {{ x }} prints for x."""
         if value is None:
@@ -54,7 +60,7 @@ class Dialect:
         return {}
 
     def filters(self) -> dict:
-        """The Jinja filters: fmt(kind), sig(digits), num, ci(scale, digits), and the extras."""
+        """The Jinja filters: fmt(kind), sig(digits), num, ci(scale, digits), speedup(ci, verdict), and the extras."""
 
         def fmt(value, kind: str):
             """A number as `kind` prints it; the missing mark where there is none."""
@@ -73,7 +79,27 @@ class Dialect:
             high = self.number(ends[1]) if ends[1] is not None else self.unbounded
             return self.raw(f"[{self.number(ends[0])}, {high}]")
 
-        return {"fmt": fmt, "sig": significant, "num": lambda value: fmt(value, "int"), "ci": ci, **self.extras()}
+        def speedup(value, ci=None, verdict=None):
+            """A speedup (kind "speedup") with its bootstrap interval and verdict (longctx.analysis.compare):
+            the approx mark before one whose interval includes 1 (no measurable difference), the interval
+            in brackets after it, "(no interval)" where there is none to judge by; without a verdict (the
+            baseline's own rows) as fmt prints it. An end of the interval that would print as 1.00 on the
+            other side of 1 gets a third decimal, so the brackets agree with the mark."""
+            digits = plain(value, "speedup")
+            if digits is None:
+                return self.missing
+            shown = self.number(digits)
+            if verdict == NO_INTERVAL:
+                return self.raw(f"{shown} {self.aside(self.escape('(no interval)'))}")
+            if verdict == SAME:
+                shown = self.raw(self.approx + shown)
+            if not verdict or not ci:
+                return shown
+            ends = [plain(x, "ratio" if plain(x, "speedup") == "1.00" and x != 1 else "speedup") for x in ci]
+            return self.raw(f"{shown} {self.aside(f'[{self.number(ends[0])}, {self.number(ends[1])}]')}")
+
+        return {"fmt": fmt, "sig": significant, "num": lambda value: fmt(value, "int"), "ci": ci, "speedup": speedup,
+                **self.extras()}
 
     def environment(self, loader: jinja2.BaseLoader, **syntax) -> jinja2.Environment:
         """A strict Jinja environment that writes this dialect (syntax: the delimiters, where not Jinja's)."""

@@ -1,5 +1,7 @@
 """The headline table: per configuration and length, median TTFT and decode rate, and the speedup
-of each against the baseline configuration at the same length.
+of each against the baseline configuration at the same length, with its bootstrap interval and verdict
+(longctx.analysis.compare: "faster", "slower", "no measurable difference" where the interval includes 1,
+"no interval" where there is none).
 
 `headline` is the one source of that table for the PDF, the Markdown twin and a plan's Results
 section; each renders the same rows and columns, only the markup differs.
@@ -9,9 +11,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..analysis.compare import VERDICTS, against_baseline
+from ..analysis.fits import SETTINGS
 from .numbers import is_number
 
 # (key, header, kind): the table's columns, in order, with the format kind of each (longctx.report.numbers).
+# A "speedup" column's row also carries `{key}_ci` (its interval) and the verdict (SPEEDUPS: the key of each).
 COLUMNS = (
     ("configuration", "configuration", None),
     ("length", "L (tokens)", "int"),
@@ -20,6 +25,8 @@ COLUMNS = (
     ("ttft_speedup", "TTFT speedup (×)", "speedup"),
     ("decode_speedup", "decode speedup (×)", "speedup"),
 )
+# speedup column: (metric of longctx.analysis.compare.METRICS, key of its verdict in a row)
+SPEEDUPS = {"ttft_speedup": ("ttft", "ttft_verdict"), "decode_speedup": ("decode", "decode_verdict")}
 
 
 def choose_baseline(names: list[str], wanted: str | None) -> str | None:
@@ -29,16 +36,24 @@ def choose_baseline(names: list[str], wanted: str | None) -> str | None:
     return names[0] if names else None
 
 
-def headline(med: pd.DataFrame, baseline: str | None, names: list[str] | None = None) -> dict:
+def headline(med: pd.DataFrame, baseline: str | None, names: list[str] | None = None,
+             results: pd.DataFrame | None = None, settings: dict | None = None) -> dict:
     """Rows of the headline table from the per-length medians (longctx.analysis.tables.medians).
 
     TTFT speedup is the baseline's TTFT over this configuration's (above 1: faster prefill); decode
     speedup is this configuration's decode rate over the baseline's, at the same length. A length
     the baseline did not measure has no speedup. The baseline's rows come first, then the others
     in `names` order (default: sorted). A row's `partial` marks a length measured by fewer successful
-    trials (`ok`) than configured (`configured`)."""
+    trials (`ok`) than configured (`configured`).
+
+    With the trials (`results`: results.csv's rows) each speedup of a configuration other than the
+    baseline carries its bootstrap interval (`ttft_speedup_ci`, `decode_speedup_ci`: [low, high] or None)
+    and verdict (`ttft_verdict`, `decode_verdict`): longctx.analysis.compare.against_baseline, with
+    `settings` (fits.json's: bootstrap, confidence, seed). The baseline's own rows have none (None)."""
     names = list(names) if names is not None else sorted(med["configuration"].unique())
     base = choose_baseline(names, baseline)
+    st = {**SETTINGS, **(settings or {})}
+    compared = against_baseline(results, base, st) if results is not None and base else {}
     order = ([base] if base else []) + [n for n in names if n != base]
     ref = med[med["configuration"] == base].set_index("length") if base else pd.DataFrame()
     rows = []
@@ -59,7 +74,17 @@ def headline(med: pd.DataFrame, baseline: str | None, names: list[str] | None = 
                 "ok": int(r["ok"]) if is_number(r.get("ok")) else None,
                 "configured": int(r["configured"]) if is_number(r.get("configured")) else None,
             })
-    return {"baseline": base, "requested_baseline": baseline, "columns": [list(c) for c in COLUMNS], "rows": rows}
+            c = compared.get((name, int(r["length"]))) or {}
+            for key, (metric, verdict_key) in SPEEDUPS.items():
+                one = c.get(metric) if rows[-1][key] is not None else None
+                rows[-1][f"{key}_ci"] = one["ci"] if one else None
+                rows[-1][verdict_key] = one["verdict"] if one else None
+    verdicts = [r[v] for r in rows for _, v in SPEEDUPS.values() if r[v]]
+    return {"baseline": base, "requested_baseline": baseline, "columns": [list(c) for c in COLUMNS], "rows": rows,
+            # how the intervals were made, and how many speedups each verdict has
+            "intervals": {"bootstrap": int(st["bootstrap"]), "confidence": float(st["confidence"]),
+                          "compared": bool(verdicts),
+                          "verdicts": {v: verdicts.count(v) for v in VERDICTS}}}
 
 
 def _ratio(num, den) -> float | None:

@@ -42,6 +42,7 @@ class TeXDialect(Dialect):
 
     raw = TeX
     unbounded = r"$\infty$"
+    approx = r"$\approx$"
     nonfinite_missing = True
 
     def escape(self, value) -> str:
@@ -52,6 +53,9 @@ class TeXDialect(Dialect):
 
     def number(self, digits: str) -> TeX:
         return TeX(f"\\num{{{digits}}}")
+
+    def aside(self, text: str) -> TeX:
+        return TeX(f"{{\\footnotesize {text}}}")
 
     def breakable(self, value) -> TeX:
         """Escaped, with line breaks allowed after / , = (long paths, JSON, command lines)."""

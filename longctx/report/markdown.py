@@ -30,6 +30,7 @@ class MarkdownDialect(Dialect):
 
     raw = Markdown
     unbounded = "∞"
+    approx = "≈"
 
     def escape(self, value) -> str:
         """Backslash before the characters Markdown would read as markup (| would split a table cell)."""

@@ -1,0 +1,162 @@
+"""Speedups against the baseline with their bootstrap intervals (longctx.analysis.compare), against truths
+the code did not make: configurations drawn from known distributions, medians computed by hand
+(statistics.median), and the marks the PDF and the Markdown twin print for each verdict."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from longctx.analysis.compare import FASTER, NO_INTERVAL, SAME, SLOWER, against_baseline, speedup, verdict
+from longctx.analysis.tables import medians
+from longctx.report.headline import headline
+from longctx.report.latex import TEX
+from longctx.report.markdown import MARKDOWN
+
+SETTINGS = {"bootstrap": 1000, "confidence": 0.95, "seed": 0}
+
+
+def trials(name: str, length: int, ttft, decode, concurrency: int = 1, status: str = "ok") -> list[dict]:
+    return [{"configuration": name, "length": length, "concurrency": concurrency, "trial": i, "status": status,
+             "reason": None if status == "ok" else "timeout", "ttft_s": t if status == "ok" else np.nan,
+             "decode_tok_s": d if status == "ok" else np.nan} for i, (t, d) in enumerate(zip(ttft, decode))]
+
+
+def noisy(rng, centre: float, n: int, sd: float) -> list[float]:
+    return list(centre * (1 + rng.normal(0, sd, n)))
+
+
+def test_verdicts_read_the_interval_against_1():
+    assert verdict([1.02, 1.3]) == FASTER and verdict([0.7, 0.99]) == SLOWER
+    assert verdict([0.95, 1.1]) == SAME and verdict([1.0, 1.0]) == SAME and verdict([1.0, 1.2]) == SAME
+    assert verdict(None) == NO_INTERVAL
+
+
+def test_the_same_trials_in_another_order_are_no_measurable_difference():
+    """Two configurations with the very same trial values (shuffled): the ratio of medians is exactly 1 and
+    the bootstrap distribution of the ratio is symmetric about 1, so the interval spans it."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for L in (1000, 4000, 16000):
+        ttft, decode = noisy(rng, 0.01 * L / 1000, 5, 0.05), noisy(rng, 200.0, 5, 0.05)
+        rows += trials("base", L, ttft, decode) + trials("same", L, ttft[::-1], decode[::-1])
+    out = against_baseline(pd.DataFrame(rows), "base", SETTINGS)
+    assert sorted(out) == [("same", 1000), ("same", 4000), ("same", 16000)]  # the baseline is not compared with itself
+    for key, c in out.items():
+        for metric in ("ttft", "decode"):
+            s = c[metric]
+            assert s["ratio"] == 1.0 and s["verdict"] == SAME, (key, metric, s)
+            assert s["ci"][0] < 1 < s["ci"][1] and (s["trials"], s["baseline_trials"]) == (5, 5)
+
+
+def test_draws_from_one_distribution_are_mostly_no_measurable_difference():
+    """Independent draws from the same distribution: at a 95% level, nearly every length reads as no
+    measurable difference (a percentile bootstrap of medians of 10 trials covers a little less than 95%)."""
+    rng = np.random.default_rng(7)
+    lengths = [1000 * 2**i for i in range(20)]
+    rows = []
+    for L in lengths:
+        for name in ("base", "twin"):
+            rows += trials(name, L, noisy(rng, 1e-5 * L, 10, 0.05), noisy(rng, 100.0, 10, 0.05))
+    out = against_baseline(pd.DataFrame(rows), "base", SETTINGS)
+    same = [c[m]["verdict"] == SAME for c in out.values() for m in ("ttft", "decode")]
+    assert sum(same) >= 0.85 * len(same), f"{sum(same)} of {len(same)}"
+
+
+def test_twice_as_fast_with_small_noise_is_faster_with_an_interval_about_2():
+    """fast: half the baseline's TTFT and twice its decode rate; slow: the reverse; 2% noise, 4 trials."""
+    rng = np.random.default_rng(3)
+    rows, truth = [], {}
+    for L in (2000, 8000, 32000):
+        sides = {"base": (1e-5 * L, 100.0), "fast": (0.5e-5 * L, 200.0), "slow": (2e-5 * L, 50.0)}
+        drawn = {n: (noisy(rng, t, 4, 0.02), noisy(rng, d, 4, 0.02)) for n, (t, d) in sides.items()}
+        for n, (t, d) in drawn.items():
+            rows += trials(n, L, t, d)
+        (bt, bd) = drawn["base"]
+        truth[L] = {n: {"ttft": statistics.median(bt) / statistics.median(t), "decode": statistics.median(d) / statistics.median(bd)}
+                    for n, (t, d) in drawn.items() if n != "base"}
+    out = against_baseline(pd.DataFrame(rows), "base", SETTINGS)
+    for L, want in truth.items():
+        for metric in ("ttft", "decode"):
+            s = out[("fast", L)][metric]
+            assert s["ratio"] == pytest.approx(want["fast"][metric], rel=1e-12)
+            assert s["verdict"] == FASTER and s["ci"][0] <= want["fast"][metric] <= s["ci"][1]
+            assert 1.8 < s["ci"][0] and s["ci"][1] < 2.2, (L, metric, s["ci"])
+            s = out[("slow", L)][metric]
+            assert s["ratio"] == pytest.approx(want["slow"][metric], rel=1e-12)
+            assert s["verdict"] == SLOWER and s["ci"][0] <= want["slow"][metric] <= s["ci"][1]
+            assert 0.45 < s["ci"][0] and s["ci"][1] < 0.55, (L, metric, s["ci"])
+
+
+def test_one_trial_a_side_or_no_resamples_is_no_interval():
+    one = pd.DataFrame(trials("base", 1000, [0.10], [100.0]) + trials("other", 1000, [0.05], [150.0]))
+    [s] = [against_baseline(one, "base", SETTINGS)[("other", 1000)]]
+    assert s["ttft"] == {"ratio": 2.0, "ci": None, "verdict": NO_INTERVAL, "trials": 1, "baseline_trials": 1}
+    assert s["decode"]["ratio"] == 1.5 and s["decode"]["verdict"] == NO_INTERVAL
+    # one trial on one side only: its noise is unknown, so no interval either
+    assert speedup([0.1, 0.11, 0.12], [0.05], True, 1000)["verdict"] == NO_INTERVAL
+    # bootstrap 0: no interval however many trials
+    many = speedup([0.10, 0.11, 0.12, 0.10], [0.05, 0.051, 0.052], True, 0)
+    assert many["ci"] is None and many["verdict"] == NO_INTERVAL and many["ratio"] == pytest.approx(0.105 / 0.051)
+
+
+def test_only_successful_single_requests_count_as_the_medians_take_them():
+    rng = np.random.default_rng(5)
+    base = trials("base", 4000, noisy(rng, 0.1, 3, 0.02), noisy(rng, 100, 3, 0.02))
+    other = trials("other", 4000, noisy(rng, 0.1, 3, 0.02), noisy(rng, 100, 3, 0.02))
+    clean = against_baseline(pd.DataFrame(base + other), "base", SETTINGS)
+    # batches (concurrency 4) ten times slower and a failed trial change nothing
+    noise = trials("other", 4000, [1.0] * 4, [10.0] * 4, concurrency=4) + trials("other", 4000, [0.0], [0.0], status="timeout")
+    df = pd.DataFrame(base + other + noise)
+    assert against_baseline(df, "base", SETTINGS) == clean
+    # and the ratio is the headline's ratio of the per-length medians
+    med = medians(df)
+    h = headline(med, "base", results=df, settings=SETTINGS)
+    [row] = [r for r in h["rows"] if r["configuration"] == "other"]
+    assert row["ttft_speedup"] == pytest.approx(clean[("other", 4000)]["ttft"]["ratio"], rel=1e-12)
+    assert row["decode_speedup"] == pytest.approx(clean[("other", 4000)]["decode"]["ratio"], rel=1e-12)
+    assert row["ttft_speedup_ci"] == clean[("other", 4000)]["ttft"]["ci"]
+    assert row["ttft_verdict"] == clean[("other", 4000)]["ttft"]["verdict"]
+    [b] = [r for r in h["rows"] if r["configuration"] == "base"]
+    assert b["ttft_speedup"] == 1 and b["ttft_speedup_ci"] is None and b["ttft_verdict"] is None and b["decode_verdict"] is None
+
+
+def test_intervals_are_seeded_and_do_not_depend_on_the_other_configurations():
+    rng = np.random.default_rng(11)
+    rows = {n: trials(n, 1000, noisy(rng, 0.1, 10, 0.05), noisy(rng, 100, 10, 0.05)) for n in ("base", "a", "b")}
+    both = against_baseline(pd.DataFrame(rows["base"] + rows["a"] + rows["b"]), "base", SETTINGS)
+    alone = against_baseline(pd.DataFrame(rows["base"] + rows["a"]), "base", SETTINGS)
+    assert both[("a", 1000)] == alone[("a", 1000)]
+    other = against_baseline(pd.DataFrame(rows["base"] + rows["a"]), "base", {**SETTINGS, "seed": 1})
+    assert other[("a", 1000)]["ttft"]["ci"] != alone[("a", 1000)]["ttft"]["ci"]
+
+
+def test_a_real_sized_comparison_takes_well_under_a_second():
+    rng = np.random.default_rng(0)
+    rows = [r for n in ("base", "a", "b", "c") for L in (1000 * 2**i for i in range(9))
+            for r in trials(n, L, noisy(rng, 1e-5 * L, 10, 0.05), noisy(rng, 100, 10, 0.05))]
+    df = pd.DataFrame(rows)
+    start = time.perf_counter()
+    out = against_baseline(df, "base", SETTINGS)
+    assert time.perf_counter() - start < 0.5 and len(out) == 27
+
+
+@pytest.mark.parametrize("dialect, same, faster, none", [
+    (MARKDOWN, "≈1.04 [0.95, 1.10]", "2.00 [1.90, 2.10]", "1.04 (no interval)"),
+    (TEX, r"$\approx$\num{1.04} {\footnotesize [\num{0.95}, \num{1.10}]}",
+     r"\num{2.00} {\footnotesize [\num{1.90}, \num{2.10}]}", r"\num{1.04} {\footnotesize (no interval)}"),
+])
+def test_each_verdict_is_marked_in_both_dialects(dialect, same, faster, none):
+    cell = dialect.filters()["speedup"]
+    assert cell(1.04, [0.95, 1.10], SAME) == same
+    assert cell(2.0, [1.9, 2.1], FASTER) == faster
+    assert cell(1.04, None, NO_INTERVAL) == none
+    assert cell(1.0) == dialect.filters()["fmt"](1.0, "speedup")  # the baseline's own: no interval, no mark
+    assert cell(None, None, None) == dialect.missing
+    # an end that would print as 1.00 on the other side of 1 gets a third decimal
+    assert cell(0.9, [0.8, 0.998], SLOWER).endswith(dialect.number("0.998") + "]" + ("}" if dialect is TEX else ""))
+    assert f"[{dialect.number('1.003')}," in cell(1.2, [1.003, 1.4], FASTER)
