@@ -16,9 +16,10 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "longctx"
 # The stages, earliest first: a module may import its own stage and earlier ones, never a later one.
 # "core" is the floor (with the root package's __version__); "config" is longctx/config.py, "cli"
-# longctx/cli.py and longctx/__main__.py.
+# longctx/cli.py and longctx/__main__.py (and longctx/snakemake_hook.py: an entry point too, run as
+# Snakemake starts, which may use the config's words).
 STAGES = ("core", "specs", "attention", "refengine", "engines", "config", "measure", "analysis", "report", "cli")
-TOP_LEVEL = {"__init__": "core", "config": "config", "cli": "cli", "__main__": "cli"}
+TOP_LEVEL = {"__init__": "core", "config": "config", "cli": "cli", "__main__": "cli", "snakemake_hook": "cli"}
 # The reference engine is a server of its own: it stands on the attention kernels and the specs only.
 REFENGINE_MAY_IMPORT = {"refengine", "attention", "specs", "root"}
 ENGINE_PACKAGES = ("engines", "refengine")
