@@ -20,7 +20,7 @@ def _bench(a) -> int:
     from .engines import ConfigurationSpec
     from .measure.sweep import run_configuration
 
-    if a.log:  # everything to the file; the console gets a line per bring-up attempt and per length, and errors
+    if a.log:  # everything to the file; the console gets the progress lines (measure.progress) and errors
         Path(a.log).parent.mkdir(parents=True, exist_ok=True)
         root = logging.getLogger()
         for h in list(root.handlers):
@@ -46,7 +46,7 @@ def _bench(a) -> int:
         raise ConfigError(f"bench needs --spec, or --configuration with --configfile (or {cfg.CONFIG_SOURCES_VAR}, "
                           "as the workflow sets it)")
     failed = run_configuration(spec, a.outdir or f"data/raw/{spec.name}", a.server_log or f"data/logs/server/{spec.name}.log",
-                               a.resume_dir)
+                               a.resume_dir, **({} if a.progress_every is None else {"progress_every_s": a.progress_every}))
     print(f"{spec.name}: {len(spec.lengths) - failed} of {len(spec.lengths)} lengths measured")
     return 0
 
@@ -206,7 +206,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--outdir", help="where <length>.json go (default data/raw/<configuration>)")
     s.add_argument("--server-log", help="the server's log file (default data/logs/server/<configuration>.log)")
     s.add_argument("--resume-dir", help="keep each measured length here and reuse the ones a previous run finished")
-    s.add_argument("--log", help="write the whole log here; the console then gets a line per bring-up attempt and per length")
+    s.add_argument("--log", help="write the whole log here; the console then gets a line per bring-up attempt, per length "
+                   "and per warm-up or trial (with the time left), and errors")
+    s.add_argument("--progress-every", type=float, default=None, metavar="SECONDS",
+                   help="at most one warm-up or trial line this often on the console (default 10; a length's line always)")
     s.set_defaults(func=_bench)
 
     s = sub.add_parser("build-kernel", help="build and check one attention kernel")

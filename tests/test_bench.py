@@ -132,10 +132,10 @@ def test_request_timeouts_follow_the_expected_duration():
     # one length measured: TTFT scaled quadratically, decode linearly
     one = [(10_000, 2.0, 0.01)]
     assert request_timeout(proto, one, 20_000) == pytest.approx(4 * (2.0 * 4 + 100 * 0.01 * 2))
-    # three lengths on a known curve: the fit predicts the next one
-    a, b, c = 0.5, 1e-4, 1e-9
-    hist = [(L, a + b * L + c * L * L, 0.01) for L in (10_000, 20_000, 40_000) for _ in range(2)]
-    expected = a + b * 200_000 + c * 200_000**2 + 100 * 0.01 * 5
+    # three lengths on known curves: the fits (TTFT a + bL + cL^2, decode step t0 + beta L) predict the next one
+    a, b, c, t0, beta = 0.5, 1e-4, 1e-9, 0.01, 1e-7
+    hist = [(L, a + b * L + c * L * L, t0 + beta * L) for L in (10_000, 20_000, 40_000) for _ in range(2)]
+    expected = a + b * 200_000 + c * 200_000**2 + 100 * (t0 + beta * 200_000)
     assert request_timeout(proto, hist, 200_000) == pytest.approx(4 * expected, rel=0.01)
     assert request_timeout({**proto, "request_timeout_s": 1e6}, hist, 200_000) == 1e6  # never below the floor
 

@@ -24,11 +24,11 @@ from .client import timed_client
 from ..core.errors import ConfigError
 from ..core.hashing import digest
 from ..engines import ConfigurationSpec, EngineAdapter, get_adapter
-from ..core.fitting import fit_prefill, prefill_curve
 from ..specs.model import ModelNotDescribed, ModelSpecError
 from .process import ExternalServer, ManagedServer, NoHealthPath, PortTaken, ServerError, free_port, pid_file, reap_stray
 from .telemetry import Sampler, summarize, telemetry_source
 from .needle import probe as needle_probe
+from .progress import EVERY_S, Progress, fitted
 from .prompts import Prompter, PromptError, probe as prompt_probe, tokenizer_path
 
 log = logging.getLogger("longctx.measure.sweep")
@@ -138,15 +138,16 @@ def _spec_from_counters(before: dict | None, after: dict | None) -> dict:
 
 
 def measure_length(session: "Session", spec: ConfigurationSpec, length: int, run_id: str,
-                   timeout_s: float | None = None) -> dict:
+                   timeout_s: float | None = None, tracker: Progress | None = None) -> dict:
     """Warm-up and trials of one length; with the session's telemetry source, its samples over all
-    of them and, per trial, their summaries over the prefill and the decode window."""
+    of them and, per trial, their summaries over the prefill and the decode window. Each warm-up and
+    trial done is told to tracker (a progress line)."""
     timeout_s = timeout_s or spec.protocol["request_timeout_s"]
     telemetry = session.source
     if telemetry is None:
-        return _requests(session, spec, length, run_id, timeout_s)
+        return _requests(session, spec, length, run_id, timeout_s, tracker)
     with Sampler(telemetry, spec.telemetry["interval_s"]) as sampler:
-        result = _requests(session, spec, length, run_id, timeout_s)
+        result = _requests(session, spec, length, run_id, timeout_s, tracker)
     for t in result["trials"]:
         t["telemetry"] = {
             "prefill": summarize(sampler.samples, t.get("t_sent"), t.get("t_first_token"), telemetry.metrics),
@@ -160,23 +161,25 @@ def measure_length(session: "Session", spec: ConfigurationSpec, length: int, run
 
 def request_timeout(proto: dict, history: list[tuple[int, float, float | None]], length: int) -> float:
     """Timeout for a request of `length` tokens: timeout_factor x its expected duration, predicted from
-    (length, TTFT, TPOT) of the trials measured so far (the quadratic fit from three lengths on, a
-    quadratic scaling of the longest before), never less than request_timeout_s."""
+    (length, TTFT, TPOT) of the trials measured so far (the fits of progress.fitted from three lengths
+    on, as the progress lines' time left; before, the longest length's TTFT scaled quadratically and
+    its TPOT linearly), never less than request_timeout_s."""
     floor = proto["request_timeout_s"]
     if not history:
         return floor
-    lengths = [h[0] for h in history]
-    longest = max(lengths)
-    if len(set(lengths)) >= 3:
-        ttft = float(prefill_curve(fit_prefill(lengths, [h[1] for h in history]), [length])[0])
+    predicted = fitted(history, [length])
+    if predicted is not None:
+        ttft, tpot = float(predicted[0][0]), float(predicted[1][0])
     else:
+        longest = max(h[0] for h in history)
         ttft = max(h[1] for h in history if h[0] == longest) * (length / longest) ** 2
-    tpots = [h[2] for h in history if h[2]]
-    decode = proto["output_tokens"] * max(tpots) * max(1.0, length / longest) if tpots else 0.0
-    return max(floor, proto["timeout_factor"] * (ttft + decode))
+        tpots = [h[2] for h in history if h[2]]
+        tpot = max(tpots) * max(1.0, length / longest) if tpots else 0.0
+    return max(floor, proto["timeout_factor"] * (ttft + proto["output_tokens"] * tpot))
 
 
-def _requests(session: "Session", spec: ConfigurationSpec, length: int, run_id: str, timeout_s: float) -> dict:
+def _requests(session: "Session", spec: ConfigurationSpec, length: int, run_id: str, timeout_s: float,
+              tracker: Progress | None) -> dict:
     proto = spec.protocol
     name = spec.name
     client, base, adapter, api, prompter = session.client, session.base, session.adapter, session.api, session.prompter
@@ -196,14 +199,12 @@ def _requests(session: "Session", spec: ConfigurationSpec, length: int, run_id: 
         if is_warmup:
             summary.pop("itl_s", None)
             warmup.append(summary)
-            continue
-        summary["trial"] = len(trials)
-        trials.append(summary)
-        if summary["status"] == "ok":
-            log.info("%s L=%d trial %d/%d: TTFT %.3f s, decode %.1f tok/s", name, length, len(trials), proto["trials"],
-                     summary["ttft_s"], summary["decode_tok_s"] or float("nan"))
         else:
-            log.warning("%s L=%d trial %d/%d failed: %s", name, length, len(trials), proto["trials"], summary["reason"])
+            summary["trial"] = len(trials)
+            trials.append(summary)
+        if tracker is not None:
+            tracker.request(is_warmup, len(warmup) if is_warmup else len(trials),
+                            proto["warmup"] if is_warmup else proto["trials"], summary)
     batches = [_batch(session, spec, length, run_id, timeout_s, c, b)
                for c in proto["concurrency"] for b in range(proto["trials"])]
     every = trials + [r for batch in batches for r in batch["requests"]]
@@ -469,14 +470,16 @@ def resume_key(spec: ConfigurationSpec, kernel: dict | None, version: str | None
 
 
 def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: str | Path,
-                      resume_dir: str | Path | None = None) -> int:
+                      resume_dir: str | Path | None = None, progress_every_s: float = EVERY_S) -> int:
     """Measure every length of one configuration; returns the number of failed lengths.
 
     With resume_dir, every measured length is also kept there, and a later run reuses the ones
     that succeeded under the same resume_key instead of measuring them again (an interrupted
-    sweep resumes where it stopped)."""
+    sweep resumes where it stopped). Progress (measure.progress) goes to the longctx.progress logger:
+    a line per warm-up and trial, at most one every progress_every_s seconds, and every length's."""
     outdir, server_log = Path(outdir), Path(server_log)
     resume_dir = Path(resume_dir) if resume_dir else None
+    tracker = Progress(spec.name, spec.lengths, spec.protocol, progress_every_s)
     adapter = get_adapter(spec.engine)
     for where in (outdir, resume_dir, server_log.parent if adapter.managed else None):
         writable(where)  # before any server starts: nothing measured may be lost for want of a place to keep it
@@ -514,24 +517,29 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         session = Session(adapter, spec, server_log, prov)
         key = resume_key(spec, prov["kernel"], session.version)
         history: list[tuple[int, float, float | None]] = []  # (length, TTFT, TPOT) of ok trials
-        for length in spec.lengths:
-            kept = _resumable(resume_dir, length, key)
+        kept_before = {i: kept for i, length in enumerate(spec.lengths) if (kept := _resumable(resume_dir, length, key))}
+        for i, kept in kept_before.items():
+            tracker.known(i, _samples(spec.lengths[i], kept))
+        for i, length in enumerate(spec.lengths):
+            tracker.begin(i)
+            kept = kept_before.get(i)
             if kept:
-                progress.info("%s L=%d: measured before (run %s), reused", name, length, kept["run_id"])
                 write_json(outdir / f"{length}.json", {**kept, "resumed": True})
                 statuses[length] = kept["status"]
-                history += [(length, t["ttft_s"], t.get("tpot_s")) for t in kept["trials"] if t["status"] == "ok"]
+                history += _samples(length, kept)
+                tracker.end(f"measured before (run {kept['run_id']}), reused", session.alive())
                 continue
             session.up()
+            tracker.needle = spec.protocol["needle"]["enabled"] and not session.random_weights
             started = provenance.now_iso()
             timeout_s = request_timeout(spec.protocol, history, length)
             too_long = session.refuses(length, spec.protocol["output_tokens"])
             try:
                 if too_long:  # nothing is sent: the server would refuse it, or evict to serve it
                     raise LengthRefused(too_long)
-                result = measure_length(session, spec, length, run_id, timeout_s)
+                result = measure_length(session, spec, length, run_id, timeout_s, tracker)
                 result["needle"] = _needle(session, spec, length, timeout_s)
-                history += [(length, t["ttft_s"], t.get("tpot_s")) for t in result["trials"] if t["status"] == "ok"]
+                history += _samples(length, result)
             except LengthRefused as exc:
                 progress.error("%s L=%d: %s", name, length, exc)
                 result = {"status": "failed", "reason": str(exc), "warmup": [], "trials": []}
@@ -554,12 +562,13 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                 write_json(resume_dir / f"{length}.json", record)
             write_json(outdir / f"{length}.json", record)
             statuses[length] = result["status"]
-            progress.info("%s L=%d: %s", name, length, _length_line(result))
+            tracker.end(_length_line(result), session.alive())
         depth = spec.protocol["itl_depth"]
         if depth["length"]:
             session.up()
             write_json(outdir / "itl_depth.json", {**common, "provenance": copy.deepcopy(prov),
                                                    **measure_itl_depth(session, spec, run_id, history)})
+        tracker.finish()
     except ServerError as exc:
         failure = str(exc)
     finally:
@@ -578,6 +587,11 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                                                    "warmup": [], "trials": [], "finished_at": provenance.now_iso()})
             statuses[length] = "failed"
     return sum(status == "failed" for status in statuses.values())
+
+
+def _samples(length: int, result: dict) -> list[tuple[int, float, float | None]]:
+    """(length, TTFT, TPOT) of a length's successful trials."""
+    return [(length, t["ttft_s"], t.get("tpot_s")) for t in result["trials"] if t["status"] == "ok"]
 
 
 def _length_line(result: dict) -> str:
