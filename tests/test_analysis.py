@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -112,7 +113,15 @@ def test_fit_all_needs_enough_lengths():
 # --- intervals, regime changes, the study's figures -----------------------------------------------
 
 from longctx.core.fitting import regime_change  # noqa: E402
-from longctx.report.diagnosis import ORDER, diagnose  # noqa: E402
+from longctx.report.diagnosis import diagnose  # noqa: E402
+from longctx.report.figures import ANALYSIS_FIGURES, FIGURES  # noqa: E402
+
+
+def _said(d: dict, name: str | None = None) -> list[str]:
+    """Every sentence of a diagnosis: page one's, then each configuration's (or only name's), then the planner's."""
+    return ([i["text"] for i in d["summary"]] if name is None else []) + [
+        i["text"] for g in d["configurations"] if name in (None, g["name"]) for i in g["items"]] + (
+        [i["text"] for i in d["planner"]] if name is None else [])
 
 
 def test_known_coefficients_lie_in_their_intervals():
@@ -224,12 +233,15 @@ def test_the_studys_decode_measurements_give_the_bandwidth_worked_out_by_hand(tm
     assert ex["length"] == 200_000 and ex["why"] == "the context length, below the KV pool's size"
     assert ex["kv_pool_tokens"] == 240_000
     assert ex["step_s"] == pytest.approx(1.53592, rel=2e-3) and ex["decode_tok_s"] == pytest.approx(0.65108, rel=2e-3)
-    items = diagnose(medians(df), {"triton-page1": fit})
-    text = " ".join(i["text"] for i in items)
-    assert "decode at 185,000 tokens runs at 0.7 tok/s" in text
-    assert "bound by the KV reads: 9.82 GB/s effective" in text and "0.55% of the datasheet's 1,792 GB/s" in text
-    assert "memory-bound on this hardware" in text
-    assert all(i["figure"] in ORDER for i in items)
+    d = diagnose(medians(df), {"triton-page1": fit})
+    text = " ".join(_said(d))
+    assert "Decode at 185,000 tokens runs at 0.7 tok/s" in text
+    # at 0.55% of the bandwidth roof the KV reads are on neither roof: latency-bound, not "bound by the KV reads"
+    assert fit["bounds"]["decode"]["class"] == "latency"
+    assert "run at 9.82 GB/s" in text and "0.55% of the datasheet's 1,792 GB/s" in text and "decode is latency-bound" in text
+    assert "the bandwidth roof is the one that applies" in text  # the roofline's words, from the same decision
+    assert "bandwidth-bound" not in text and "memory-bound" not in text and "bound by the KV reads" not in text
+    assert all(i["figure"] in FIGURES + ANALYSIS_FIGURES for g in d["configurations"] for i in g["items"] if i["figure"])
 
 
 def test_diagnosis_names_the_fixed_step_work_when_the_kv_cache_is_a_small_share():
@@ -238,8 +250,10 @@ def test_diagnosis_names_the_fixed_step_work_when_the_kv_cache_is_a_small_share(
                        "ttft_s": 0.01 + 1e-6 * L, "tpot_s": 0.02 + 1e-8 * L, "decode_tok_s": 1 / (0.02 + 1e-8 * L),
                        "kv_bytes_per_token": 640})
     fits = fit_all(df)["configurations"]
-    (sentence,) = [i for i in diagnose(medians(df), fits) if i["figure"] == "step_time"]
-    assert "bound by the fixed per-step work (t0 = 20 ms)" in sentence["text"] and "reading 8,192 tokens of it is 0%" in sentence["text"]
+    (sentence,) = [i for g in diagnose(medians(df), fits)["configurations"] for i in g["items"] if i["figure"] == "step_time"]
+    # beta 1e-8 s per token at 8,192 tokens: 81.92 us of a 20.08 ms step, 0.41%
+    assert fits["c"]["bounds"]["decode"]["class"] == "fixed"
+    assert "bound by the length-independent work of each step (t0 = 20 ms): the KV reads are 0.41% of the step" in sentence["text"]
 
 
 def test_the_studys_report_renders_with_datasheet_ceilings_and_sources(tmp_path):
@@ -277,7 +291,8 @@ def test_the_studys_report_renders_with_datasheet_ceilings_and_sources(tmp_path)
     text = subprocess.run(["pdftotext", "-layout", str(report / "longctx.pdf"), "-"], capture_output=True, text=True,
                           check=True).stdout
     flat = " ".join(text.split()).replace("\u2019", "'")  # LaTeX sets ' as a right quote
-    assert re.search(r"0\.55% of the datasheet's 1,792 GB/s \(NVIDIA RTX PRO 6000 Blackwell Workstation Edition\)\. \(Figure \d+\)", flat)
+    assert re.search(r"0\.55% of the datasheet's 1,792 GB/s \(NVIDIA RTX PRO 6000 Blackwell Workstation Edition\)", flat)
+    assert re.search(r"decode is latency-bound, on neither roof \(bound by one needs at least 50% of it\)\. \(Figure \d+\)", flat)
     assert "Sources: NVIDIA RTX PRO 6000 Blackwell Workstation Edition: https://www.nvidia.com/en-us/products/" in flat
     assert "professional-desktop-gpus/rtx-pro-6000/" in text  # \url breaks the line, not the address
     # the model as served (appendix): MLA, bf16 KV cache, 8 ranks, the study's 70,272 bytes per token
@@ -365,17 +380,124 @@ def test_the_diagnosis_does_not_set_a_partial_lengths_one_trial_against_the_fit(
     df = pd.DataFrame(_knee())
     for mode in ("exclude", "include"):
         fits = fit_all(df, _protocol(c=3), None, {"bootstrap": 50, "partial_lengths": mode})["configurations"]
-        texts = [i["text"] for i in diagnose(medians(df, _protocol(c=3)), fits)]
+        texts = _said(diagnose(medians(df, _protocol(c=3)), fits), "c")
         # what bounds decode and how long prefill takes: at 16k, the longest length measured in full
-        assert any(t.startswith("c: decode at 16,000 tokens runs at") for t in texts), texts
-        assert any(t.startswith("c: prefill of 16,000 tokens takes") for t in texts), texts
-        assert not any("decode at 32,000" in t or "prefill of 32,000" in t for t in texts)
+        assert any(t.startswith("Decode at 16,000 tokens runs at") for t in texts), texts
+        assert any(t.startswith("Prefill of 16,000 tokens takes") for t in texts), texts
+        assert not any("ecode at 32,000" in t or "refill of 32,000" in t for t in texts)
         said = [t for t in texts if "fewer successful trials than configured" in t]
         if mode == "exclude":
-            assert said == ["c: 1 length was measured by fewer successful trials than configured (32,000 tokens: measured "
+            assert said == ["1 length was measured by fewer successful trials than configured (32,000 tokens: measured "
                             "by 1 of 3 trials); it is left out of the fits and of the regime detection."]
             assert not any("slower than the fit" in t for t in texts)
         else:
             assert said[0].endswith("; the prefill and decode fits include it.")
             [regime] = [t for t in texts if "stops following its model" in t and "decode step" in t]
             assert "at 32,000 tokens (measured by 1 of 3 trials) it is 50% slower" in regime
+
+
+# --- what bounds each phase (longctx.analysis.bounds), from the study's shape ------------------------
+
+STUDY9 = [5500, 10_000, 20_000, 40_000, 60_000, 90_000, 120_000, 150_000, 185_000]
+
+
+def _decode_case(step, lengths=STUDY9, noise=0.002, name="triton-page1"):
+    """The study's deployment (Kimi K2.6 on 8 RTX PRO 6000, 70,272 KV bytes per token) with decode steps
+    step(L) at 9 lengths to 185k, 3 trials each with a small symmetric spread; prefill as in _study."""
+    df, prov = _study(Path("."))
+    rows = []
+    for L in lengths:
+        for trial in range(3):
+            s = step(L) * (1 + noise * (trial - 1))
+            rows.append({"configuration": name, "length": L, "trial": trial, "status": "ok", "reason": None, "concurrency": 1,
+                         "ttft_s": 2.0 + 2e-4 * L + 1e-8 * L**2, "tpot_s": s, "decode_tok_s": 1 / s, "kv_bytes_per_token": 70_272})
+    return pd.DataFrame(rows), prov
+
+
+def test_the_studys_decode_at_9_lengths_is_latency_bound_under_1_percent_of_the_roof():
+    """The study's line through its two figures (beta = 7.15639e-6 s per token, t0 = 0.10464 s, worked out by
+    hand above), measured at 9 lengths: decode falls to 0.7 tok/s at 185k, the KV reads are 93% of the step
+    (7.15639e-6 x 185,000 / (1/0.7) = 0.9267) yet reach 70,272 / 7.15639e-6 = 9.82 GB/s, 0.548% of 1,792 GB/s:
+    latency-bound, not bandwidth-bound."""
+    df, prov = _decode_case(lambda L: 0.10464 + 7.15639e-6 * L)
+    fit = fit_all(df, prov, None, {"bootstrap": 200})["configurations"]["triton-page1"]
+    b = fit["bounds"]["decode"]
+    assert b["class"] == "latency" and b["basis"] == "fit" and b["length"] == 185_000
+    assert b["share"] == pytest.approx(0.9267, rel=5e-3)
+    assert b["bandwidth"]["pct"]["datasheet"] == pytest.approx(0.548, rel=5e-3) and b["bandwidth"]["pct"]["datasheet"] < 1
+    assert b["roof"]["roof"] == "bandwidth"  # intensity 15.1 FLOP/B, below the ridge of 281: the bandwidth roof applies
+    d = diagnose(medians(df), {"triton-page1": fit})
+    text = " ".join(_said(d))
+    assert "decode is latency-bound, on neither roof" in text and "0.55% of the datasheet's 1,792 GB/s" in text
+    assert "bandwidth-bound" not in text and "bound by the KV reads" not in text
+    assert "Decode: the rate falls from 6.94 tok/s at 5,500 tokens to 0.7 tok/s at 185,000" in d["summary"][1]["text"]
+    assert "latency-bound (on neither roof) in triton-page1" in d["summary"][1]["text"]
+
+
+def test_a_kernel_at_80_percent_of_the_roof_is_bandwidth_bound():
+    """beta such that 70,272 B per token stream at 80% of 1,792 GB/s: 70,272 / (0.8 x 1,792e9) = 4.90179e-8 s
+    per token; t0 = 2 ms, so at 185k the KV reads are 9.068 / 11.068 = 82% of the step."""
+    beta = 70_272 / (0.8 * 1792e9)
+    df, prov = _decode_case(lambda L: 0.002 + beta * L)
+    fit = fit_all(df, prov, None, {"bootstrap": 200})["configurations"]["triton-page1"]
+    b = fit["bounds"]["decode"]
+    assert b["class"] == "bandwidth" and b["bandwidth"]["pct"]["datasheet"] == pytest.approx(80, rel=5e-3)
+    assert b["share"] == pytest.approx(beta * 185_000 / (0.002 + beta * 185_000), rel=5e-3)
+    text = " ".join(_said(diagnose(medians(df), {"triton-page1": fit})))
+    assert "decode is bandwidth-bound (at least 50% of every known bandwidth roof)" in text and "decode is latency-bound" not in text
+    # the same kernel at a threshold of 90%: no longer bound by the roof it does not reach
+    fit = fit_all(df, prov, None, {"bootstrap": 200, "bounds": {"roof_share": 0.9}})["configurations"]["triton-page1"]
+    assert fit["bounds"]["decode"]["class"] == "latency"
+
+
+def test_flat_decode_times_say_the_fit_found_no_length_dependence():
+    """The same step (50 ms, 1% noise) at every length: beta is clamped to 0 or its interval reaches 0, R^2 is
+    near 0; the diagnosis says there is no measurable length dependence, and states no share of the step."""
+    rng = np.random.default_rng(7)
+    noise = iter(1 + 0.01 * rng.standard_normal(27))
+    df, prov = _decode_case(lambda L: 0.05 * next(noise), noise=0.0)
+    fit = fit_all(df, prov, None, {"bootstrap": 200})["configurations"]["triton-page1"]
+    b = fit["bounds"]["decode"]
+    assert b["class"] == "flat" and b["share"] is None and b["bandwidth"] is None
+    assert fit["quality"]["decode"]["coefficients"]["beta_s_per_token"] in ("zero", "spans zero")
+    d = diagnose(medians(df), {"triton-page1": fit})
+    text = " ".join(_said(d))
+    assert "the fit finds no measurable dependence on the length" in text
+    assert "0% of the step" not in text and "KV reads are" not in text and "bound by the length-independent work" not in text
+    assert "flat (no measurable length dependence) in triton-page1" in d["summary"][1]["text"]
+    # nor is a fit without length dependence extrapolated as if it had some: R^2 near 0 fails the gate
+    assert not fit["quality"]["decode"]["usable"] and "decode at" not in " ".join(
+        i["text"] for g in d["configurations"] for i in g["items"] if i["figure"] == "extrapolation")
+
+
+def test_a_fit_that_fails_the_gate_is_named_and_its_claims_withheld():
+    """A decode series whose noise (30%) swamps its slope: R^2 under 0.8; the diagnosis names the fit with its
+    R^2, gives no bandwidth or share from it and no decode extrapolation, and the medians bound the KV reads."""
+    rng = np.random.default_rng(11)
+    noise = iter(1 + 0.3 * rng.standard_normal(27))
+    df, prov = _decode_case(lambda L: (0.10464 + 7.15639e-7 * L) * abs(next(noise)), noise=0.0)
+    fit = fit_all(df, prov, None, {"bootstrap": 200})["configurations"]["triton-page1"]
+    q = fit["quality"]["decode"]
+    assert not q["usable"] and q["r2"] < 0.8 and q["problems"][0].startswith(f"R² is {q['r2']:.2f}, below the 0.8 required")
+    b = fit["bounds"]["decode"]
+    assert b["basis"] in ("medians", None) and b["bandwidth"] is None and b["share"] is None
+    d = diagnose(medians(df), {"triton-page1": fit})
+    text = " ".join(_said(d, "triton-page1"))
+    assert f"The decode step fit is not used for shares, bandwidths, crossovers or extrapolations: R² is {q['r2']:.2f}" in text
+    [extrapolated] = [i["text"] for g in d["configurations"] for i in g["items"] if i["figure"] == "extrapolation"]
+    assert "a prefill of" in extrapolated and "decode at" not in extrapolated  # the prefill fit passes; decode's does not
+
+
+def test_the_same_engine_at_another_setting_is_evidence_for_the_layout():
+    """Two configurations of one engine, model and device that differ only in page-size, one's KV reads
+    costing 3x the other's per token: the evidence names the setting and the ratio, intervals apart."""
+    df1, prov = _decode_case(lambda L: 0.02 + 3e-6 * L, name="page1")
+    df2, _ = _decode_case(lambda L: 0.02 + 1e-6 * L, name="page64")
+    entry = prov["configurations"].pop("triton-page1")
+    prov["configurations"] = {"page1": entry, "page64": {**entry, "args": {**entry["args"], "page-size": 64}}}
+    fits = fit_all(pd.concat([df1, df2]), prov, None, {"bootstrap": 200})["configurations"]
+    [ev] = [e for e in fits["page1"]["bounds"]["decode"]["evidence"] if e["kind"] == "settings"]
+    assert ev["other"] == "page64" and ev["differ"] == {"page-size": [1, 64]} and ev["separated"]
+    assert ev["beta_ratio"] == pytest.approx(3.0, rel=1e-2)
+    text = " ".join(_said(diagnose(medians(pd.concat([df1, df2])), fits), "page1"))
+    assert "its KV reads cost 3.00x page64's per token (page-size 1 instead of 64; the intervals do not overlap)" in text

@@ -136,9 +136,9 @@ def test_the_summary_says_what_was_not_measured(report):
         assert "Protocol: not recorded" in pdf
     if case == "one_failed":
         assert "base: no length was measured successfully (at 1,000 tokens: timeout after 30 s at 1000;" in summary
-        assert "fast_kv: decode at 16,000 tokens runs at" in summary  # the measured configuration as before
+        assert "Decode: the rate falls from" in summary and "in fast_kv" in summary  # the measured configuration's answer
     if case == "single_length":
-        assert "base: 1 of 2 lengths failed (at 4,000 tokens: out of memory)." in pdf
+        assert "1 of 2 lengths failed (at 4,000 tokens: out of memory)." in pdf  # under its heading, base
         assert "fewer than three measured lengths: no fit" in pdf
     if case == "non_positive":
         assert "fast_kv: the time to first token reads at or below 0 at 1,000, 4,000 and 16,000 tokens" in summary
@@ -192,7 +192,10 @@ def test_a_real_sweep_with_a_trial_lost_marks_that_length_and_leaves_it_out_of_t
             "marked † and left out of the fits and of the regime detection.") in summary
     assert "page1 256† " in summary and "page1 128 " in summary and "128†" not in pdf
     assert "† Measured by fewer successful trials than configured: page1 at 256 tokens, measured by 1 of 3 trials." in summary
-    assert "page1: decode at 128 tokens runs at" in summary  # the longest length measured in full
+    # the longest length measured in full: page one's answer and the diagnosis
+    answer = summary.split("Prefill: ")[1].split("(Intervals")[0]
+    assert re.search(r"at 128\b", answer) and "256" not in answer
+    assert "Decode at 128 tokens runs at" in pdf[pdf.index("2 Diagnosis"):]
     assert "slower than the fit" not in pdf and "256 tokens (measured by 1 of 3 trials)" not in pdf
     assert re.search(r"page1 256† [\d.,]+ [\d.,]+ [\d.,]+ [\d.,]+ 1/3", pdf)  # the results appendix
     md = unescape_md((out / "longctx.md").read_text())

@@ -214,12 +214,16 @@ def test_analysis_diagnosis_in_the_summary_roofline_and_planner_in_the_report(wo
     assert {p["check"] for p in planner.values()} == {"match"}  # the rule gives the pool each real server allocated
     text = pdftotext(workflow / "report" / "longctx.pdf")
     flat = " ".join(text.split())
-    # each configuration's decode sentence opens the summary (page one), before the headline table; the whole
-    # diagnosis, each sentence naming its figure, is the next section
+    # page one answers across the configurations (how prefill and decode scale, what bounds each, where it
+    # stops being usable), with the overview figure, before the headline table; the diagnosis, per
+    # configuration, each sentence naming its figure, is the next section
     summary, headline = flat.index("1 Summary"), flat.index("TTFT speedup")
     diagnosis, prefill = flat.index("2 Diagnosis"), flat.index("3 Prefill")
-    assert summary < flat.index("decode at 512 tokens runs at") < headline < diagnosis
-    assert len(re.findall(r"decode at 512 tokens runs at", flat[summary:headline])) == 3
+    answer = flat[summary:headline]
+    assert summary < answer.index("Prefill: TTFT grows from") + summary < answer.index("Decode: the rate falls from") + summary < headline
+    assert "By the stated criterion (TTFT at most 10 s and decode at least 10 tok/s)" in answer
+    assert re.search(r"Figure 1: TTFT and decode rate against the context length", answer)
+    assert len(re.findall(r"Decode at 512 tokens runs at", flat[diagnosis:prefill])) == 3  # one per configuration
     assert diagnosis < flat.index("KV pool holds 4,096 tokens", diagnosis) < prefill
     assert len(re.findall(r"\(Figure \d+\)", flat[diagnosis:prefill])) >= 6 and "Figure ??" not in flat
     assert "kernels timed alone" in flat and "CPU twin over the PyTorch gather" in flat

@@ -19,12 +19,13 @@ import numpy as np
 import pandas as pd
 from ..core.fitting import LEVEL, Fit, decode_summary, prefill_summary, regime_change
 from ..core.numbers import is_number
-from . import kernel_records
+from . import bounds, kernel_records
 from .memory import adapter_of, kv_bytes, observed_pool, spec_absent_reason, spec_of
 from .tables import ok_rows, partial_lengths, step_seconds
 
 
-SETTINGS = {"bootstrap": 1000, "confidence": LEVEL, "seed": 0, "regime_tolerance": 0.2, "partial_lengths": "exclude"}
+SETTINGS = {"bootstrap": 1000, "confidence": LEVEL, "seed": 0, "regime_tolerance": 0.2, "partial_lengths": "exclude",
+            "bounds": bounds.BOUNDS, "fit_quality": bounds.FIT_QUALITY}
 # the distinct lengths each fit needs (longctx.core.fitting.Fit: a + bL + cL^2; t0 + beta L)
 FIT_LENGTHS = {"prefill": 3, "decode": 2}
 PARTIAL_MODES = ("exclude", "include")
@@ -142,7 +143,7 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
         out["curves"][kind] = {"fit": f.predict(grid).tolist(), "lo": None if lo_ is None else lo_.tolist(),
                                "hi": None if hi_ is None else hi_.tolist()}
     if not entry:
-        return out
+        return _with_bounds(out, fits, p, d, kv, None, 1, {}, st, set(partial))
     dtype = spec.kv_cache_dtype if spec and spec.kv_cache_dtype in ("float32", "bfloat16", "float16") else "bfloat16"
     if spec and spec.weight_dtype == "float32":
         dtype = "float32"
@@ -188,9 +189,9 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
                                          tokens_per_step / ci[0] if ci[0] else None] if ci else None
                 ex["tokens_per_step"] = tokens_per_step
         out["extrapolation"] = ex
+    q = adapter.verify_width(args)
     # roofline points from the median step time per length
     if exact and len(d):
-        q = adapter.verify_width(args)
         steps = [(int(x), float(v)) for x, v in d.groupby("length")["step_s"].median().items()]
         out["roofline"] = {"query_tokens": q, "intensity": exact.decode_intensity(q),
                            "points": roofline.decode_points(exact, q, steps, ceil)}
@@ -198,15 +199,38 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
             c = ceil.get(which) or {}
             out["roofline"][f"ridge_{which}"] = roofline.ridge(c.get("flops"), c.get("bandwidth_Bps"))
             out["roofline"][f"bound_{which}"] = roofline.bound(exact.decode_intensity(q), c.get("flops"), c.get("bandwidth_Bps"))
+    return _with_bounds(out, fits, p, d, kv, exact, q, ceil, st, set(partial))
+
+
+def _with_bounds(out: dict, fits: dict, p: pd.DataFrame, d: pd.DataFrame, kv, exact, q: int, ceil: dict, st: dict,
+                 partial: set[int]) -> dict:
+    """out with what bounds each phase at the longest length measured in full that its fit stood on (a partial
+    length's few trials are not what a class is decided at), and whether each fit may carry a claim
+    (longctx.analysis.bounds); without a model spec or ceilings, the classes that need them are unknown."""
+    steps = {int(x): float(v) for x, v in d.groupby("length")["step_s"].median().items()} if "decode" in fits else {}
+    ttfts = {int(x): float(v) for x, v in p.groupby("length")["ttft_s"].median().items()} if "prefill" in fits else {}
+
+    def top(medians: dict[int, float]) -> int:
+        return max((L for L in medians if L not in partial), default=max(medians))
+
+    out["quality"] = {kind: bounds.quality(out.get(kind), kind, st) for kind in ("prefill", "decode")}
+    out["bounds"] = {
+        "decode": bounds.decode(out.get("decode"), steps, top(steps), kv, exact.decode_flops_per_kv_token() * q if exact else None,
+                                q, ceil, st) if steps else None,
+        "prefill": bounds.prefill(out.get("prefill"), ttfts, top(ttfts), exact.prefill_flops_per_pair() if exact else None,
+                                  ceil, st) if ttfts else None,
+    }
     return out
 
 
 def fit_all(df: pd.DataFrame, provenance: dict | None = None, calibration: dict | None = None,
-            settings: dict | None = None) -> dict:
+            settings: dict | None = None, kernels: dict | None = None) -> dict:
     """Per configuration: the fits with their intervals, regime changes, and (with the provenance)
     the model spec, the hardware's ceilings, bandwidth and FLOP rates against them, the
     extrapolation to the longest request the deployment could serve and the roofline points."""
     st = {**SETTINGS, **(settings or {})}
+    for group in ("bounds", "fit_quality"):  # groups of thresholds: a setting given replaces only its own default
+        st[group] = {**SETTINGS[group], **((settings or {}).get(group) or {})}
     out: dict = {"settings": st, "configurations": {}}
     ok = ok_rows(df).copy()
     ok["step_s"] = step_seconds(ok) if "tpot_s" in ok else np.nan
@@ -215,6 +239,11 @@ def fit_all(df: pd.DataFrame, provenance: dict | None = None, calibration: dict 
     for name, g in ok.groupby("configuration", sort=True):
         out["configurations"][name] = _analyse_configuration(name, g, entries.get(name, {}), calibration, st,
                                                              partial.get(name))
+    for name, fit in out["configurations"].items():  # what the run holds for why (needs every configuration's fits)
+        if (fit.get("bounds") or {}).get("decode"):
+            fit["bounds"]["decode"]["evidence"] = bounds.evidence(name, out["configurations"], entries, kernels)
+    if kernels is not None:  # the native kernels timed alone (rule bench_kernel): points for the roofline
+        out["kernels"] = kernels
     return out
 
 
@@ -223,11 +252,10 @@ def fit_file(results_csv: str | Path, out_json: str | Path, provenance_json: str
              kernel_bench: list[str | Path] | None = None) -> dict:
     prov = json.loads(Path(provenance_json).read_text()) if provenance_json else None
     cal = json.loads(Path(calibration_json).read_text()) if calibration_json else None
-    fits = fit_all(pd.read_csv(results_csv), prov, cal, settings)
+    fits = fit_all(pd.read_csv(results_csv), prov, cal, settings,
+                   kernel_records.summary(kernel_bench) if kernel_bench else None)
     if cal is not None:
         fits["calibration"] = cal
-    if kernel_bench:  # the native kernels timed alone (rule bench_kernel): points for the roofline
-        fits["kernels"] = kernel_records.summary(kernel_bench)
     Path(out_json).write_text(json.dumps(fits, indent=1, sort_keys=True, default=_json_default) + "\n")
     return fits
 

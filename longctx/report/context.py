@@ -31,7 +31,7 @@ from ..analysis.tables import concurrency_table, medians
 from ..measure.provenance import git_info, package_versions
 from ..specs.hardware import TABLE_PATH
 from . import versions, wording
-from .diagnosis import diagnose
+from .diagnosis import bound_words, diagnose
 from .headline import choose_baseline, headline
 
 __all__ = ["DATA_FILES", "ReportError", "ReportInputs", "command_lines", "context", "itl_depth_summary", "mask",
@@ -255,6 +255,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "startup_s": p.get("startup_s"),
             "starts": p.get("starts"),
             "fit": fit,
+            "bound": bound_words(fit),  # what bounds each phase (longctx.analysis.bounds), in words
             "rows": med[med["configuration"] == name].to_dict("records"),
             "partial": [r for r in partial["rows"] if r["configuration"] == name],
             "speculative": bool(med[med["configuration"] == name]["spec_accept_length"].notna().any()),
@@ -291,7 +292,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
     machines = {json.dumps(p["hardware"], sort_keys=True): p["hardware"] for p in prov["configurations"].values() if p.get("hardware")}
     epoch = source_date_epoch(prov)
     lengths = sorted(int(x) for x in df["length"].unique())
-    return {
+    out = {
         "longctx_version": __version__,
         "git": git_info(),
         "packages": package_versions(),
@@ -304,7 +305,6 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "baseline": base,
         "headline": headline(med, base, [n for n in order if n in names] + [n for n in names if n not in order],
                              df, analysis.get("settings")),
-        "diagnosis": diagnose(med, fits, planner),
         "analysis": analysis,
         "planner": planner,
         "bands": {kind: bands.describe(analysis, kind) for kind in bands.KINDS},
@@ -335,6 +335,9 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "version": None,
         "comparison": None,
     }
+    # page one's answer and the diagnosis: the headline's speedups (with their intervals) are what it compares
+    out["diagnosis"] = diagnose(med, fits, planner, out["headline"], analysis.get("settings"))
+    return out
 
 
 def _served_groups(configs: list[dict]) -> list[dict]:

@@ -18,11 +18,9 @@ from __future__ import annotations
 import pandas as pd
 
 from .numbers import is_number, rounded
+from .summary import CLASS
 from .wording import partial_text, planner_reason
 
-# The figures (longctx.report.figures) the sentences point at, in the order the summary gives them.
-ORDER = ("roofline", "step_time", "ttft", "residuals", "extrapolation", "acceptance", "planner")
-ATTENTION_SHARE_BOUND = 0.5  # beta L above this share of the step: the KV cache bounds decode
 
 
 def _ci(ci, scale: float = 1.0, fmt: str = "{:.3g}", unit: str = "") -> str:
@@ -41,69 +39,176 @@ def _flops(f: float) -> str:
     return f"{f / 1e12:.3g} TFLOP/s" if f >= 1e12 else f"{f / 1e9:.3g} GFLOP/s"
 
 
-def _decode(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list[tuple[str, str]]:
-    d = fit.get("decode")
-    if not d or not is_number(top.get("tpot_s")):
-        return []
-    out = []
-    step = d["t0_s"] + d["beta_s_per_token"] * L
-    share = d["beta_s_per_token"] * L / step if step > 0 else 0.0
-    ceil = fit.get("ceilings") or {}
-    roof = fit.get("roofline") or {}
-    head = f"{name}: decode at {_at(L, partial)} runs at {rounded(top['decode_tok_s'])} tok/s ({rounded(step * 1e3)} ms per step)"
-    if share < ATTENTION_SHARE_BOUND:
-        out.append(("step_time", f"{head}; it is bound by the fixed per-step work (t0 = {d['t0_s'] * 1e3:.3g} ms), "
-                                 f"not by the KV cache: reading {L:,} tokens of it is {share:.0%} of the step."))
-        return out
-    text = f"{head}; reading the KV cache is {share:.0%} of the step, so decode is bound by the KV reads"
-    if d.get("bw_eff_bytes_per_s"):
-        text += f": {_rate(d['bw_eff_bytes_per_s'])} effective{_ci(d['ci'].get('bw_eff_GBps'), unit=' GB/s')}"
-        parts = []
-        ds, ms = ceil.get("datasheet"), ceil.get("measured")
-        if ds and d.get("bw_pct_datasheet") is not None:
-            parts.append(f"{d['bw_pct_datasheet']:.2g}% of the datasheet's {_rate(ds['bandwidth_Bps'])} ({ds['name']})")
-        if ms and d.get("bw_pct_measured") is not None:
-            parts.append(f"{d['bw_pct_measured']:.2g}% of the {_rate(ms['bandwidth_Bps'])} copy bandwidth measured on this device")
-        if parts:
-            text += ", " + " and ".join(parts)
-    text += "."
-    out.append(("step_time", text))
-    for which in ("datasheet", "measured"):
-        bound = roof.get(f"bound_{which}")
-        if not bound:
+def _pct_words(pcts: dict, what: str, ceilings: dict | None = None) -> str:
+    """'9.4% of the 17 GB/s measured bandwidth and 0.55% of the datasheet's 1,792 GB/s (its name)': what (bandwidth
+    or FLOP rate) against each roof known, with the roof's value where the ceilings are given."""
+    key, unit = ("bandwidth_Bps", _rate) if what == "bandwidth" else ("flops", _flops)
+    parts = []
+    for w in ("measured", "datasheet"):
+        if pcts.get(w) is None:
             continue
-        last = roof["points"][-1]
-        width = f" (verify width {roof['query_tokens']})" if roof["query_tokens"] > 1 else ""
-        text = (f"{name}: the decode attention's intensity is {roof['intensity']:.3g} FLOP/byte{width}, "
-                f"{'below' if bound == 'memory' else 'above'} the {which} ridge of {roof[f'ridge_{which}']:.3g} FLOP/byte: "
-                f"{bound}-bound on this hardware; at {_at(int(last['length']), partial)} it achieves {_flops(last['achieved_flops'])}")
-        frac = last.get(f"fraction_of_{which}")
-        if frac is not None:
-            text += f", {100 * frac:.2g}% of the {which} roof at that intensity"
-        out.append(("roofline", text + "."))
-        break  # the datasheet roof where there is one, else the measured one
+        roof = ((ceilings or {}).get(w) or {})
+        value = unit(roof[key]) if roof.get(key) else None
+        if w == "measured":
+            parts.append(f"{pcts[w]:.2g}% of the {value + ' ' if value else ''}measured {what}")
+        else:
+            parts.append(f"{pcts[w]:.2g}% of the datasheet's {value or what}" + (f" ({roof['name']})" if value and roof.get("name") else ""))
+    return " and ".join(parts)
+
+
+def _problems(q: dict | None) -> str:
+    return "; ".join((q or {}).get("problems") or []) or "it does not pass"
+
+
+def _decode(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list[tuple[str, str]]:
+    """One sentence on what bounds decode (longctx.analysis.bounds: the one decision the roofline's words
+    come from too), then the evidence the run holds for why."""
+    b = (fit.get("bounds") or {}).get("decode")
+    d = fit.get("decode")
+    if not d or not b or not is_number(top.get("tpot_s")):
+        return []
+    L = b["length"]
+    head = f"{name}: decode at {_at(L, partial)} runs at {rounded(top['decode_tok_s'])} tok/s ({rounded(b['step_s'] * 1e3)} ms per step)"
+    kind, share = b["class"], b.get("share")
+    need = f"{100 * b['thresholds']['roof_share']:.0f}%"
+    roof = b.get("roof")
+    at = ""
+    if roof and b.get("intensity"):
+        width = f", verify width {b['query_tokens']}" if b["query_tokens"] > 1 else ""
+        at = (f"; at the attention's intensity of {b['intensity']:.3g} FLOP/byte{width}, "
+              f"{'below' if roof['roof'] == 'bandwidth' else 'above'} the {'measured' if roof['which'] == 'measured' else 'datasheet'} "
+              f"ridge of {roof['ridge']:.3g}, the {roof['roof']} roof is the one that applies")
+    if kind == "flat":
+        text = (f"{head}; the fit finds no measurable dependence on the length (the KV reads' cost per token is "
+                f"{'zero' if d['beta_s_per_token'] <= 0 else 'within its interval of zero'}), so no share of the step, "
+                f"bandwidth or bound is stated: every step is the length-independent work, about {rounded(d['t0_s'] * 1e3)} ms")
+    elif kind == "fixed":
+        text = (f"{head}; it is {CLASS['fixed']} (t0 = {rounded(d['t0_s'] * 1e3)} ms): the KV reads are "
+                f"{100 * share:.2g}% of the step, under the {100 * b['thresholds']['dominant_share']:.0f}% that would make them the bound")
+    elif b["basis"] == "fit" and b.get("bandwidth"):
+        bw = b["bandwidth"]
+        text = f"{head}; the KV reads are {share:.0%} of the step and run at {_rate(bw['Bps'])}{_ci(_gb(bw.get('ci')), unit=' GB/s')}"
+        said = _pct_words(bw["pct"], "bandwidth", fit.get("ceilings"))
+        if said:
+            text += ", " + said
+        if b.get("compute") and b["compute"]["pct"]:
+            text += ", and " + _pct_words(b["compute"]["pct"], "FLOP rate", fit.get("ceilings"))
+        text += at
+        text += {"bandwidth": f": decode is bandwidth-bound (at least {need} of every known bandwidth roof)",
+                 "compute": f": decode is compute-bound (at least {need} of every known FLOP roof)",
+                 "latency": f": decode is latency-bound, on neither roof (bound by one needs at least {need} of it)",
+                 "unknown": ": no ceilings of this device are known, so no bound is stated"}[kind]
+    elif b["basis"] == "medians":
+        m = b["medians"]
+        span = (f"between {_rate(m['lower_Bps'])} and {_rate(m['upper_Bps'])}" if m.get("upper_Bps")
+                else f"at least at {_rate(m['lower_Bps'])}")
+        lo, hi = m["lower_pct_bandwidth"], m.get("upper_pct_bandwidth") or {}
+        pcts = ", ".join(f"{lo[w]:.2g}" + (f"–{hi[w]:.2g}" if w in hi else " or more") + f"% of the {w if w == 'measured' else 'datasheet' + chr(39) + 's'}"
+                         for w in ("measured", "datasheet") if w in lo)
+        text = (f"{head}; without a usable fit, the medians alone (every step's KV bytes over its time, and over its growth from "
+                f"{m['from_length']:,} tokens) put the KV reads {span}" + (f", {pcts} bandwidth" if pcts else "") +
+                {"bandwidth": ": bandwidth-bound whatever the fit", "latency": f": latency-bound whatever the fit, under {need} of every roof"}[kind])
+    else:
+        why = (_problems(b["quality"]) if not b["quality"]["usable"] else "the KV bytes per token are unknown"
+               if not fit.get("kv_bytes_per_token") else "no ceilings of this device are known")
+        text = f"{head}; what bounds it is not classified: {why}"
+    out = [("step_time", text + ".")]
+    ev = _evidence(name, b.get("evidence") or [], kind)
+    if ev:
+        out.append(("roofline", ev))
     return out
 
 
+def _gb(ci):
+    return [x / 1e9 if x is not None else None for x in ci] if ci else None
+
+
+def _settings_words(differ: dict) -> str:
+    words = []
+    for k, (mine, theirs) in differ.items():
+        if mine is None:
+            words.append(f"without {k}")
+        elif theirs is None:
+            words.append(f"with {k} {mine}")
+        else:
+            words.append(f"{k} {mine} instead of {theirs}")
+    return ", ".join(words)
+
+
+def _evidence(name: str, evidence: list[dict], kind: str) -> str | None:
+    """What the run holds for why decode is as classified, in one sentence; None without any."""
+    parts = []
+    for e in evidence:
+        if e["kind"] == "kernel":
+            copy = f" ({100 * e['fraction_of_copy']:.2g}% of the copy bandwidth it measured)" if e.get("fraction_of_copy") else ""
+            parts.append(f"its kernel timed alone at the same shape reads {_rate(e['Bps'])} at {e['length']:,} tokens{copy}")
+        elif e["kind"] == "settings" and e["differ"]:
+            r = e["beta_ratio"]
+            if e["separated"]:
+                parts.append(f"its KV reads cost {r:.2f}x {e['other']}'s per token ({_settings_words(e['differ'])}; the intervals "
+                             f"do not overlap): on the same hardware, the settings set that cost")
+            else:
+                parts.append(f"its KV reads cost the same per token as {e['other']}'s within their intervals ({r:.2f}x; "
+                             f"{_settings_words(e['differ'])})")
+        elif e["kind"] == "verify":
+            parts.append(f"each step verifies {e['query_tokens']} tokens, which multiplies the attention's FLOPs per KV byte "
+                         f"by {e['query_tokens']}")
+    if not parts:
+        return None
+    return f"{name}, why decode is {CLASS[kind]}: " + "; ".join(parts) + "."
+
+
 def _prefill(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list[tuple[str, str]]:
+    """One sentence on what bounds prefill at the longest length (longctx.analysis.bounds)."""
+    b = (fit.get("bounds") or {}).get("prefill")
     p = fit.get("prefill")
-    if not p:
+    if not p or not b:
         return []
-    quad = p["c_s_per_token2"] * L**2
-    total = p["a_s"] + p["b_s_per_token"] * L + quad
-    share = quad / total if quad > 0 and total > 0 else 0.0
-    text = f"{name}: prefill of {_at(L, partial)} takes {top['ttft_s']:.3g} s; the quadratic (attention) term is {share:.0%} of it"
-    if p.get("crossover_tokens"):
-        text += (f"; attention overtakes the linear work beyond {p['crossover_tokens']:,.0f} tokens"
-                 f"{_ci(p['ci'].get('crossover_tokens'), fmt='{:,.0f}')}")
-    if p.get("attention_flops"):
-        text += f"; the attention runs at {_flops(p['attention_flops'])}"
-        ceil = fit.get("ceilings") or {}
-        pcts = [f"{p[f'attention_pct_{w}']:.2g}% of the {w} peak" for w in ("datasheet", "measured")
-                if p.get(f"attention_pct_{w}") is not None and ceil.get(w)]
-        if pcts:
-            text += " (" + ", ".join(pcts) + ")"
+    L, share, kind = b["length"], b.get("share"), b["class"]
+    need = f"{100 * b['thresholds']['roof_share']:.0f}%"
+    head = f"{name}: prefill of {_at(L, partial)} takes {b['ttft_s']:.3g} s"
+    coef = b["quality"]["coefficients"]
+    if kind == "linear":
+        text = (f"{head}; the fit resolves no quadratic (attention) term, so the per-token work bounds it"
+                if coef["c_s_per_token2"] not in ("resolved", "no interval") else
+                f"{head}; it is {CLASS['linear']} (the linear term): attention, the quadratic term, is {share:.0%} of it")
+    elif b["basis"] == "fit":
+        text = f"{head}; attention (the quadratic term) is {share:.0%} of it"
+        c = b.get("compute")
+        if c:
+            text += f" and runs at {_flops(c['flops'])}{_ci(_scaled(c.get('ci'), 1e-9), unit=' GFLOP/s')}"
+            said = _pct_words(c["pct"], "FLOP rate", fit.get("ceilings"))
+            if said:
+                text += ", " + said
+        text += {"compute": f": prefill is compute-bound (at least {need} of every known FLOP roof)",
+                 "latency": f": prefill is latency-bound, on no roof (bound by one needs at least {need} of it)",
+                 "unknown": ": no FLOP roof of this device (or no FLOP count of this model) is known, so no bound is stated"}[kind]
+        if coef["b_s_per_token"] in ("resolved", "no interval") and coef["c_s_per_token2"] in ("resolved", "no interval") \
+                and p.get("crossover_tokens"):
+            text += (f"; attention overtakes the per-token work beyond {p['crossover_tokens']:,.0f} tokens"
+                     f"{_ci(p['ci'].get('crossover_tokens'), fmt='{:,.0f}')}")
+    elif b["basis"] == "medians":
+        text = (f"{head}; without a usable fit, the attention's FLOPs over the whole TTFT already reach "
+                f"{_pct_words(b['medians']['lower_pct_compute'], 'FLOP rate')}: compute-bound whatever the fit")
+    else:
+        text = f"{head}; what bounds it is not classified: {_problems(b['quality'])}"
     return [("ttft", text + ".")]
+
+
+def _scaled(ci, k):
+    return [x * k if x is not None else None for x in ci] if ci else None
+
+
+def _quality(name: str, fit: dict) -> list[tuple[str, str]]:
+    """A fit that may not carry claims, named with why; the medians stand for it."""
+    out = []
+    for kind, what, figure in (("prefill", "TTFT", "ttft"), ("decode", "decode step", "step_time")):
+        q = (fit.get("quality") or {}).get(kind)
+        problems = [p for p in (q or {}).get("problems") or [] if "regime change" not in p]  # the regime's own sentence says it
+        if q and not q["usable"] and problems:
+            out.append((figure, f"{name}: the {what} fit is not used for shares, bandwidths, crossovers or extrapolations: "
+                                f"{'; '.join(problems)}; the measured medians stand instead."))
+    return out
 
 
 def _partial_of(rows: pd.DataFrame) -> dict[int, str]:
@@ -131,7 +236,8 @@ def _regimes(name: str, fit: dict, partial: dict[int, str]) -> list[tuple[str, s
                 tail += f"; of those, {_lengths(among)} {'was' if len(among) == 1 else 'were'} measured by fewer trials than configured"
             out.append(("residuals", f"{name}: {what} stops following its model beyond {rc['fitted_up_to']:,} tokens: at "
                         f"{_at(rc['from_length'], partial)} it is {abs(rc['deviation']):.0%} {rc['direction']} than the fit "
-                        f"of the shorter lengths predicts{tail}."))
+                        f"of the shorter lengths predicts{tail}; so the fit is not used for shares, bandwidths, crossovers "
+                        f"or extrapolations, and the measured medians stand instead."))
     return out
 
 
@@ -156,6 +262,10 @@ def _partial(name: str, partial: dict[int, str], fit: dict) -> str | None:
 
 def _extrapolation(name: str, fit: dict) -> list[tuple[str, str]]:
     ex = fit.get("extrapolation")
+    usable = {k for k in ("prefill", "decode") if ((fit.get("quality") or {}).get(k) or {}).get("usable")}
+    if ex:  # a fit that may not carry claims is not extrapolated (longctx.analysis.bounds.quality)
+        ex = {k: v for k, v in ex.items() if not (k in ("ttft_s", "ci_ttft_s") and "prefill" not in usable
+                                                   or k in ("step_s", "decode_tok_s", "ci_decode_tok_s") and "decode" not in usable)}
     if not ex or not ("ttft_s" in ex or "step_s" in ex):
         return []
     where = f"at {ex['length']:,} tokens ({ex['why']})"
@@ -249,39 +359,62 @@ def _lengths(ls: list[int]) -> str:
     return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " and " + text[-1]
 
 
-def diagnose(med: pd.DataFrame, fits: dict, planner: dict | None = None) -> list[dict]:
-    """[{text, figure, configuration, headline}], in report order: by figure (ORDER), then configuration.
-    headline marks each configuration's decode sentence (what bounds it, how far from the ceiling): the
-    front-page summary shows those, the diagnosis section all of them."""
-    items: list[tuple[str, str, str]] = []
+def diagnose(med: pd.DataFrame, fits: dict, planner: dict | None = None, headline: dict | None = None,
+             settings: dict | None = None) -> dict:
+    """{summary, configurations, planner}: page one's sentences across all configurations (longctx.report.summary:
+    at most five), then every sentence of each configuration, grouped by configuration and without repeats
+    (failures, partial lengths, what bounds decode and why, prefill, the fits that may not carry claims,
+    speculative acceptance, regime changes, the extrapolation), then the memory planner's. Each sentence is
+    {text, figure}: the figure that shows it (longctx.report.figures), or None."""
+    from .summary import summary
+
+    groups: list[dict] = []
+    faults: list[str] = []  # page one's: what could not be measured at all
     for name, fit in sorted(fits.items()):
         rows = med[(med["configuration"] == name) & med["ttft_s"].notna()]
         failed = _failed(name, med[med["configuration"] == name])
+        items: list[tuple[str, str]] = []
         if rows.empty:
-            items.append(("", name, failed or f"{name}: no length was measured successfully.", True))
+            faults.append(failed or f"{name}: no length was measured successfully.")
+            groups.append({"name": name, "items": _items([("", faults[-1])], name)})
             continue
         if failed:  # the lengths that failed, before what the others say
-            items.append(("", name, failed, False))
+            items.append(("", failed))
         partial = _partial_of(rows)
         said = _partial(name, partial, fit)
         if said:
-            items.append(("", name, said, False))
+            items.append(("", said))
         # the longest length measured in full: a partial one's few trials are not set against the fits
         full = rows[~rows["length"].astype(int).isin(partial)]
         top = (full if len(full) else rows).iloc[-1]
         L = int(top["length"])
-        decode = _decode(name, top, L, fit, partial)
-        for text in _unusable(name, rows):
-            items.append(("", name, text, not decode))
-        for i, (figure, text) in enumerate(decode + _prefill(name, top, L, fit, partial) + _speculative(name, top, L, partial)
-                                           + _regimes(name, fit, partial) + _extrapolation(name, fit)):
-            items.append((figure, name, text, i == 0 and bool(decode)))
+        unusable = _unusable(name, rows)
+        faults += unusable
+        items += [("", text) for text in unusable]
+        items += (_decode(name, top, L, fit, partial) + _prefill(name, top, L, fit, partial) + _quality(name, fit)
+                  + _speculative(name, top, L, partial) + _regimes(name, fit, partial) + _extrapolation(name, fit))
+        groups.append({"name": name, "items": _items(items, name)})
     for name in sorted(set(med["configuration"]) - set(fits)):
         rows = med[med["configuration"] == name]
-        items.append(("", name, _failed(name, rows) or f"{name}: no length was measured successfully.", True))
-    for figure, text in _planner(planner):
-        items.append((figure, "", text, False))
-    rank = {f: i for i, f in enumerate(ORDER)}
-    items.sort(key=lambda t: (rank.get(t[0], -1), t[1]))
-    return [{"text": text, "figure": figure or None, "configuration": name or None, "headline": headline}
-            for figure, name, text, headline in items]
+        faults.append(_failed(name, rows) or f"{name}: no length was measured successfully.")
+        groups.append({"name": name, "items": _items([("", faults[-1])], name)})
+    return {"summary": summary(med, fits, headline, settings or {}, faults),
+            "configurations": groups,
+            "planner": _items(_planner(planner))}
+
+
+def _items(pairs: list[tuple[str, str]], name: str | None = None) -> list[dict]:
+    """{text, figure} per sentence; under name's heading, without its 'name: ' (or 'name, ') lead."""
+    out = []
+    for figure, text in pairs:
+        for lead in ((f"{name}: ", f"{name}, ") if name else ()):
+            if text.startswith(lead):
+                text = text[len(lead)].upper() + text[len(lead) + 1:]
+                break
+        out.append({"text": text, "figure": figure or None})
+    return out
+
+
+def bound_words(fit: dict) -> dict[str, str]:
+    """What bounds each phase, in the words every sentence uses ({'decode': 'latency-bound (on neither roof)', ...})."""
+    return {phase: CLASS[b["class"]] for phase, b in (fit.get("bounds") or {}).items() if b}

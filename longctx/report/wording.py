@@ -335,7 +335,7 @@ def partial_lengths(med, analysis: dict) -> dict:
     mode = (analysis.get("settings") or {}).get("partial_lengths", "exclude")
     configs = analysis.get("configurations") or {}
     if mode == "include":
-        out["use"] = (f" and fitted like every other length (analysis.partial_lengths is include), in the regime "
+        out["use"] = (" and fitted like every other length (analysis.partial_lengths is include), in the regime "
                       "detection too.")
         return out
     recorded = any("partial_lengths" in (configs.get(r["configuration"]) or {}) for r in rows)

@@ -1,0 +1,331 @@
+"""Page one's answer: at most five sentences across all configurations.
+
+1. how prefill scales (TTFT from the shortest to the longest length, its growth exponent) and what
+   bounds it (longctx.analysis.bounds' class, grouped over the configurations);
+2. the same for decode;
+3. the first length where each configuration stops being usable by the stated criterion
+   (settings `usable`: TTFT at most ttft_s and decode at least decode_tok_s), or, where every length
+   measured meets it, where the fits that may carry claims predict it stops;
+4. where a configuration falls off its model (regime changes) or lost lengths;
+5. which configuration wins where against the baseline, with the bootstrap interval of its speedup,
+   and "no measurable difference" where that interval spans 1 (the headline's verdicts).
+
+The sentences take the longest length each configuration measured in full, as the diagnosis does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .numbers import is_number, rounded
+
+USABLE = {"ttft_s": 10.0, "decode_tok_s": 10.0}
+CLASS = {"bandwidth": "bandwidth-bound", "compute": "compute-bound", "latency": "latency-bound (on neither roof)",
+         "fixed": "bound by the length-independent work of each step", "flat": "flat (no measurable length dependence)",
+         "linear": "bound by the per-token work", "unknown": "not classified"}
+MEASURED_FIRST = ("measured", "datasheet")
+
+
+def _span(values: list[float], fmt) -> str:
+    """'57–90 ms' over the configurations (the unit once where both ends share it), or one value."""
+    values = [v for v in values if is_number(v)]
+    if not values:
+        return "--"
+    lo, hi = fmt(min(values)), fmt(max(values))
+    if lo == hi:
+        return lo
+    a, _, unit_a = lo.partition(" ")
+    b, _, unit_b = hi.partition(" ")
+    if unit_a == unit_b and unit_a:
+        return f"{a}–{b} {unit_a}"
+    if lo.endswith("%") and hi.endswith("%"):
+        return f"{lo[:-1]}–{hi}"
+    return f"{lo}–{hi}"
+
+
+def _time(x: float) -> str:
+    return f"{rounded(x * 1e3)} ms" if x < 1 else f"{rounded(x)} s"
+
+
+def _pcts(x: float) -> str:
+    return f"{x:.2g}%"
+
+
+def _whole_pct(x: float) -> str:
+    return f"{x:.0f}%"
+
+
+def _names(names: list[str], total: int) -> str:
+    if len(names) == total and total > 1:
+        return "every configuration"
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _pct(pcts: dict) -> tuple[str, float] | None:
+    for w in MEASURED_FIRST:
+        if pcts.get(w) is not None:
+            return w, pcts[w]
+    return None
+
+
+def _lengths_at(per: dict[str, dict], key: str) -> str:
+    ls = sorted({p[key] for p in per.values()})
+    return f"{ls[0]:,}" if len(ls) == 1 else "their " + ("shortest" if key == "L0" else "longest") + " lengths"
+
+
+def _tops(med: pd.DataFrame, fits: dict) -> dict[str, dict]:
+    """Per configuration with a usable TTFT: its shortest and longest full lengths and their medians."""
+    per = {}
+    for name in sorted(fits):
+        rows = med[(med["configuration"] == name) & (med["ttft_s"] > 0)].sort_values("length")
+        if rows.empty:
+            continue
+        full = rows[~rows["partial"].eq(True)] if "partial" in rows else rows
+        full = full if len(full) else rows
+        first, last = full.iloc[0], full.iloc[-1]
+        per[name] = {"L0": int(first["length"]), "L1": int(last["length"]), "ttft0": float(first["ttft_s"]),
+                     "ttft1": float(last["ttft_s"]), "rate0": first.get("decode_tok_s"), "rate1": last.get("decode_tok_s"),
+                     "rows": full, "fit": fits[name]}
+    return per
+
+
+def _class_groups(per: dict, phase: str) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for name, p in per.items():
+        b = (p["fit"].get("bounds") or {}).get(phase)
+        if b:
+            groups.setdefault(b["class"], []).append(name)
+    return groups
+
+
+def _prefill(per: dict) -> str | None:
+    if not per:
+        return None
+    exps = [math.log(p["ttft1"] / p["ttft0"]) / math.log(p["L1"] / p["L0"]) for p in per.values() if p["L1"] > p["L0"]]
+    text = (f"Prefill: TTFT grows from {_span([p['ttft0'] for p in per.values()], _time)} at {_lengths_at(per, 'L0')} tokens "
+            f"to {_span([p['ttft1'] for p in per.values()], _time)} at {_lengths_at(per, 'L1')}")
+    if exps:
+        text += f", as L to the power {_span(exps, lambda x: f'{x:.2g}')}"
+    clauses = []
+    for kind, names in _class_groups(per, "prefill").items():
+        bs = [per[n]["fit"]["bounds"]["prefill"] for n in names]
+        detail = ""
+        shares = [b["share"] for b in bs if b.get("share") is not None]
+        if kind in ("compute", "latency") and shares:
+            rates = [_pct((b.get("compute") or {}).get("pct") or {}) for b in bs]
+            rates = [r for r in rates if r]
+            detail = f" (attention {_span([100 * x for x in shares], _whole_pct)} of it"
+            if rates:
+                detail += f", at {_span([r[1] for r in rates], _pcts)} of the {rates[0][0]} FLOP rate"
+            detail += ")"
+        elif kind == "linear" and shares:
+            detail = f" (attention {_span([100 * x for x in shares], _whole_pct)} of it)"
+        clauses.append(_clause(kind, names, len(per), detail, bs))
+    if clauses:
+        text += "; it is " + "; ".join(clauses)
+    return text + "."
+
+
+def _clause(kind: str, names: list[str], total: int, detail: str, bs: list[dict]) -> str:
+    """'compute-bound in every configuration (...)', or for the unclassified 'not classified in x (why)'."""
+    if kind != "unknown":
+        return f"{CLASS[kind]} in {_names(names, total)}{detail}"
+    problems = [p for b in bs for p in (b.get("quality") or {}).get("problems") or []]
+    why = problems[0] if problems else "no ceilings of its device, or no FLOP and byte counts of its model, are known"
+    return f"not classified in {_names(names, total)} ({why})"
+
+
+def _decode(per: dict) -> str | None:
+    rated = {n: p for n, p in per.items() if is_number(p["rate1"])}
+    if not rated:
+        return None
+    text = (f"Decode: the rate falls from {_span([p['rate0'] for p in rated.values()], rounded)} tok/s at "
+            f"{_lengths_at(rated, 'L0')} tokens to {_span([p['rate1'] for p in rated.values()], rounded)} tok/s at "
+            f"{_lengths_at(rated, 'L1')}")
+    clauses = []
+    for kind, names in _class_groups(rated, "decode").items():
+        bs = [rated[n]["fit"]["bounds"]["decode"] for n in names]
+        detail = ""
+        if kind in ("bandwidth", "compute", "latency"):
+            shares = [b["share"] for b in bs if b.get("share") is not None]
+            pcts = [_pct((b.get("bandwidth") or {}).get("pct") or {}) for b in bs if b["basis"] == "fit"]
+            pcts += [_pct(b["medians"]["upper_pct_bandwidth"] or {}) for b in bs if b["basis"] == "medians" and kind == "latency"]
+            pcts = [x for x in pcts if x]
+            if shares:
+                detail = f"the KV reads are {_span([100 * x for x in shares], _whole_pct)} of the step"
+            if pcts:
+                verb = "reach" if kind != "latency" else ("reach only" if shares else "reach at most")
+                detail += (" and " if detail else "the KV reads ") + (
+                    f"{verb} {_span([x[1] for x in pcts], _pcts)} of the {pcts[0][0]} bandwidth")
+            detail = f" ({detail})" if detail else ""
+        clauses.append(_clause(kind, names, len(rated), detail, bs))
+    if clauses:
+        text += "; it is " + "; ".join(clauses)
+    return text + "."
+
+
+def _first_unusable(rows: pd.DataFrame, crit: dict) -> tuple[int, str] | None:
+    for r in rows.sort_values("length").to_dict("records"):
+        why = []
+        if is_number(r.get("ttft_s")) and r["ttft_s"] > crit["ttft_s"]:
+            why.append(f"TTFT {_time(r['ttft_s'])}")
+        if is_number(r.get("decode_tok_s")) and r["decode_tok_s"] < crit["decode_tok_s"]:
+            why.append(f"decode {rounded(r['decode_tok_s'])} tok/s")
+        if why:
+            return int(r["length"]), " and ".join(why)
+    return None
+
+
+def _why_span(per: dict, members: list[tuple[str, str]], L: int) -> str:
+    """What the configurations that stop at L miss the criterion by, as spans ('TTFT 11.1–13.4 s')."""
+    rows = [per[n]["rows"].set_index("length").loc[L] for n, _ in members]
+    said = []
+    if any("TTFT" in why for _, why in members):
+        said.append(f"TTFT {_span([float(r['ttft_s']) for r, (_, why) in zip(rows, members) if 'TTFT' in why], _time)}")
+    if any("decode" in why for _, why in members):
+        said.append(f"decode {_span([float(r['decode_tok_s']) for r, (_, why) in zip(rows, members) if 'decode' in why], rounded)} tok/s")
+    return " and ".join(said)
+
+
+def _predicted_limit(fit: dict, crit: dict) -> tuple[int, str] | None:
+    """The shortest length where the fits that may carry claims predict the criterion fails, up to the
+    longest request the deployment could serve (the extrapolation's length); None where none does there."""
+    ex = fit.get("extrapolation") or {}
+    limit = ex.get("length")
+    quality = fit.get("quality") or {}
+    found = []
+    p = fit.get("prefill")
+    if p and (quality.get("prefill") or {}).get("usable"):
+        a, b, c = p["a_s"] - crit["ttft_s"], p["b_s_per_token"], p["c_s_per_token2"]
+        L = (-b + math.sqrt(b * b - 4 * c * a)) / (2 * c) if c > 0 else (-a / b if b > 0 else None)
+        if L and L > 0:
+            found.append((int(L), "TTFT"))
+    d = fit.get("decode")
+    if d and (quality.get("decode") or {}).get("usable") and d["beta_s_per_token"] > 0:
+        k = ex.get("tokens_per_step") or 1.0
+        L = (k / crit["decode_tok_s"] - d["t0_s"]) / d["beta_s_per_token"]
+        if L > 0:
+            found.append((int(L), "decode"))
+    found = [f for f in found if limit and f[0] <= limit]
+    return min(found) if found else None
+
+
+def _usable(per: dict, crit: dict) -> str | None:
+    if not per:
+        return None
+    words = f"TTFT at most {_time(crit['ttft_s'])} and decode at least {rounded(crit['decode_tok_s'])} tok/s"
+    stops: dict[int, list[tuple[str, str]]] = {}
+    through, predicted = [], []
+    for name, p in per.items():
+        first = _first_unusable(p["rows"], crit)
+        if first:
+            stops.setdefault(first[0], []).append((name, first[1]))
+        else:
+            through.append(name)
+            limit = _predicted_limit(p["fit"], crit)
+            if limit:
+                predicted.append(f"{name} at about {rounded(limit[0])} tokens ({limit[1]})")
+    parts = []
+    for L, members in sorted(stops.items()):
+        who = _names([n for n, _ in members], len(per))
+        singular = len(members) == 1 or who == "every configuration"
+        why = members[0][1] if len(members) == 1 else _why_span(per, members, L)
+        parts.append(f"{who} stop{'s' if singular else ''} being usable at {L:,} tokens ({why})")
+    if through:
+        longest = max(per[n]["L1"] for n in through)
+        who = _names(through, len(per))
+        singular = len(through) == 1 or who == "every configuration"
+        parts.append(f"{who} meet{'s' if singular else ''} it at every length measured, "
+                     f"up to {longest:,} tokens" + (f", and the fits predict {'; '.join(predicted)} as the limit" if predicted else ""))
+    return f"By the stated criterion ({words}), " + "; ".join(parts) + "."
+
+
+def _cliffs(per: dict, fits: dict, med: pd.DataFrame) -> str:
+    said = []
+    for kind, what in (("prefill", "TTFT"), ("decode", "decode step")):
+        changes = {n: (f.get(kind) or {}).get("regime_change") for n, f in fits.items()}
+        changes = {n: rc for n, rc in changes.items() if rc}
+        by: dict[tuple[int, int], list[tuple[str, dict]]] = {}
+        for n, rc in changes.items():
+            by.setdefault((rc["fitted_up_to"], rc["from_length"]), []).append((n, rc))
+        for (upto, at), members in sorted(by.items()):
+            devs = _span([100 * abs(rc["deviation"]) for _, rc in members], _whole_pct)
+            dirs = {rc["direction"] for _, rc in members}
+            said.append(f"the {what} of {_names([n for n, _ in members], len(fits))} stops following its model beyond "
+                        f"{upto:,} tokens ({devs} {dirs.pop() if len(dirs) == 1 else 'off'} at {at:,} than the shorter lengths predict)")
+    lost = sorted(set(med.loc[med["ttft_s"].isna(), "configuration"]) & set(per)) if len(med) else []
+    if lost:  # (a configuration that lost every length has its own sentence)
+        said.append(f"{_names(lost, len(fits))} lost {'a length' if len(lost) == 1 else 'lengths'} (the Failures section says why)")
+    if not said:
+        return "No configuration falls off its scaling model within the lengths measured."
+    text = "; ".join(said)
+    return text[0].upper() + text[1:] + "."
+
+
+def _speedup(r: dict, key: str) -> str:
+    ci = r.get(f"{key}_speedup_ci")
+    text = f"{r[f'{key}_speedup']:.2f}x"
+    if ci and ci[0] is not None and ci[1] is not None:
+        text += f" (interval {ci[0]:.2f}–{ci[1]:.2f})"
+    return text
+
+
+def _winners(headline: dict | None) -> str | None:
+    """Against the baseline at the longest length it shares with the others: the best for TTFT and for
+    decode, and from which length on its difference is measurable; 'no measurable difference' where none is."""
+    if not headline or not headline.get("baseline"):
+        return None
+    rows = [r for r in headline["rows"] if not r["is_baseline"] and r.get("ttft_speedup") is not None]
+    if not rows:
+        return None
+    base = headline["baseline"]
+    L = max(r["length"] for r in rows)
+    at = [r for r in rows if r["length"] == L]
+    parts = []
+    for key, verb in (("ttft", "prefills"), ("decode", "decodes")):
+        cands = [r for r in at if is_number(r.get(f"{key}_speedup"))]
+        if not cands:
+            continue
+        best = max(cands, key=lambda r: r[f"{key}_speedup"])
+        verdict = best.get(f"{key}_verdict")
+        if verdict in ("faster", "slower"):
+            since = _since(rows, best["configuration"], key, verdict, L)
+            parts.append(f"{best['configuration']} {verb} fastest, {_speedup(best, key)} as fast as the baseline{since}"
+                         if verdict == "faster" else
+                         f"every configuration {verb} slower than the baseline (the closest, {best['configuration']}: "
+                         f"{_speedup(best, key)}{since})")
+        else:
+            parts.append(f"no configuration {verb} measurably faster than the baseline (the best, {best['configuration']}: "
+                         f"{_speedup(best, key)}{', an interval that spans 1' if verdict == 'no measurable difference' else ', no interval'})")
+    if not parts:
+        return None
+    return f"Against the baseline, {base}, at {L:,} tokens: " + "; ".join(parts) + "."
+
+
+def _since(rows: list[dict], name: str, key: str, verdict: str, L: int) -> str:
+    """' (measurably so from 8,192 tokens on)': the run of lengths up to L where name's verdict holds."""
+    mine = sorted((r for r in rows if r["configuration"] == name), key=lambda r: r["length"], reverse=True)
+    start = None
+    for r in mine:
+        if r.get(f"{key}_verdict") != verdict:
+            break
+        start = r["length"]
+    if start is None or start == L:
+        return ""
+    return f" (measurably from {start:,} tokens on)"
+
+
+def summary(med: pd.DataFrame, fits: dict, headline: dict | None, settings: dict, faults: list[str] | None = None) -> list[dict]:
+    """Page one's sentences ({text, figure}), at most five: first what could not be measured at all (faults:
+    the diagnosis' sentences of configurations with no length, or no usable time, measured), then the
+    module's five, as many as fit."""
+    crit = {**USABLE, **(settings.get("usable") or {})}
+    per = _tops(med, fits)
+    said = [(t, None) for t in faults or []]
+    if per:
+        said += [(_prefill(per), "overview"), (_decode(per), "overview"), (_usable(per, crit), "overview"),
+                 (_cliffs(per, fits, med), "residuals"), (_winners(headline), None)]
+    return [{"text": t, "figure": f} for t, f in said if t][:5]
+
