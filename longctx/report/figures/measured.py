@@ -110,7 +110,7 @@ def decode_rate_axes(ax, lengths, top: float, legend: bool = True) -> None:
 
 # The text width of an A4 page with 2 cm margins (17 cm) by a height that leaves room for the legend
 # below: at \linewidth the style's 9 pt reads as 9 pt.
-OVERVIEW_SIZE = (6.7, 2.35)
+OVERVIEW_SIZE = (6.7, 2.1)
 
 
 def _regime_changes(fits: dict, names, axes: dict) -> list[str]:
