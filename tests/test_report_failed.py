@@ -193,7 +193,7 @@ def test_a_real_sweep_with_a_trial_lost_marks_that_length_and_leaves_it_out_of_t
     assert "page1 256† " in summary and "page1 128 " in summary and "128†" not in pdf
     assert "† Measured by fewer successful trials than configured: page1 at 256 tokens, measured by 1 of 3 trials." in summary
     # the longest length measured in full: page one's answer and the diagnosis
-    answer = summary.split("Prefill: ")[1].split("(Intervals")[0]
+    answer = summary.split("Prefill: ")[1].split(" (95% bootstrap intervals")[0]
     assert re.search(r"at 128\b", answer) and "256" not in answer
     assert "Decode at 128 tokens runs at" in pdf[pdf.index("2 Diagnosis"):]
     assert "slower than the fit" not in pdf and "256 tokens (measured by 1 of 3 trials)" not in pdf
