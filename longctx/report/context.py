@@ -256,6 +256,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "starts": p.get("starts"),
             "fit": fit,
             "bound": bound_words(fit),  # what bounds each phase (longctx.analysis.bounds), in words
+            # whether each fit may carry claims (extrapolations among them): fits.json's quality, usable where absent
+            "claims": {k: bool(((fit.get("quality") or {}).get(k) or {"usable": True})["usable"]) for k in ("prefill", "decode")},
             "rows": med[med["configuration"] == name].to_dict("records"),
             "partial": [r for r in partial["rows"] if r["configuration"] == name],
             "speculative": bool(med[med["configuration"] == name]["spec_accept_length"].notna().any()),
