@@ -16,7 +16,7 @@ import pytest
 from longctx.engines import get_adapter
 from longctx.measure.process import free_port, listening_process
 from longctx.measure.sweep import run_configuration
-from longctx.measure.telemetry import (NvmlSource, ProcessSource, Sampler, is_local_host, make_source, summarize,
+from longctx.measure.telemetry import (NvmlSource, ProcessSource, Sampler, is_local_host, summarize,
                                        telemetry_source, visible_gpus)
 
 from .conftest import tiny_spec
@@ -56,9 +56,12 @@ def test_psutil_source_sees_a_busy_process_tree():
 
 
 def test_without_a_gpu_the_real_nvml_falls_back_to_psutil():
-    source = make_source(None)
-    assert source.kind == "psutil" and "no GPU telemetry" in source.describe()
-    assert source.sample()["cpu_util_pct"] >= 0
+    """A managed server on CUDA, on this machine without a GPU driver: the real pynvml (or its absence)
+    gives no GPU, and the server's process tree is watched, said so."""
+    cuda = replace(tiny_spec("page1"), args={**tiny_spec("page1").args, "device": "cuda:0"})
+    t = telemetry_source(get_adapter("reference"), cuda, os.getpid(), None)
+    assert (t.device, t.source.kind, t.over) == ("gpu", "psutil", "process")
+    assert "no GPU telemetry" in t.description and t.source.sample()["cpu_util_pct"] >= 0
 
 
 class FakeNvml:
@@ -106,13 +109,13 @@ def test_nvml_source_averages_the_gpus_it_watches():
             dict(sm=50, mem=20, mw=200_000, sm_mhz=2200, mem_mhz=14000, used=80e9),
             dict(sm=0, mem=0, mw=50_000, sm_mhz=300, mem_mhz=400, used=1e9)]
     fake = FakeNvml(gpus)
-    source = make_source(os.getpid(), nvml=fake, gpu_indices=[0, 1])
-    assert isinstance(source, NvmlSource)
+    source = NvmlSource(fake, [0, 1])
     assert source.sample() == {"sm_util_pct": 75, "mem_util_pct": 30, "power_w": 250.0, "sm_clock_mhz": 2300,
                                "mem_clock_mhz": 14000, "mem_used_gb": 85.0}
     source.close()
     assert fake.calls == ["init", "shutdown"]
-    assert make_source(os.getpid(), nvml=FakeNvml([])).kind == "psutil"  # NVML without a GPU
+    with pytest.raises(RuntimeError, match="NVML sees no GPU"):  # NVML without a GPU: telemetry_source falls back
+        NvmlSource(FakeNvml([]))
 
 
 def test_a_server_given_some_gpus_is_watched_on_those_only():
@@ -123,9 +126,10 @@ def test_a_server_given_some_gpus_is_watched_on_those_only():
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "1"}) == [1]
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-bbbb,-1,0"}) == ["GPU-bbbb"]  # CUDA stops at an invalid entry
     for visible in ("1", "GPU-bbbb"):
-        source = make_source(os.getpid(), nvml=FakeNvml(gpus), gpu_indices=visible_gpus({"CUDA_VISIBLE_DEVICES": visible}))
+        source = NvmlSource(FakeNvml(gpus), visible_gpus({"CUDA_VISIBLE_DEVICES": visible}))
         assert source.sample()["sm_util_pct"] == 10
-    assert make_source(os.getpid(), nvml=FakeNvml(gpus), gpu_indices=visible_gpus({"CUDA_VISIBLE_DEVICES": ""})).kind == "psutil"
+    with pytest.raises(RuntimeError, match="the server is given no GPU"):  # an empty CUDA_VISIBLE_DEVICES
+        NvmlSource(FakeNvml(gpus), visible_gpus({"CUDA_VISIBLE_DEVICES": ""}))
 
 
 def test_summaries_split_by_window():

@@ -142,22 +142,6 @@ def visible_gpus(environ: Mapping[str, str]) -> list[int | str] | None:
     return gpus
 
 
-def make_source(server_pid: int | None, nvml=None, gpu_indices: list[int] | None = None):
-    """NVML where a driver and a GPU answer, else psutil on the server's processes, whatever the server
-    computes on (telemetry_source asks the configuration's device instead)."""
-    if nvml is None:
-        try:
-            import pynvml as nvml
-        except ImportError:
-            nvml = None
-    if nvml is not None:
-        try:
-            return NvmlSource(nvml, gpu_indices)
-        except Exception:  # pynvml.NVMLError_LibraryNotFound without a GPU driver, or no GPU
-            pass
-    return ProcessSource(server_pid, "no GPU telemetry")
-
-
 def _nvml_module():
     try:
         import pynvml
