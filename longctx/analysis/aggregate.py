@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..measure.telemetry import NVML_METRICS, PSUTIL_METRICS
-from .memory import observed_pool
+from ..specs.pool import observed_pool
 
 log = logging.getLogger("longctx.analysis.aggregate")
 

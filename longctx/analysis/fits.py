@@ -20,7 +20,8 @@ import pandas as pd
 from ..core.fitting import LEVEL, Fit, decode_summary, prefill_summary, regime_change
 from ..core.numbers import is_number
 from . import bounds, kernel_records
-from .memory import adapter_of, kv_bytes, observed_pool, spec_absent_reason, spec_of
+from ..specs.pool import observed_pool
+from .memory import adapter_of, kv_bytes, spec_absent_reason, spec_of
 from .tables import ok_rows, partial_lengths, step_seconds
 
 
@@ -33,7 +34,7 @@ PARTIAL_MODES = ("exclude", "include")
 
 def max_length(entry: dict) -> tuple[int | None, str | None]:
     """The longest request the deployment could serve: the KV pool's tokens as the server allocated
-    them (its info, else its log: longctx.analysis.memory.observed_pool), capped by the context length."""
+    them (its info, else its log: longctx.specs.pool.observed_pool), capped by the context length."""
     if not entry:
         return None, None
     pool, _ = observed_pool(entry)

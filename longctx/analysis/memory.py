@@ -4,7 +4,7 @@ costs, per configuration, from what its server reported (data/provenance.json).
 
 The pool the server allocated is read from its report (SGLang's max_total_num_tokens in its server
 info) or else from its log line (vLLM's "GPU KV cache size: N tokens"), as the engine adapter
-recorded them in the provenance (kv_pool); observed_pool says which.
+recorded them in the provenance (kv_pool); longctx.specs.pool.observed_pool says which.
 
 Where the server has a mem-fraction-static (SGLang, the reference engine, an external SGLang
 server), the pool follows SGLang's sizing rule (longctx.specs.pool.PoolSizing, which the reference
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..engines import EngineAdapter, get_adapter
 from ..specs.model import ModelSpec, ModelSpecError
-from ..specs.pool import PoolError, PoolSizing
+from ..specs.pool import PoolError, PoolSizing, observed_pool
 
 SGLANG_REQ_TO_TOKEN_BYTES = 4  # int32 entries, max_context_len = context_len + 4 (SGLang ReqToTokenPool)
 SGLANG_RULE = "SGLang's (mem-fraction-static)"
@@ -80,21 +80,6 @@ def kv_bytes(entry: dict, spec: ModelSpec | None) -> tuple[int | None, str | Non
     if reported:
         return int(reported), "the server"
     return None, spec_absent_reason(entry, spec)
-
-
-def observed_pool(entry: dict) -> tuple[int | None, str | None]:
-    """The KV pool's tokens as the server allocated it, and where the figure came from: what the
-    server reports ("the server's info": the adapter's pool_tokens, SGLang's max_total_num_tokens), else
-    its log ("the server's log": the adapter's kv_pool_from_log, vLLM's "CPU/GPU KV cache size: N
-    tokens", SGLang's "KV Cache is allocated. #tokens: N", the line in kv_pool.log.line); (None, None)
-    where neither was recorded."""
-    pool = entry.get("kv_pool") or {}
-    if pool.get("tokens"):
-        return int(pool["tokens"]), "the server's info"
-    log = pool.get("log") or {}
-    if log.get("tokens"):
-        return int(log["tokens"]), "the server's log"
-    return None, None
 
 
 def memory_model(entry: dict) -> dict:

@@ -81,7 +81,7 @@ def measure(device: str = "cpu", copy_mib: int = 256, matmul_size: int = 1024, d
     n_bytes = copy_mib * 2**20
     copy = copy_seconds(n_bytes, dev, sync, repeats)
     src = torch.ones(n_bytes // 4, dtype=torch.float32, device=dev)
-    read = timed(lambda: src.sum(), sync, repeats)
+    read = timed(src.sum, sync, repeats)
     del src
     tdtype = getattr(torch, dtype)
     a = torch.randn(matmul_size, matmul_size, device=dev).to(tdtype)

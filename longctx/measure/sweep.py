@@ -25,6 +25,7 @@ from ..core.errors import ConfigError
 from ..core.hashing import digest
 from ..engines import ConfigurationSpec, EngineAdapter, get_adapter
 from ..specs.model import ModelNotDescribed, ModelSpecError
+from ..specs.pool import observed_pool
 from .process import ExternalServer, ManagedServer, NoHealthPath, PortTaken, ServerError, free_port, pid_file, reap_stray
 from .telemetry import Sampler, summarize, telemetry_source
 from .needle import probe as needle_probe
@@ -430,7 +431,7 @@ class Session:
         except (TypeError, ValueError):
             context = None
         context = context or next((m.get("max_model_len") for m in models if isinstance(m, dict) and m.get("max_model_len")), None)
-        pool = (self.prov.get("kv_pool") or {}).get("tokens") or ((self.prov.get("kv_pool") or {}).get("log") or {}).get("tokens")
+        pool, _ = observed_pool(self.prov)
         need = length + output_tokens
         if context and need > int(context):
             return (f"not sent: {length} prompt and {output_tokens} output tokens exceed the context length of "

@@ -1,5 +1,7 @@
 """SGLang's KV pool sizing rule, without torch: the reference engine sizes its pool with it and
-the memory planner (longctx.analysis.memory) tabulates it."""
+the memory planner (longctx.analysis.memory) tabulates it. And the pool a server did allocate, as a
+measurement recorded it (observed_pool): the sweep refuses what cannot fit it, the analysis plans
+and extrapolates with it."""
 
 from __future__ import annotations
 
@@ -38,3 +40,18 @@ class PoolSizing:
                 f"x {self.cell_bytes} bytes)"
             )
         return tokens
+
+
+def observed_pool(entry: dict) -> tuple[int | None, str | None]:
+    """The KV pool's tokens as the server allocated it, from a provenance entry, and where the figure came
+    from: what the server reports ("the server's info": the adapter's pool_tokens, SGLang's
+    max_total_num_tokens), else its log ("the server's log": the adapter's kv_pool_from_log, vLLM's
+    "CPU/GPU KV cache size: N tokens", SGLang's "KV Cache is allocated. #tokens: N", the line in
+    kv_pool.log.line); (None, None) where neither was recorded."""
+    pool = entry.get("kv_pool") or {}
+    if pool.get("tokens"):
+        return int(pool["tokens"]), "the server's info"
+    log = pool.get("log") or {}
+    if log.get("tokens"):
+        return int(log["tokens"]), "the server's log"
+    return None, None
