@@ -264,12 +264,11 @@ def _cliffs(per: dict, fits: dict, med: pd.DataFrame) -> str:
     return text[0].upper() + text[1:] + "."
 
 
-def _speedup(r: dict, key: str) -> str:
+def _speedup(r: dict, key: str) -> tuple[str, str]:
+    """('1.46x', 'interval 1.09–1.88') of a headline row's speedup; the interval '' where there is none."""
     ci = r.get(f"{key}_speedup_ci")
-    text = f"{r[f'{key}_speedup']:.2f}x"
-    if ci and ci[0] is not None and ci[1] is not None:
-        text += f" (interval {ci[0]:.2f}–{ci[1]:.2f})"
-    return text
+    interval = f"interval {ci[0]:.2f}–{ci[1]:.2f}" if ci and ci[0] is not None and ci[1] is not None else ""
+    return f"{r[f'{key}_speedup']:.2f}x", interval
 
 
 def _winners(headline: dict | None) -> str | None:
@@ -290,15 +289,16 @@ def _winners(headline: dict | None) -> str | None:
             continue
         best = max(cands, key=lambda r: r[f"{key}_speedup"])
         verdict = best.get(f"{key}_verdict")
+        value, interval = _speedup(best, key)
         if verdict in ("faster", "slower"):
             since = _since(rows, best["configuration"], key, verdict, L)
-            parts.append(f"{best['configuration']} {verb} fastest, {_speedup(best, key)} as fast as the baseline{since}"
+            parts.append(f"{best['configuration']} {verb} fastest, {value} as fast as the baseline ({interval}{since})"
                          if verdict == "faster" else
                          f"every configuration {verb} slower than the baseline (the closest, {best['configuration']}: "
-                         f"{_speedup(best, key)}{since})")
+                         f"{value}, {interval}{since})")
         else:
             parts.append(f"no configuration {verb} measurably faster than the baseline (the best, {best['configuration']}: "
-                         f"{_speedup(best, key)}{', an interval that spans 1' if verdict == 'no measurable difference' else ', no interval'})")
+                         f"{value}, " + (f"{interval}, which spans 1)" if interval else "no interval)"))
     if not parts:
         return None
     return f"Against the baseline, {base}, at {L:,} tokens: " + "; ".join(parts) + "."
@@ -314,7 +314,7 @@ def _since(rows: list[dict], name: str, key: str, verdict: str, L: int) -> str:
         start = r["length"]
     if start is None or start == L:
         return ""
-    return f" (measurably from {start:,} tokens on)"
+    return f"; measurably from {start:,} tokens on"
 
 
 def summary(med: pd.DataFrame, fits: dict, headline: dict | None, settings: dict, faults: list[str] | None = None) -> list[dict]:
