@@ -146,7 +146,7 @@ def _evidence(name: str, evidence: list[dict], kind: str) -> str | None:
             r = e["beta_ratio"]
             if e["separated"]:
                 parts.append(f"its KV reads cost {r:.2f}x {e['other']}'s per token ({_settings_words(e['differ'])}; the intervals "
-                             f"do not overlap): on the same hardware, the settings set that cost")
+                             f"do not overlap)")
             else:
                 parts.append(f"its KV reads cost the same per token as {e['other']}'s within their intervals ({r:.2f}x; "
                              f"{_settings_words(e['differ'])})")
@@ -155,7 +155,9 @@ def _evidence(name: str, evidence: list[dict], kind: str) -> str | None:
                          f"by {e['query_tokens']}")
     if not parts:
         return None
-    return f"{name}, why decode is {CLASS[kind]}: " + "; ".join(parts) + "."
+    apart = any(e["kind"] == "settings" and e["differ"] and e["separated"] for e in evidence)
+    return (f"{name}, why decode is {CLASS[kind]}: " + "; ".join(parts)
+            + ("; so, on the same hardware, those settings set the KV reads' cost" if apart else "") + ".")
 
 
 def _prefill(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list[tuple[str, str]]:
@@ -288,42 +290,50 @@ def _speculative(name: str, top, L: int, partial: dict[int, str]) -> list[tuple[
 
 
 def _planner(planner: dict | None) -> list[tuple[str, str]]:
+    """One sentence per distinct memory plan: configurations whose sentences would read alike (the free
+    memory at start may differ where max-total-tokens caps the pool) share one, the uncapped figure as a span."""
     if not planner:
         return []
-    groups: dict = {}
+    groups: dict[str, list] = {}
     for name, p in planner.get("configurations", {}).items():
-        mm = p["memory"]
-        key = (mm.get("memory_bytes"), mm.get("weights_bytes"), mm.get("cell_bytes"), mm.get("page_size"),
-               mm.get("max_total_tokens"), mm.get("mem_fraction_static"), mm.get("context_length"), mm.get("max_running_requests"))
-        groups.setdefault(key, []).append((name, p))
+        text, uncapped = _plan_text(p)
+        if text:
+            groups.setdefault(text, []).append((name, uncapped))
     out = []
-    for members in groups.values():
+    for text, members in groups.items():
         names = ", ".join(n for n, _ in members)
-        name, p = members[0]
-        mm = p["memory"]
-        row = next((r for r in p["rows"] if r["configured"]), None)
-        if row is None:
-            reason = planner_reason(p)
-            if reason:
-                out.append(("planner", f"{names}: {reason}."))
-            continue
-        text = (f"{names}: at mem-fraction-static {row['mem_fraction_static']:g} the KV pool holds {row['pool_tokens']:,} tokens "
-                f"({row['kv_bytes'] / 1e9:.3g} GB at {mm['cell_bytes']:,} bytes per token)")
-        if p.get("check") == "match":
-            text += ", as the server allocated"
-        elif p.get("check") == "mismatch":
-            text += f", but the server allocated {mm['observed_tokens']:,}"
-        if mm.get("max_total_tokens") and row["pool_tokens_uncapped"] and row["pool_tokens_uncapped"] > row["pool_tokens"]:
-            text += f" (max-total-tokens caps it; memory alone would give {row['pool_tokens_uncapped']:,})"
-        if row.get("concurrency_at_context_length") is not None:
-            n = row["concurrency_at_context_length"]
-            text += (f"; {n:,} request{'' if n == 1 else 's'} of the full context length "
-                     f"({int(mm['context_length']):,}) fit{'s' if n == 1 else ''} at once")
-        if mm.get("req_to_token_bytes") and p.get("req_to_token_tokens_equivalent") is not None:
-            text += (f"; the req-to-token table of {mm['max_running_requests']} running requests costs "
-                     f"{mm['req_to_token_bytes'] / 1e6:.3g} MB, as much as {p['req_to_token_tokens_equivalent']:,.0f} tokens of KV cache")
-        out.append(("planner", text + "."))
+        spans = [u for _, u in members if u is not None]
+        shown = "" if not spans else f"{spans[0]:,}" if min(spans) == max(spans) else f"{min(spans):,} to {max(spans):,}"
+        out.append(("planner", f"{names}: " + text.replace("{uncapped}", shown)))
     return out
+
+
+def _plan_text(p: dict) -> tuple[str | None, int | None]:
+    """A configuration's memory plan in words (without its name; '{uncapped}' where the pool memory alone
+    would give goes), and that uncapped figure; (None, None) where there is nothing to say."""
+    mm = p["memory"]
+    row = next((r for r in p["rows"] if r["configured"]), None)
+    if row is None:
+        reason = planner_reason(p)
+        return (f"{reason}.", None) if reason else (None, None)
+    text = (f"at mem-fraction-static {row['mem_fraction_static']:g} the KV pool holds {row['pool_tokens']:,} tokens "
+            f"({row['kv_bytes'] / 1e9:.3g} GB at {mm['cell_bytes']:,} bytes per token)")
+    if p.get("check") == "match":
+        text += ", as the server allocated"
+    elif p.get("check") == "mismatch":
+        text += f", but the server allocated {mm['observed_tokens']:,}"
+    uncapped = None
+    if mm.get("max_total_tokens") and row["pool_tokens_uncapped"] and row["pool_tokens_uncapped"] > row["pool_tokens"]:
+        text += " (max-total-tokens caps it; memory alone would give {uncapped})"
+        uncapped = int(row["pool_tokens_uncapped"])
+    if row.get("concurrency_at_context_length") is not None:
+        n = row["concurrency_at_context_length"]
+        text += (f"; {n:,} request{'' if n == 1 else 's'} of the full context length "
+                 f"({int(mm['context_length']):,}) fit{'s' if n == 1 else ''} at once")
+    if mm.get("req_to_token_bytes") and p.get("req_to_token_tokens_equivalent") is not None:
+        text += (f"; the req-to-token table of {mm['max_running_requests']} running requests costs "
+                 f"{mm['req_to_token_bytes'] / 1e6:.3g} MB, as much as {p['req_to_token_tokens_equivalent']:,.0f} tokens of KV cache")
+    return text + ".", uncapped
 
 
 def _failed(name: str, rows: pd.DataFrame) -> str | None:
