@@ -29,6 +29,14 @@ class EngineMetrics:
         self.prompt_tokens = Counter("sglang:prompt_tokens", "Prompt tokens processed", labels, registry=r).labels(model_name)
         self.generation_tokens = Counter("sglang:generation_tokens", "Tokens generated", labels, registry=r).labels(model_name)
         self.num_requests = Counter("sglang:num_requests", "Requests finished", labels, registry=r).labels(model_name)
+        # retraction, as SGLang counts it: the last retraction's size (gauge) and running totals
+        self.num_retracted = gauge("sglang:num_retracted_reqs", "Requests retracted by the last retraction")
+        self.retracted_total = Counter("sglang:num_retracted_requests", "Total number of retracted requests",
+                                       labels, registry=r).labels(model_name)
+        self.retracted_input_tokens = Counter("sglang:num_retracted_input_tokens", "Total number of retracted input tokens",
+                                              labels, registry=r).labels(model_name)
+        self.retracted_output_tokens = Counter("sglang:num_retracted_output_tokens", "Total number of retracted output tokens",
+                                               labels, registry=r).labels(model_name)
         self.ttft = Histogram("sglang:time_to_first_token_seconds", "Server-side time to first token", labels,
                               buckets=LATENCY_BUCKETS, registry=r).labels(model_name)
         self.e2e = Histogram("sglang:e2e_request_latency_seconds", "Server-side request latency", labels,
@@ -50,6 +58,12 @@ class EngineMetrics:
         if now - t0 >= 1.0:
             self.gen_throughput.set((self._tokens - n0) / (now - t0))
             self._last = (now, self._tokens)
+
+    def count_retracted(self, reqs) -> None:
+        self.num_retracted.set(len(reqs))
+        self.retracted_total.inc(len(reqs))
+        self.retracted_input_tokens.inc(sum(len(r.input_ids) for r in reqs))
+        self.retracted_output_tokens.inc(sum(len(r.output_ids) for r in reqs))
 
     def count_generated(self, n: int) -> None:
         self._tokens += n

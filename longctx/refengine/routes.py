@@ -89,7 +89,10 @@ class Routes:
         req = Req(
             rid=rid or uuid.uuid4().hex,
             input_ids=input_ids,
-            max_new_tokens=min(max_new, self.engine.args.context_length - len(input_ids)),
+            # SGLang's clamp: the output fits the context and, with the prompt, the KV pool, so a
+            # request alone always fits and is never aborted for want of pages
+            max_new_tokens=min(max_new, self.engine.args.context_length - len(input_ids),
+                               self.engine.pool.num_tokens - len(input_ids)),
             ignore_eos=ignore_eos,
             emit=lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
             received=received,

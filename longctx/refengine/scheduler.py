@@ -5,6 +5,13 @@ then one decode step for every running request, so a long prefill delays the oth
 one chunk at a time, not by the whole prompt. With NGRAM speculation a decode step verifies the
 drafts of each request in one forward pass. It runs in one thread; the HTTP side hands it
 requests and receives events through each request's thread-safe ``emit``.
+
+When a decode step needs more pages than the pool has free, running requests are retracted as
+SGLang retracts them (``ScheduleBatch.retract_decode``): sorted by output length, then by shorter
+prompt, the ones that sort last go first, until the rest fit; their pages are freed and they go
+back to the waiting queue, behind the requests already there (SGLang's ``_add_request_to_queue``
+appends). A retracted request is prefilled again later over its prompt and the tokens it had
+generated, so its output goes on exactly as it would have (greedy decoding).
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ class Req:
     correct_drafts: int = 0
     proposed_drafts: int = 0
     seq: np.ndarray | None = None  # prompt + output, for draft lookup
-    ids: torch.Tensor | None = None  # the prompt, for prefill
+    ids: torch.Tensor | None = None  # what is prefilled: the prompt, after a retraction the prompt and output
+    retractions: int = 0  # times this request was retracted back to the waiting queue
 
     def position(self) -> int:
         """Position of the token to be fed next (the last generated one)."""
@@ -56,6 +64,15 @@ class Req:
 
     def remaining(self) -> int:
         return self.max_new_tokens - len(self.output_ids)
+
+
+def retraction_order(reqs: list[Req]) -> list[Req]:
+    """The requests in SGLang's retraction order: the last ones are retracted first.
+
+    SGLang (ScheduleBatch.retract_decode) sorts by (len(output_ids), -len(origin_input_ids)) in
+    reverse: most output first, ties broken by the shorter prompt; it pops from the end.
+    """
+    return sorted(reqs, key=lambda r: (len(r.output_ids), -len(r.input_ids)), reverse=True)
 
 
 class Scheduler:
@@ -121,17 +138,19 @@ class Scheduler:
             if req.aborted:
                 self.waiting.popleft()
                 continue
-            n = len(req.input_ids)
+            n = len(req.input_ids) + len(req.output_ids)  # a retracted request prefills its output too
             if -(-(n + 1) // self.pool.page_size) * self.pool.page_size > self.pool.free_tokens():
                 return  # wait for running requests to free their pages
             self.waiting.popleft()
             req.row = self.pool.alloc_row()
             if not self.pool.reserve(req.row, req.pages, n):
                 raise RuntimeError("KV pool exhausted during admission")
-            req.timestamps["scheduled"] = time.perf_counter()
-            req.seq = np.empty(n + req.max_new_tokens, dtype=np.int64)
-            req.seq[:n] = req.input_ids
-            req.ids = torch.tensor(req.input_ids, dtype=torch.int64, device=self.model.device)
+            req.timestamps.setdefault("scheduled", time.perf_counter())
+            if req.seq is None:
+                req.seq = np.empty(len(req.input_ids) + req.max_new_tokens, dtype=np.int64)
+                req.seq[: len(req.input_ids)] = req.input_ids
+            req.ids = torch.tensor(req.seq[:n], dtype=torch.int64, device=self.model.device)
+            req.prefilled = 0
             self.prefilling = req
 
     def _prefill_chunk(self, req: Req) -> None:
@@ -139,28 +158,31 @@ class Scheduler:
             self._finish(req, {"type": "abort", "message": "client disconnected"})
             self.prefilling = None
             return
-        n = len(req.input_ids)
+        n = len(req.ids)
         start, end = req.prefilled, min(req.prefilled + self.chunk, n)
         logits = self.model.prefill_chunk(self.pool, req.row, req.ids[start:end], start)
         req.prefilled = end
         if end < n:
             return
         self.prefilling = None
-        req.timestamps["prefill_done"] = time.perf_counter()
+        req.timestamps.setdefault("prefill_done", time.perf_counter())
         if self.defrag:
-            self.pool.defragment(req.row, req.pages, n, n + req.max_new_tokens)
+            self.pool.defragment(req.row, req.pages, n, len(req.input_ids) + req.max_new_tokens)
         self.running.append(req)
         self._append(req, [int(torch.argmax(logits[-1]))])
 
     def _decode_step(self) -> None:
-        plain, drafted = [], []
-        for req in self.running:
-            drafts = self._drafts(req) if self.spec else []
-            if not self.pool.reserve(req.row, req.pages, req.position() + 1 + len(drafts)):
+        self._retract_if_full()
+        for req in self.running:  # every request's next cell first (there is room after retraction)
+            if not self.pool.reserve(req.row, req.pages, req.position() + 1):
                 self._finish(req, {"type": "abort", "message": "KV cache pool is full"})
-            elif drafts:
+        self.running = [r for r in self.running if r.row >= 0]
+        plain, drafted = [], []
+        for req in self.running:  # then the drafts' cells, where pages are left
+            drafts = self._drafts(req) if self.spec else []
+            if drafts and self.pool.reserve(req.row, req.pages, req.position() + 1 + len(drafts)):
                 drafted.append((req, drafts))
-            else:
+            else:  # without room for the drafts, a plain step: the same tokens (greedy)
                 plain.append(req)
         if plain:
             ids = torch.tensor([r.output_ids[-1] for r in plain], dtype=torch.int64, device=self.model.device)
@@ -170,6 +192,42 @@ class Scheduler:
                 self._append(req, [tok])
         for req, drafts in drafted:
             self._verify(req, drafts)
+
+    def _pages_next_step(self, reqs: list[Req]) -> int:
+        """Pages the next decode step of ``reqs`` needs beyond those they hold (one cell each)."""
+        ps = self.pool.page_size
+        return sum(max(0, -(-(r.position() + 1) // ps) - len(r.pages)) for r in reqs)
+
+    def _retract_if_full(self) -> None:
+        """SGLang's check_decode_mem and retract_decode: free the pages of the requests sorted last
+        (fewest output tokens, then longest prompt) until the others' next step fits. The last
+        running request stays, as in SGLang; if it still does not fit, the prompt in prefill goes."""
+        if self._pages_next_step(self.running) <= len(self.pool.free_pages):
+            return
+        keep = retraction_order(self.running)
+        retracted = []
+        while len(keep) > 1 and self._pages_next_step(keep) > len(self.pool.free_pages):
+            retracted.append(keep.pop())
+            self._retract(retracted[-1])
+        if self.prefilling is not None and self._pages_next_step(keep) > len(self.pool.free_pages):
+            retracted.append(self.prefilling)
+            self._retract(self.prefilling)
+            self.prefilling = None
+        kept = set(map(id, keep))
+        self.running = [r for r in self.running if id(r) in kept]  # the running order stays
+        if not retracted:
+            return
+        log.info("KV cache pool is full. Retract requests. #retracted_reqs: %d, #running-req: %d, #free_tokens: %d",
+                 len(retracted), len(self.running), self.pool.free_tokens())
+        if self.metrics:
+            self.metrics.count_retracted(retracted)
+
+    def _retract(self, req: Req) -> None:
+        self.pool.release(req.row, req.pages)
+        req.row, req.prefilled, req.ids = -1, 0, None
+        req.retractions += 1
+        with self.cond:
+            self.waiting.append(req)  # behind the queue, as SGLang's _add_request_to_queue
 
     def _drafts(self, req: Req) -> list[int]:
         k = min(self.spec.num_draft_tokens, req.remaining() - 1)
