@@ -143,5 +143,5 @@ def test_a_real_sweep_shows_its_progress_and_predicts_its_time_left(tmp_path):
     assert not any(" trial " in line or "warm-up" in line for line in console)  # seconds apart: held back ...
     assert "page1 L=4096 (4 of 4 lengths) trial 2 of 2: ok" in log  # ... for the log
     assert re.search(r"page1 L=4096 \(4 of 4 lengths\): ok, 2 of 2 trials, .*time left ~", "\n".join(console))
-    assert _checked_against_truth(console) >= 4  # the reused lines' too
+    assert _checked_against_truth(console) >= 3  # the reused lines (the last line's rest, the ITL-depth request, may take under a second)
     assert json.loads((tmp_path / "second" / "512.json").read_text())["resumed"]
