@@ -203,6 +203,57 @@ def test_without_nvcc_the_cuda_part_is_skipped_with_a_message(tmp_path, monkeypa
     assert "nvcc not found" in result["skipped"]
 
 
+FAKE_NVCC = """#!/bin/sh
+# a stand-in nvcc: counts its compiles, writes a cubin of the source's bytes and a ptxas report
+[ "$1" = "--version" ] && { echo "Cuda compilation tools, release 99.9, $FAKE_NVCC_RELEASE"; exit 0; }
+echo "$@" >> "$FAKE_NVCC_CALLS"
+while [ "$1" != "-o" ]; do shift; done
+cat "$3" > "$2"
+echo "ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_90'" >&2
+echo "ptxas info    : Used 40 registers, used 0 barriers" >&2
+"""
+
+
+def test_cubins_are_cached_by_source_and_nvcc(tmp_path, monkeypatch):
+    """The same source compiled again by the same nvcc is copied from the cache (nvcc not run), with
+    the same cubin and report; an edited source or another nvcc version is compiled."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvcc").write_text(FAKE_NVCC)
+    (bindir / "nvcc").chmod(0o755)
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_NVCC_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_NVCC_RELEASE", "V99.9.1")
+    monkeypatch.setenv("LONGCTX_KERNEL_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "k.cu"
+    source.write_text("__global__ void foo(float *x) {}\n")
+
+    def compile_into(name: str) -> tuple[dict, Path]:
+        out = tmp_path / name
+        out.mkdir()
+        return kernels.compile_cubins(source, out, ("sm_90",)), out
+
+    def compiles() -> int:
+        return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+    first, out1 = compile_into("a")
+    assert compiles() == 1
+    second, out2 = compile_into("b")
+    assert compiles() == 1  # from the cache
+    (function,) = first["archs"]["sm_90"]["functions"].values()
+    assert second == first and function["registers"] == 40
+    for name in ("k.sm_90.cubin", "k.sm_90.ptxas.txt"):
+        assert (out2 / name).read_bytes() == (out1 / name).read_bytes() != b""
+    source.write_text("__global__ void foo(float *x) { x[0] = 1; }\n")
+    edited, out3 = compile_into("c")
+    assert compiles() == 2 and edited["archs"]["sm_90"]["sha256"] != first["archs"]["sm_90"]["sha256"]
+    assert (out3 / "k.sm_90.cubin").read_text() == source.read_text()
+    monkeypatch.setenv("FAKE_NVCC_RELEASE", "V99.9.2")
+    compile_into("d")
+    assert compiles() == 3
+
+
 def test_ptxas_report_is_parsed_per_function():
     report = """ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_90'
 ptxas info    : Function properties for _Z3fooPf

@@ -5,8 +5,8 @@ them, imports the copy and checks it.
 kind "native": C++ and CUDA sources. The .cpp is the CPU twin, a PyTorch C++ extension, compiled
 (torch.utils.cpp_extension, -O3 -march=native, OpenMP) and checked on the CPU. The .cu is compiled by
 standalone nvcc into a cubin per CUDA architecture (sm_120, sm_90 by default) with ptxas' resource
-report (registers, shared memory, spills) kept beside it; without nvcc that part is skipped and the
-manifest says so. Where PyTorch has CUDA and a GPU, the .cu and the binding (*_binding.cpp) are also
+report (registers, shared memory, spills) kept beside it (both cached by source, flags and nvcc, as the
+CPU twin is); without nvcc that part is skipped and the manifest says so. Where PyTorch has CUDA and a GPU, the .cu and the binding (*_binding.cpp) are also
 built as a CUDA extension and checked on the GPU.
 
 Every check compares against dense attention computed here in float64 (check_attention) on fresh
@@ -335,26 +335,44 @@ def nvcc_path() -> str | None:
 
 
 def compile_cubins(source: Path, outdir: Path, archs: tuple[str, ...] = CUDA_ARCHS) -> dict:
-    """nvcc -cubin per architecture, with ptxas' resource report kept beside each cubin."""
+    """nvcc -cubin per architecture, with ptxas' resource report kept beside each cubin. Each cubin and
+    its report are cached (cache_root()) by the source, the flags, the architecture and nvcc (its path
+    and whole --version): the same source compiled again by the same nvcc is copied, not recompiled."""
     nvcc = nvcc_path()
     if nvcc is None:
         msg = "nvcc not found (PATH, CUDA_HOME): CUDA kernels not compiled; the CPU twin was built and checked"
         print(msg, flush=True)
         return {"skipped": msg}
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    version_text = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip()
+    version = version_text.splitlines()[-1]
     result = {"nvcc": nvcc, "nvcc_version": version, "archs": {}}
     for arch in archs:
         n = arch.removeprefix("sm_")
         cubin = outdir / f"{source.stem}.{arch}.cubin"
-        cmd = [nvcc, "-cubin", f"-gencode=arch=compute_{n},code={arch}", "-O3", "-std=c++17", "-Xptxas", "-v",
-               "-o", str(cubin), str(source)]
-        print(" ".join(cmd), flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        report = proc.stdout + proc.stderr
-        (outdir / f"{source.stem}.{arch}.ptxas.txt").write_text(report)
-        if proc.returncode != 0:
-            raise SystemExit(f"nvcc failed for {arch} (exit {proc.returncode}); its report is in "
-                             f"{outdir / f'{source.stem}.{arch}.ptxas.txt'}:\n{report[-3000:]}")
+        flags = ["-cubin", f"-gencode=arch=compute_{n},code={arch}", "-O3", "-std=c++17", "-Xptxas", "-v"]
+        cmd = [nvcc, *flags, "-o", str(cubin), str(source)]
+        key = hashlib.sha256("\0".join([source.read_text(), *flags, nvcc, version_text]).encode()).hexdigest()[:16]
+        cache = cache_root() / f"{re.sub(r'[^A-Za-z0-9_]', '_', source.stem)}_{arch}_{key}"
+        cached_cubin, cached_report = cache / cubin.name, cache / f"{source.stem}.{arch}.ptxas.txt"
+        if cached_cubin.is_file() and cached_report.is_file():
+            print(f"cubin {cubin.name} found compiled in {cache} (same source, flags and nvcc)", flush=True)
+            shutil.copyfile(cached_cubin, cubin)
+            report = cached_report.read_text()
+            (outdir / cached_report.name).write_text(report)
+        else:
+            print(" ".join(cmd), flush=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            report = proc.stdout + proc.stderr
+            (outdir / f"{source.stem}.{arch}.ptxas.txt").write_text(report)
+            if proc.returncode != 0:
+                raise SystemExit(f"nvcc failed for {arch} (exit {proc.returncode}); its report is in "
+                                 f"{outdir / f'{source.stem}.{arch}.ptxas.txt'}:\n{report[-3000:]}")
+            cache.mkdir(parents=True, exist_ok=True)  # each file whole (a rename), the report last
+            tmp = cache / f".{os.getpid()}.tmp"
+            shutil.copyfile(cubin, tmp)
+            os.replace(tmp, cached_cubin)
+            tmp.write_text(report)
+            os.replace(tmp, cached_report)
         print(report, flush=True)
         result["archs"][arch] = {"cubin": cubin.name, "sha256": hashlib.sha256(cubin.read_bytes()).hexdigest(),
                                  "report": f"{source.stem}.{arch}.ptxas.txt", "functions": parse_ptxas(report)}
