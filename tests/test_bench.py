@@ -47,6 +47,7 @@ def test_bench_measures_every_length_and_records_provenance(tmp_path):
 def test_a_server_that_cannot_start_gives_failed_rows_naming_its_log(tmp_path):
     spec = tiny_spec("page1", lengths=[32, 64])
     spec.args["mem-fraction-static"] = 1e-9  # no room for the weights: the engine exits
+    spec.server["max_restarts"] = 0  # one start (tests/test_faults.py tries the restarts)
     log = tmp_path / "server.log"
     assert run_configuration(spec, tmp_path / "raw", log) == 2
     for length in (32, 64):

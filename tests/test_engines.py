@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import httpx
@@ -95,18 +96,30 @@ def kimi_bench_specs(tmp_path_factory) -> dict[str, ConfigurationSpec]:
     return specs
 
 
-@pytest.mark.parametrize("parser", sglang_parsers.ERAS)
-def test_each_sglang_parser_accepts_the_command_lines_made_for_its_version_only(parser, kimi_bench_specs):
-    sglang_parsers.require(parser)
+@pytest.fixture(scope="module")
+def sglang_verdicts(kimi_bench_specs):
+    """The command lines of both eras (and one with a typo, made for each parser's version), and each
+    installed parser's verdicts on them: both parsers run at once (each import takes seconds of one core)."""
     adapter = get_adapter("sglang")
     specs = {**kimi_bench_specs, "every-kind": sglang_spec(**EVERY_KIND), "new-names": sglang_spec(**NEW_NAMES)}
+    cases = [(era, name, adapter.launch_command(spec, "127.0.0.1", 30000, era)[3:])
+             for era in sglang_parsers.ERAS for name, spec in specs.items()]
+    typos = {era: adapter.launch_command(sglang_spec(**{"page-sise": 1}), "127.0.0.1", 1, era)[3:] for era in sglang_parsers.ERAS}
+    with ThreadPoolExecutor(len(sglang_parsers.ERAS)) as pool:
+        verdicts = {era: pool.submit(sglang_parsers.parse, era, [argv for _, _, argv in cases] + [typos[era]])
+                    for era in sglang_parsers.ERAS if sglang_parsers.installed(era)}
+        return cases, verdicts  # futures: a parser's failure fails its own test
+
+
+@pytest.mark.parametrize("parser", sglang_parsers.ERAS)
+def test_each_sglang_parser_accepts_the_command_lines_made_for_its_version_only(parser, sglang_verdicts):
+    sglang_parsers.require(parser)
+    adapter = get_adapter("sglang")
     # The version is read as the bench reads it: in the server's environment (configurations.<name>.env)
     version = adapter.installed_version(replace(sglang_spec(), env=sglang_parsers.env(parser)))
     assert version == parser
-    cases = [(era, name, adapter.launch_command(spec, "127.0.0.1", 30000, era)[3:])
-             for era in sglang_parsers.ERAS for name, spec in specs.items()]
-    typo = adapter.launch_command(sglang_spec(**{"page-sise": 1}), "127.0.0.1", 1, version)[3:]
-    verdicts = sglang_parsers.parse(parser, [argv for _, _, argv in cases] + [typo])
+    cases, futures = sglang_verdicts
+    verdicts = futures[parser].result()  # the typo's line made for `version`, which is `parser`
     mine = {name: argv for era, name, argv in cases if era == parser}
     for (era, name, argv), verdict in zip(cases, verdicts):
         if argv == mine[name]:  # made for this version, or the same line for both
@@ -124,9 +137,11 @@ def test_sglang_preflight_runs_the_servers_own_parser():
     config = lcfg.load(KIMI)
     spec = replace(lcfg.configuration_spec(config, "sm120-kernel-defrag"), python=sys.executable)
     version = adapter.installed_version(spec)
-    assert adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 30000, version)) is None
-    spec = sglang_spec(**{"cuda-graph-max-bs": 8})
-    problem = adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 1, "0.5.9"))  # what 0.5.9 wanted
+    old = sglang_spec(**{"cuda-graph-max-bs": 8})
+    with ThreadPoolExecutor(2) as pool:  # both at once: each run imports SGLang's parser (seconds of one core)
+        fine, problem = pool.map(lambda a: adapter.preflight(a[0], adapter.launch_command(*a)),
+                                 [(spec, "127.0.0.1", 30000, version), (old, "127.0.0.1", 1, "0.5.9")])  # what 0.5.9 wanted
+    assert fine is None
     assert problem and problem.startswith("SGLang rejects the command line: ") and "ambiguous option: --cuda-graph-max-bs" in problem
 
 

@@ -83,7 +83,9 @@ def test_server_killed_mid_sweep_is_restarted_for_the_next_length(tmp_path, monk
 
 def test_hung_server_times_out_and_is_replaced(tmp_path, monkeypatch, servers):
     inject_at(monkeypatch, 64, lambda: os.killpg(servers[-1].pid, signal.SIGSTOP))
-    failed, raws = sweep(tmp_path, request_timeout_s=2, timeout_factor=1)
+    monkeypatch.setattr(bench, "HEALTH_TIMEOUT_S", 1.0)  # the health probe that finds it hung: 1 s, not 10
+    # one request per length (no cache flush, no batch): each a request timeout to wait out at the hung length
+    failed, raws = sweep(tmp_path, request_timeout_s=2, timeout_factor=1, flush_cache=False, concurrency=[])
     assert [raws[n]["status"] for n in (32, 64, 128)] == ["ok", "failed", "ok"]
     assert "timed out" in raws[64]["trials"][0]["reason"]
     assert "the server stopped answering /health while measuring length 64" in raws[64]["reason"]

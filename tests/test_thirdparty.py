@@ -19,6 +19,8 @@ import random
 import re
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -57,10 +59,12 @@ def vllm_config(model_dir: str, hf_config: bool = True, **args) -> dict:
         "lengths": [64, 256, 512],
         "protocol": {"warmup": 1, "trials": 2, "output_tokens": 8, "request_timeout_s": 120, "token_id_range": [3, 1024]},
         "server": {"startup_timeout_s": 300},
+        "calibration": {"copy_mib": 16, "matmul_size": 256, "repeats": 3},  # as tests/configs/tiny.yaml: seconds, not 20
         "model": model,
         "configurations": {"vllm-cpu": {
             "engine": "vllm", "python": VLLM_PYTHON,
-            "args": {"max-model-len": MAX_MODEL_LEN, "dtype": "bfloat16", **args},
+            # enforce-eager: no torch.compile at start-up (this vLLM recompiles at every start, ~15 s of the minute)
+            "args": {"max-model-len": MAX_MODEL_LEN, "dtype": "bfloat16", "enforce-eager": True, **args},
             "env": {"VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GIB), "HF_HUB_OFFLINE": "1"},
         }},
     })
@@ -73,13 +77,16 @@ def test_vllm_own_parser_checks_our_command_lines():
         "speculative-config": {"method": "ngram", "num_speculative_tokens": 4}})
     config["configurations"]["vllm-cpu"]["args"]["max-model-len"] = "200k"
     spec = lcfg.configuration_spec(config, "vllm-cpu")
+    bad = replace(spec, args={**spec.args, "block-size": "sixteen"})
+    # both command lines through vLLM's parser at once (each run imports vLLM: seconds of one core)
+    with ThreadPoolExecutor(2) as pool:
+        good_problem, problem = pool.map(lambda s: adapter.preflight(s, adapter.launch_command(s, "127.0.0.1", 8000, None)),
+                                         (spec, bad))
     assert adapter.installed_version(spec) == "0.32.0"
-    assert adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 8000, None)) is None
+    assert good_problem is None
     # the budget as this vLLM (its CPU build, found in its own Python) takes it: VLLM_CPU_KVCACHE_SPACE, block 16 as given
     assert adapter.kv_budget(spec) == {"bytes": KV_SPACE_GIB * GiB, "source": "VLLM_CPU_KVCACHE_SPACE", "block_size": 16,
                                        "block_source": "--block-size"}
-    spec.args["block-size"] = "sixteen"
-    problem = adapter.preflight(spec, adapter.launch_command(spec, "127.0.0.1", 8000, None))
     assert problem and "argument --block-size: invalid int value: 'sixteen'" in problem
 
 
@@ -93,14 +100,45 @@ def tiny_llama(tmp_path_factory) -> Path:
     return out
 
 
+def start_vllm_server(tmp_path_factory, tiny_llama) -> dict:
+    """vLLM started as the workflow starts it (the adapter's command line and environment), not yet waited for."""
+    from longctx.measure.process import ManagedServer, free_port
+    from longctx.measure.sweep import server_env
+
+    adapter = get_adapter("vllm")
+    spec = lcfg.configuration_spec(vllm_config(str(tiny_llama)), "vllm-cpu")
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    server = ManagedServer(adapter.launch_command(spec, "127.0.0.1", port, None), log, env=server_env(spec))
+    server.start()
+    return {"base": f"http://127.0.0.1:{port}", "port": port, "model": adapter.served_model(spec), "log": log, "server": server}
+
+
+EARLY: dict = {}  # vllm_server's server when vllm_workflow started it
+SERVED: list = []  # vllm_server ran
+
+
 @pytest.fixture(scope="module")
-def vllm_workflow(tmp_path_factory, tiny_llama):
+def vllm_workflow(tmp_path_factory, tiny_llama, request):
+    """The whole workflow against vLLM. Its measurements first (the bench job, with its own vLLM server,
+    and the calibration); then, with nothing measuring any more, the rest of it (aggregation to the PDF)
+    while the TTFT test's server (vllm_server) starts beside it, where that test is to run: a vLLM
+    start-up takes half a minute and more (three processes importing vLLM), those stages as long."""
     work = tmp_path_factory.mktemp("vllm-wf")
     copy_workflow(work)
     config = vllm_config(str(tiny_llama))
     (work / "vllm.yaml").write_text(yaml.safe_dump(config))
-    snakemake(work, "--cores", "1", "report/longctx.pdf", "--configfile", "vllm.yaml")
-    return work
+    snakemake(work, "--cores", "1", "report/longctx.pdf", "--configfile", "vllm.yaml",
+              "--until", "bench_configuration", "calibrate_hardware")
+    assert not (work / "data" / "results.csv").exists()  # only the measurements so far
+    if not SERVED and any("vllm_server" in item.fixturenames for item in request.session.items):
+        EARLY.update(start_vllm_server(tmp_path_factory, tiny_llama))
+    try:
+        snakemake(work, "--cores", "1", "report/longctx.pdf", "--configfile", "vllm.yaml")
+        yield work
+    finally:
+        if "server" in EARLY:  # vllm_server did not take it (it stops the one it takes)
+            EARLY.pop("server").stop()
 
 
 def test_every_stage_runs_against_vllm(vllm_workflow):
@@ -188,6 +226,24 @@ def test_the_report_describes_the_model_as_served(vllm_workflow):
     assert re.search(r"1,024\s*(KV )?bytes per token|KV bytes per token\W+1,024", flat), near
 
 
+# --- vLLM's benchmark client against the reference engine, its figures checked only for sign: it runs
+# here, while the TTFT test's server (vllm_server, started by vllm_workflow) may still be starting,
+# before that test measures alone
+
+
+def test_vllms_benchmark_client_runs_beside_ours_against_the_reference_engine(tmp_path):
+    """bench/client_overhead.py with vLLM's own benchmark client: its prompts (text, made with our
+    one-character tokenizer) are exactly the length asked for, and each of its requests is matched
+    with the engine's record of it."""
+    from .test_clientcheck import run_bench
+
+    stdout, rows = run_bench(tmp_path, "--vllm-python", VLLM_PYTHON, "--guidellm", "")
+    theirs = rows[("vllm bench serve", 300)]
+    assert theirs["requests"] == 2 and theirs["prompt_tokens"] == [300]
+    assert theirs["ttft_error_s_median"] > 0 and theirs["lag_s_median"] > 0
+    assert "skipped vllm" not in stdout
+
+
 # --- TTFT against vLLM's own server-side record --------------------------------------------------
 
 TTFT_METRIC = "vllm:time_to_first_token_seconds"
@@ -208,20 +264,15 @@ def ttft_histogram(text: str) -> tuple[float, float]:
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory, tiny_llama):
-    """vLLM started as the workflow starts it (the adapter's command line and environment)."""
-    from longctx.measure.process import ManagedServer, free_port
-    from longctx.measure.sweep import server_env
-
-    adapter = get_adapter("vllm")
-    spec = lcfg.configuration_spec(vllm_config(str(tiny_llama)), "vllm-cpu")
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    server = ManagedServer(adapter.launch_command(spec, "127.0.0.1", port, None), log, env=server_env(spec))
-    server.start()
+    """vLLM started as the workflow starts it (start_vllm_server): the one vllm_workflow started while its
+    report stages ran, else one started here; up once it answers /health, and nothing measures beside it."""
+    SERVED.append(True)
+    started = EARLY.copy() if "server" in EARLY else start_vllm_server(tmp_path_factory, tiny_llama)
+    EARLY.clear()
+    server = started.pop("server")
     try:
-        server.wait_ready(base, ("/health",), 300, port=port)
-        yield {"base": base, "model": adapter.served_model(spec), "log": log}
+        server.wait_ready(started["base"], ("/health",), 300, port=started.pop("port"))
+        yield started
     finally:
         server.stop()
 
@@ -261,16 +312,3 @@ def test_ttft_agrees_with_vllms_own_per_request_record(vllm_server):
     for length, ours, theirs in rows:
         assert theirs > 0
         assert theirs <= ours <= theirs * 1.02 + 0.015, (length, ours, theirs)
-
-
-def test_vllms_benchmark_client_runs_beside_ours_against_the_reference_engine(tmp_path):
-    """bench/client_overhead.py with vLLM's own benchmark client: its prompts (text, made with our
-    one-character tokenizer) are exactly the length asked for, and each of its requests is matched
-    with the engine's record of it."""
-    from .test_clientcheck import run_bench
-
-    stdout, rows = run_bench(tmp_path, "--vllm-python", VLLM_PYTHON, "--guidellm", "")
-    theirs = rows[("vllm bench serve", 300)]
-    assert theirs["requests"] == 2 and theirs["prompt_tokens"] == [300]
-    assert theirs["ttft_error_s_median"] > 0 and theirs["lag_s_median"] > 0
-    assert "skipped vllm" not in stdout

@@ -37,6 +37,7 @@ log = logging.getLogger("longctx.measure.sweep")
 progress = logging.getLogger("longctx.progress")
 RAW_FORMAT = "longctx.raw/1"
 PORT_ATTEMPTS = 5  # launches on fresh ports when another process took the chosen one
+HEALTH_TIMEOUT_S = 10.0  # what a server answering its health path after a failed length must answer within
 # Thread limits a workflow job inherits (Snakemake sets them to the job's threads). The server's
 # threading belongs to its configuration (engine flags or `env`), so they are not passed on.
 THREAD_LIMIT_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -449,7 +450,7 @@ class Session:
         if not self.alive():
             return False
         try:
-            return self.client.get(self.base + self.health_path, timeout=10).status_code == 200
+            return self.client.get(self.base + self.health_path, timeout=HEALTH_TIMEOUT_S).status_code == 200
         except httpx.HTTPError:
             return False
 
