@@ -23,17 +23,21 @@ CFG = ModelConfig.from_overrides(TINY_ARCH)
 MODEL = MLAModel(CFG, seed=0)
 
 
-def run_requests(prompts, max_new, page_size=1, order="random", chunk=8192, kernel=KERNEL, **sched_kwargs):
-    """Run requests through a fresh pool and scheduler; returns outputs, final events and the scheduler."""
-    pool = KVPool(CFG.num_hidden_layers, CFG.cell_dim, CFG.dtype, 4096, page_size, 4, 2048, order, seed=1)
-    sched = Scheduler(MODEL, pool, kernel, chunk, 4, **sched_kwargs)
+def run_requests(prompts, max_new, page_size=1, order="random", chunk=8192, kernel=KERNEL, pool_tokens=4096, rows=4,
+                 wait_s=60, **sched_kwargs):
+    """Run requests through a fresh pool and scheduler; returns outputs, final events and the scheduler (with
+    every event it emitted, `events`, and the pool's use at each, `used`)."""
+    pool = KVPool(CFG.num_hidden_layers, CFG.cell_dim, CFG.dtype, pool_tokens, page_size, rows, 2048, order, seed=1)
+    sched = Scheduler(MODEL, pool, kernel, chunk, rows, **sched_kwargs)
     done = [threading.Event() for _ in prompts]
     finals: list[dict | None] = [None] * len(prompts)
     events: list[tuple[int, float, dict]] = []
+    used: list[int] = []
     reqs = []
     for i, p in enumerate(prompts):
         def emit(ev, i=i):
             events.append((i, time.perf_counter(), ev))
+            used.append(pool.num_tokens - pool.free_tokens())
             if ev["meta_info"]["finish_reason"] is not None:
                 finals[i] = ev
                 done[i].set()
@@ -42,9 +46,9 @@ def run_requests(prompts, max_new, page_size=1, order="random", chunk=8192, kern
         sched.submit(r)
     sched.start()
     for d in done:
-        assert d.wait(60)
-    assert pool.free_tokens() == 4096 and len(pool.free_rows) == 4  # every page and row released
-    sched.events = events
+        assert d.wait(wait_s)
+    assert pool.free_tokens() == pool_tokens and len(pool.free_rows) == rows  # every page and row released
+    sched.events, sched.used, sched.reqs = events, used, reqs
     return [r.output_ids for r in reqs], finals, sched
 
 

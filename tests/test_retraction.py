@@ -8,19 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import torch
 
-from longctx.attention import build as kernels
 from longctx.measure.process import ManagedServer, free_port
-from longctx.refengine.kvpool import KVPool
 from longctx.refengine.metrics import EngineMetrics
-from longctx.refengine.model import MLAModel
-from longctx.refengine.modelconfig import ModelConfig
-from longctx.refengine.scheduler import Req, Scheduler, retraction_order
+from longctx.refengine.scheduler import Req, retraction_order
 
-from .conftest import ROOT, TINY_ARCH, refengine_command
+from .conftest import refengine_command
+from .test_refengine import run_requests
 
-KERNEL = kernels.load_kernel(ROOT / "kernels" / "reference")
-CFG = ModelConfig.from_overrides(TINY_ARCH)
-MODEL = MLAModel(CFG, seed=0)
 
 
 def prompt(n, seed=0):
@@ -28,29 +22,10 @@ def prompt(n, seed=0):
 
 
 def run(prompts, max_new, pool_tokens, page_size=4, rows=4, chunk=8192, spec=None):
-    """Requests through a fresh pool and scheduler; returns the outputs, the final events, the scheduler."""
-    pool = KVPool(CFG.num_hidden_layers, CFG.cell_dim, CFG.dtype, pool_tokens, page_size, rows, 2048, "random", seed=1)
-    metrics = EngineMetrics("refmla", pool_tokens)
-    sched = Scheduler(MODEL, pool, KERNEL, chunk, rows, spec=spec, metrics=metrics)
-    done = [threading.Event() for _ in prompts]
-    finals = [None] * len(prompts)
-    used = []  # pool use seen at every event
-    reqs = []
-    for i, p in enumerate(prompts):
-        def emit(ev, i=i):
-            used.append(pool.num_tokens - pool.free_tokens())
-            if ev["meta_info"]["finish_reason"] is not None:
-                finals[i] = ev
-                done[i].set()
-        reqs.append(Req(f"r{i}", p, max_new, True, emit))
-    for r in reqs:
-        sched.submit(r)
-    sched.start()
-    for d in done:
-        assert d.wait(120)
-    assert pool.free_tokens() == pool_tokens and len(pool.free_rows) == rows  # every page and row released
-    sched.used, sched.reqs = used, reqs
-    return [r.output_ids for r in reqs], finals, sched
+    """Requests through a fresh pool and scheduler (tests/test_refengine.run_requests) with the engine's metrics;
+    returns the outputs, the final events, the scheduler."""
+    return run_requests(prompts, max_new, page_size, "random", chunk, pool_tokens=pool_tokens, rows=rows, wait_s=120,
+                        spec=spec, metrics=EngineMetrics("refmla", pool_tokens))
 
 
 def metric(text, name):
