@@ -85,6 +85,24 @@ def _aggregate(a) -> int:
     return 0
 
 
+def _aggregate_load(a) -> int:
+    from .analysis.load import aggregate_load
+
+    req, inter, met = aggregate_load(a.raw, a.out_requests, a.out_interference, a.out_metrics)
+    print(f"{len(req)} request rows, {int((req['status'] != 'ok').sum())} not ok -> {a.out_requests}; "
+          f"{len(inter)} victim rows -> {a.out_interference}; {len(met)} metric rows -> {a.out_metrics}")
+    return 0
+
+
+def _analyze_load(a) -> int:
+    from .analysis.load_summary import analyze_file
+
+    settings = json.loads(a.settings) if a.settings else None
+    doc = analyze_file(a.requests, a.interference, a.metrics, a.out, a.fits, a.provenance, a.planner, settings)
+    print(f"{len(doc['configurations'])} configurations -> {a.out}")
+    return 0
+
+
 def _fit(a) -> int:
     from .analysis.fits import fit_file
 
@@ -239,6 +257,25 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--partial-dir", help="the bench jobs' copies (data/partial): an unreadable raw file is taken from there")
     s.add_argument("raw", nargs="+")
     s.set_defaults(func=_aggregate)
+
+    s = sub.add_parser("aggregate-load", help="raw load.json files -> load_requests.csv, load_interference.csv, load_metrics.csv")
+    s.add_argument("--out-requests", required=True, help="data/load_requests.csv: a row per closed- or open-loop request")
+    s.add_argument("--out-interference", required=True, help="data/load_interference.csv: a row per victim per trial")
+    s.add_argument("--out-metrics", required=True, help="data/load_metrics.csv: the server's samples and the client's resident tokens")
+    s.add_argument("raw", nargs="+", help="data/raw/<configuration>/load.json (a missing or unreadable one is a failed row)")
+    s.set_defaults(func=_aggregate_load)
+
+    s = sub.add_parser("analyze-load", help="the load tables (+ fits, provenance, planner) -> load.json: percentiles, "
+                       "goodput, interference, KV reconciliation, SLO frontier")
+    s.add_argument("--requests", required=True, help="data/load_requests.csv")
+    s.add_argument("--interference", required=True, help="data/load_interference.csv")
+    s.add_argument("--metrics", required=True, help="data/load_metrics.csv")
+    s.add_argument("--fits", help="data/fits.json: the prefill and decode fits (the frontier's model) and the bootstrap settings")
+    s.add_argument("--provenance", help="data/provenance.json: the KV pool and context length per configuration")
+    s.add_argument("--planner", help="data/planner.json: the same where provenance lacks them")
+    s.add_argument("--settings", help='the config\'s slo and load sections as JSON: {"slo": {...}, "load": {...}}')
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_analyze_load)
 
     s = sub.add_parser("calibrate", help="measure copy bandwidth and matmul rate of the devices the servers compute on")
     s.add_argument("--plan", help="what to measure, as JSON (what the workflow passes)")

@@ -25,7 +25,8 @@ COLUMNS = [
 ]
 
 
-def _read(path: Path) -> tuple[dict | None, str | None]:
+def read_raw(path: Path) -> tuple[dict | None, str | None]:
+    """A raw file as a JSON object, or None and why it cannot be read."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -53,10 +54,10 @@ def _rows(path: Path, partial_dir: Path | None = None) -> tuple[list[dict], dict
     partial_dir/<configuration>/ where that one is intact (raw["recovered_from"] says so), else it is
     one failed row that names both."""
     configuration, length = path.parent.name, int(path.stem)
-    raw, problem = _read(path)
+    raw, problem = read_raw(path)
     if raw is None:
         copy = partial_dir / configuration / path.name if partial_dir else None
-        kept, copy_problem = _read(copy) if copy else (None, None)
+        kept, copy_problem = read_raw(copy) if copy else (None, None)
         if kept is None or kept.get("length", length) != length:
             also = f"; its copy {copy}: {copy_problem or 'another length'}" if copy else ""
             return [{"configuration": configuration, "length": length, "status": "failed",

@@ -1,0 +1,260 @@
+"""data/raw/<configuration>/load.json (longctx.measure's load workloads) -> three tables:
+
+- data/load_requests.csv: one row per request of the closed- and open-loop workloads, failed ones too
+  (a workload that failed before it sent anything is one failed row, index empty; a raw file that is
+  missing or cannot be read is one failed row of its configuration, kind empty, with the reason).
+  Beside the contract's columns, `itl_list_s` keeps the request's per-token gaps as a JSON list (a
+  chunk's gap divided among the tokens it carries, as StreamRecord.summary gives them): the point's ITL
+  percentiles are taken over every token gap of its requests (longctx.analysis.slo), and the request's
+  own itl_p50/p99/max_s summarise the same list.
+- data/load_interference.csv: one row per victim per trial of the interference probe. From the victim's
+  event_times (offsets from the workload's t0, like the injected request's sent_s): its gaps are the times
+  between token-carrying events; steady_itl_s the median of the gaps that ended before the injected
+  request was sent; the window runs from that send to the injected request's first token plus one steady
+  gap (window_s is the send -> first token part); worst_gap_s the largest gap overlapping the window;
+  extra_s the sum over the gaps overlapping it of (gap - steady): the time the stream lost to the
+  injection (a gap shorter than steady gives some back).
+- data/load_metrics.csv: the server's /metrics samples, one row per (sample, name), and at each sample
+  time what the client knows is resident (client_resident_low, client_resident_high, tokens; resident_tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..engines.base import arg_value
+from .aggregate import read_raw
+
+log = logging.getLogger("longctx.analysis.load")
+
+FORMAT = "longctx.load/1"
+REQUEST_COLUMNS = [
+    "configuration", "kind", "level", "length", "index", "status", "reason", "scheduled_s", "sent_s",
+    "schedule_lag_s", "ttft_s", "tpot_s", "itl_p50_s", "itl_p99_s", "itl_max_s", "e2e_s", "queue_s",
+    "prompt_tokens", "completion_tokens", "output_tokens", "first_token_s", "last_token_s", "duration_s",
+    "itl_list_s",
+]
+INTERFERENCE_COLUMNS = [
+    "configuration", "length", "background", "background_length", "chunked_prefill_size", "trial", "victim",
+    "status", "reason", "steady_itl_s", "worst_gap_s", "extra_s", "window_s", "injected_ttft_s",
+]
+METRICS_COLUMNS = ["configuration", "kind", "level", "length", "trial", "t_s", "name", "value"]
+CLIENT_LOW, CLIENT_HIGH = "client_resident_low", "client_resident_high"
+
+
+def _num(x) -> float | None:
+    """x as a finite float, else None."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def request_itl(r: dict) -> list[float]:
+    """A request's per-token gaps: its itl_s where the client gave them, else from its events (a chunk's gap
+    divided among the tokens it carries)."""
+    if isinstance(r.get("itl_s"), list):
+        return [float(x) for x in r["itl_s"] if _num(x) is not None]
+    t, n = r.get("event_times") or [], r.get("event_tokens") or []
+    out: list[float] = []
+    for i in range(1, min(len(t), len(n))):
+        k = int(n[i] or 0)
+        out += [(t[i] - t[i - 1]) / k] * k if k > 0 else []
+    return out
+
+
+def first_token_s(r: dict) -> float | None:
+    """The offset from t0 of a request's first token: its first event, else sent_s + ttft_s."""
+    t = r.get("event_times") or []
+    if t:
+        return float(t[0])
+    sent, ttft = _num(r.get("sent_s")), _num(r.get("ttft_s"))
+    return sent + ttft if sent is not None and ttft is not None else None
+
+
+def page_size(provenance: dict) -> int:
+    """The KV page (block) size the server ran with: its args, else its info; 1 where neither says."""
+    value = arg_value(provenance.get("args") or {}, "page-size", "block-size")
+    if value is None:
+        value = (provenance.get("server_info") or {}).get("page_size")
+    try:
+        return max(1, int(value))
+    except (TypeError, ValueError):
+        return 1
+
+
+def _level(w: dict):
+    return w.get("concurrency") if w.get("kind") == "closed" else w.get("rate") if w.get("kind") == "open" else w.get("background")
+
+
+def _request_row(base: dict, r: dict) -> dict:
+    itl = request_itl(r)
+    last = (r.get("event_times") or [None])[-1]
+    row = {**base, **{k: r.get(k) for k in ("index", "scheduled_s", "sent_s", "schedule_lag_s", "ttft_s", "tpot_s",
+                                               "e2e_s", "queue_s", "prompt_tokens", "completion_tokens")},
+           "status": r.get("status") or "failed", "reason": r.get("reason"),
+           "first_token_s": first_token_s(r), "last_token_s": last}
+    if itl:
+        row.update(itl_p50_s=float(np.quantile(itl, 0.5)), itl_p99_s=float(np.quantile(itl, 0.99)),
+                   itl_max_s=max(itl), itl_list_s=json.dumps(itl))
+    return row
+
+
+def _span(w: dict, requests: list[dict]) -> float | None:
+    """The point's span: the workload's duration_s, else from t0 to its last request's end."""
+    d = _num(w.get("duration_s"))
+    if d is not None:
+        return d
+    ends = [x for r in requests for x in [_end(r)] if x is not None]
+    return max(ends) if ends else None
+
+
+def _end(r: dict) -> float | None:
+    """When a request's stream ended (offset from t0): sent_s + e2e_s, else its last event."""
+    sent, e2e = _num(r.get("sent_s")), _num(r.get("e2e_s"))
+    if sent is not None and e2e is not None:
+        return sent + e2e
+    t = r.get("event_times") or []
+    return float(t[-1]) if t else None
+
+
+def resident_bounds(requests: list[dict], t: float, page: int, prompt_default: int | None = None,
+                    horizon: float | None = None) -> tuple[int, int]:
+    """What the client knows of the tokens resident in the server's KV pool at time t (offset from t0):
+    low = sum over the requests that have their first token and have not received their last of
+    (prompt_tokens + tokens received so far), each rounded up to the page size; high = low + the prompts
+    of the requests sent and without a first token yet (until their stream ended, else until horizon) +
+    the whole of those whose last token came and whose stream has not ended yet (each rounded up)."""
+
+    def pages(n: float) -> int:
+        return int(math.ceil(n / page) * page)
+
+    low = high = 0
+    for r in requests:
+        sent = _num(r.get("sent_s"))
+        if sent is None or t < sent:
+            continue
+        prompt = _num(r.get("prompt_tokens"))
+        prompt = prompt if prompt is not None else (prompt_default or 0)
+        times, tokens = r.get("event_times") or [], r.get("event_tokens") or []
+        end = _end(r)
+        if times and times[0] <= t:
+            got = sum(int(k or 0) for x, k in zip(times, tokens) if x <= t)
+            if t < times[-1]:
+                low += pages(prompt + got)
+            elif end is not None and t < end:
+                high += pages(prompt + got)
+        elif times or t < (end if end is not None else horizon if horizon is not None else math.inf):
+            high += pages(prompt)  # sent, no first token yet (a failed one: until its stream ended)
+    return low, low + high
+
+
+def _metric_rows(base: dict, w: dict, requests: list[dict], page: int, prompt_default: int | None) -> list[dict]:
+    m = w.get("metrics") or {}
+    if m.get("error"):
+        log.warning("%s %s %s: /metrics: %s", base["configuration"], base["kind"], base["length"], m["error"])
+    rows = []
+    horizon = _span(w, requests)
+    for sample in m.get("samples") or []:
+        try:
+            t, values = float(sample[0]), dict(sample[1])
+        except (TypeError, ValueError, IndexError):
+            continue
+        rows += [{**base, "t_s": t, "name": k, "value": _num(v)} for k, v in sorted(values.items())]
+        low, high = resident_bounds(requests, t, page, prompt_default, horizon)
+        rows += [{**base, "t_s": t, "name": CLIENT_LOW, "value": low}, {**base, "t_s": t, "name": CLIENT_HIGH, "value": high}]
+    return rows
+
+
+def victim_figures(victim: dict, sent: float, first: float) -> dict:
+    """steady_itl_s, worst_gap_s, extra_s of one victim stream against an injected request sent at `sent`
+    whose first token came at `first` (offsets from t0, as the victim's event_times); status and reason say
+    why a figure is missing."""
+    t = [float(x) for x in victim.get("event_times") or []]
+    gaps = [(t[i - 1], t[i]) for i in range(1, len(t))]
+    before = [b - a for a, b in gaps if b <= sent]
+    if not before:
+        return {"status": "failed", "reason": "no gap of this victim ended before the injected request was sent"}
+    steady = float(np.median(before))
+    w0, w1 = sent, first + steady
+    inside = [b - a for a, b in gaps if b > w0 and a < w1]
+    if not inside:
+        return {"status": "failed", "reason": "this victim had no gap overlapping the injection's window",
+                "steady_itl_s": steady}
+    return {"status": "ok", "reason": None, "steady_itl_s": steady, "worst_gap_s": max(inside),
+            "extra_s": float(sum(g - steady for g in inside))}
+
+
+def _interference_rows(base: dict, w: dict) -> list[dict]:
+    base = {**base, **{k: w.get(k) for k in ("length", "background", "background_length", "chunked_prefill_size", "trial")}}
+    inj = w.get("injected") or {}
+    victims = w.get("victims") or []
+    if not victims:
+        return [{**base, "status": "failed", "reason": w.get("reason") or "no victim streams were recorded"}]
+    sent, first = _num(inj.get("sent_s")), first_token_s(inj)
+    rows = []
+    for i, v in enumerate(victims):
+        row = {**base, "victim": v.get("victim", v.get("index", i)), "injected_ttft_s": _num(inj.get("ttft_s")),
+               "window_s": first - sent if sent is not None and first is not None else None}
+        if (v.get("status") or "failed") != "ok":
+            row.update(status="failed", reason=v.get("reason") or "the victim failed")
+        elif sent is None or first is None:
+            row.update(status="failed", reason=f"the injected request has no first token ({inj.get('reason') or inj.get('status')})")
+        else:
+            row.update(victim_figures(v, sent, first))
+        rows.append(row)
+    return rows
+
+
+def raw_rows(path: Path) -> tuple[list[dict], list[dict], list[dict]]:
+    """(request rows, interference rows, metrics rows) of one raw load file."""
+    configuration = path.parent.name
+    raw, problem = read_raw(path)
+    if raw is not None and raw.get("format") != FORMAT:
+        raw, problem = None, f"not a {FORMAT} file (format {raw.get('format')!r})"
+    if raw is None:
+        return [{"configuration": configuration, "status": "failed", "reason": f"unreadable raw file {path} ({problem})"}], [], []
+    configuration = raw.get("configuration") or configuration
+    workloads = raw.get("workloads") or []
+    if not workloads:
+        return [{"configuration": configuration, "status": raw.get("status") or "failed",
+                 "reason": raw.get("reason") or "no workload was run"}], [], []
+    page = page_size(raw.get("provenance") or {})
+    requests, interference, metrics = [], [], []
+    for w in workloads:
+        kind = w.get("kind")
+        base = {"configuration": configuration, "kind": kind, "level": _level(w), "length": w.get("length")}
+        if kind == "interference":
+            interference += _interference_rows({"configuration": configuration}, w)
+            streams = [x for x in [w.get("injected")] if x] + list(w.get("victims") or [])
+            metrics += _metric_rows({**base, "trial": w.get("trial")}, w, streams, page, None)
+            continue
+        rs = w.get("requests") or []
+        point = {**base, "output_tokens": w.get("output_tokens"), "duration_s": _span(w, rs)}
+        if not rs:
+            requests.append({**point, "status": "failed", "reason": w.get("reason") or "the workload sent no request"})
+        for r in rs:
+            requests.append(_request_row(point, r))
+        metrics += _metric_rows({**base, "trial": None}, w, rs, page, w.get("length"))
+    return requests, interference, metrics
+
+
+def aggregate_load(raw_files: list[str | Path], out_requests: str | Path, out_interference: str | Path,
+                   out_metrics: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    req, inter, met = [], [], []
+    for path in sorted(map(Path, raw_files), key=lambda p: (p.parent.name, p.name)):
+        r, i, m = raw_rows(path)
+        req, inter, met = req + r, inter + i, met + m
+    frames = (pd.DataFrame(req, columns=REQUEST_COLUMNS), pd.DataFrame(inter, columns=INTERFERENCE_COLUMNS),
+              pd.DataFrame(met, columns=METRICS_COLUMNS))
+    for df, out in zip(frames, (out_requests, out_interference, out_metrics)):
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out, index=False)
+    return frames

@@ -1,0 +1,295 @@
+"""The load workloads' tables (longctx.analysis.load) -> data/load.json: per configuration, per workload
+point its distributions, throughput and goodput (longctx.analysis.slo); the interference probe's stalls
+and their fit; the server's KV gauge against what the client knows is resident; and the SLO frontier
+(longctx.analysis.slo).
+
+- Distributions: p50, p90 and p99 (numpy's linear quantiles) over the successful requests of a point, each
+  with a seeded percentile-bootstrap interval (requests resampled with replacement; fits.json's bootstrap,
+  confidence and seed, which --settings may override). TTFT, TPOT, end-to-end, queue (where the server
+  reported it) and schedule lag are one value per request; ITL is taken over every token gap of the
+  point's requests (load_requests.csv's itl_list_s), and its bootstrap resamples whole requests (a
+  request's gaps are not independent of each other).
+- Throughput over the point's span (duration_s): output tokens of the successful requests per second, and
+  successful requests per second.
+- Interference: per injected length, the medians (bootstrap intervals) of the victims' worst gap and
+  extra time; the stall fit is extra = a + k ceil(L / chunk) where the probe ran with a chunked-prefill
+  size (basis "chunks": k, per_chunk_s, is the time per chunk), else extra = a + b L (basis "linear":
+  per_token_s); ordinary least squares over the victims, the slope's interval from a pairs bootstrap.
+- KV reconciliation: the server's tokens (used_tokens, else token_usage x pool_tokens) at each sample
+  against the client's [low, high] (longctx.analysis.load.resident_bounds); a sample outside
+  [low (1 - margin), high (1 + margin)] is flagged with both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..specs.pool import observed_pool
+from .fits import SETTINGS
+from .load import CLIENT_HIGH, CLIENT_LOW, INTERFERENCE_COLUMNS, METRICS_COLUMNS, REQUEST_COLUMNS
+from .memory import adapter_of
+from .slo import DEFAULT_SLO, frontier, goodput
+
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+
+FIGURES = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "queue": "queue_s", "schedule_lag": "schedule_lag_s"}
+
+DEFAULT_MARGIN = 0.1
+
+
+
+def rng_for(seed: int, *keys) -> np.random.Generator:
+    """A generator of its own per figure: an interval does not depend on what else was measured."""
+    return np.random.default_rng([int(seed), *(zlib.crc32(str(k).encode()) for k in keys)])
+
+
+
+def _interval(draws: np.ndarray, level: float) -> tuple[float | None, float | None]:
+    d = draws[np.isfinite(draws)]
+    if d.size < 10:
+        return None, None
+    tail = (1 - level) / 2
+    lo, hi = np.quantile(d, [tail, 1 - tail])
+    return float(lo), float(hi)
+
+
+
+def percentiles(values, n_boot: int, level: float, rng: np.random.Generator, qs: dict = QUANTILES) -> dict:
+    """{p50: {value, low, high}, p90, p99, n} of the finite values; low and high from a percentile bootstrap
+    (None with fewer than 2 values or no resamples)."""
+    v = np.asarray(pd.to_numeric(pd.Series(values, dtype=object), errors="coerce"), float)
+    v = v[np.isfinite(v)]
+    out: dict = {"n": int(v.size)}
+    draws = None
+    if n_boot and v.size >= 2:
+        draws = np.quantile(v[rng.integers(0, v.size, size=(n_boot, v.size))], list(qs.values()), axis=1)
+    for i, (name, q) in enumerate(qs.items()):
+        lo, hi = _interval(draws[i], level) if draws is not None else (None, None)
+        out[name] = {"value": float(np.quantile(v, q)) if v.size else None, "low": lo, "high": hi}
+    return out
+
+
+
+def pooled_percentiles(lists: list[list[float]], n_boot: int, level: float, rng: np.random.Generator,
+                       batch_cells: int = 4_000_000) -> dict:
+    """percentiles of every value of every list pooled; the bootstrap resamples whole lists."""
+    lists = [np.asarray(x, float) for x in lists if len(x)]
+    pooled = np.concatenate(lists) if lists else np.array([])
+    out = percentiles(pooled, 0, level, rng)
+    out["requests"] = len(lists)
+    if not n_boot or len(lists) < 2:
+        return out
+    width = max(map(len, lists))
+    m = np.full((len(lists), width), np.nan)
+    for i, x in enumerate(lists):
+        m[i, : len(x)] = x
+    step = max(1, batch_cells // m.size)
+    draws = []
+    for start in range(0, n_boot, step):
+        idx = rng.integers(0, len(lists), size=(min(step, n_boot - start), len(lists)))
+        draws.append(np.nanquantile(m[idx].reshape(idx.shape[0], -1), list(QUANTILES.values()), axis=1))
+    d = np.concatenate(draws, axis=1)
+    for i, name in enumerate(QUANTILES):
+        out[name]["low"], out[name]["high"] = _interval(d[i], level)
+    return out
+
+
+
+def _num(x) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+
+def _reasons(rows: pd.DataFrame) -> list[str]:
+    bad = rows[~rows["status"].eq("ok")]
+    counts = bad["reason"].fillna("no reason given").astype(str).value_counts(sort=False)
+    return [r if c == 1 else f"{r} ({c})" for r, c in sorted(counts.items(), key=lambda x: (-x[1], x[0]))]
+
+
+
+def point(rows: pd.DataFrame, slo: dict, st: dict, key: tuple) -> dict:
+    """One workload point's figures (rows: its rows of load_requests.csv)."""
+    reqs = rows[rows["index"].notna()]
+    ok = reqs[reqs["status"].eq("ok")]
+    length = float(rows["length"].iloc[0])
+    duration = _num(rows["duration_s"].dropna().max()) if rows["duration_s"].notna().any() else None
+    n_boot, level, seed = st["bootstrap"], st["confidence"], st["seed"]
+    out = {"level": _level(rows["level"].iloc[0]), "length": int(length), "n": len(reqs), "ok": len(ok),
+           "failed": len(reqs) - len(ok), "reasons": _reasons(rows), "duration_s": duration,
+           "output_tokens": _num(rows["output_tokens"].dropna().median()) if rows["output_tokens"].notna().any() else None}
+    for name, column in FIGURES.items():
+        out[name] = percentiles(ok[column], n_boot, level, rng_for(seed, *key, name))
+    lists = [json.loads(x) for x in ok["itl_list_s"].dropna()] if "itl_list_s" in ok else []
+    out["itl"] = pooled_percentiles(lists, n_boot, level, rng_for(seed, *key, "itl"))
+    tokens = pd.to_numeric(ok["completion_tokens"], errors="coerce").sum()
+    out["output_tok_s"] = float(tokens) / duration if duration else None
+    out["request_s"] = len(ok) / duration if duration else None
+    out["goodput"] = goodput(reqs, slo, length, duration, level)
+    return out
+
+
+
+def _level(x):
+    v = float(x)
+    return int(v) if v.is_integer() else v
+
+
+
+def _ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float | None]:
+    A = np.column_stack([np.ones_like(x), x])
+    (a, k), *_ = np.linalg.lstsq(A, y, rcond=None)
+    ss = float(((y - y.mean()) ** 2).sum())
+    return float(a), float(k), 1 - float(((y - a - k * x) ** 2).sum()) / ss if ss > 0 else None
+
+
+
+def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
+    """The probe's points per injected length and the stall fit (None with fewer than 2 distinct x)."""
+    n_boot, level, seed = st["bootstrap"], st["confidence"], st["seed"]
+    ok = df[df["status"].eq("ok")]
+    points = []
+    for length, g in df.groupby("length", sort=True):
+        o = g[g["status"].eq("ok")]
+        med = {"p50": 0.5}
+        wg = percentiles(o["worst_gap_s"], n_boot, level, rng_for(seed, name, length, "worst_gap"), med)["p50"]
+        ex = percentiles(o["extra_s"], n_boot, level, rng_for(seed, name, length, "extra"), med)["p50"]
+        points.append({"length": int(length), "n": len(o), "failed": len(g) - len(o), "reasons": _reasons(g),
+                       "worst_gap": wg, "extra": ex, "steady_itl_s": _num(o["steady_itl_s"].median()),
+                       "window_s": _num(o["window_s"].median()), "injected_ttft_s": _num(o["injected_ttft_s"].median())})
+    chunks = pd.to_numeric(df["chunked_prefill_size"], errors="coerce")
+    chunk = int(chunks[chunks > 0].iloc[0]) if (chunks > 0).any() else None
+    L, y = ok["length"].to_numpy(float), pd.to_numeric(ok["extra_s"], errors="coerce").to_numpy(float)
+    keep = np.isfinite(L) & np.isfinite(y)
+    L, y = L[keep], y[keep]
+    x = np.ceil(L / chunk) if chunk else L
+    if len(np.unique(x)) < 2 or len(x) < 3:
+        return {"points": points, "fit": None}
+    a, k, r2 = _ols(x, y)
+    rng = rng_for(seed, name, "interference_fit")
+    draws = []
+    for _ in range(n_boot):
+        i = rng.integers(0, len(x), len(x))
+        if len(np.unique(x[i])) >= 2:
+            draws.append(_ols(x[i], y[i])[1])
+    lo, hi = _interval(np.asarray(draws, float), level) if draws else (None, None)
+    basis = "chunks" if chunk else "linear"
+    return {"points": points, "fit": {"basis": basis, "chunk": chunk, "a_s": a, "slope_s": k, "low": lo, "high": hi,
+                                      "r2": r2, "n": len(x), "per_chunk_s": k if chunk else None,
+                                      "per_token_s": None if chunk else k,
+                                      "model": "extra = a + k*ceil(L/chunk)" if chunk else "extra = a + b*L"}}
+
+
+
+def reconcile(df: pd.DataFrame, pool: int | None, margin: float) -> dict:
+    """The server's KV tokens at each sample against the client's bounds."""
+    flagged, checked, gauges = [], 0, set()
+    for (kind, level, length, trial, t), g in df.groupby(["kind", "level", "length", "trial", "t_s"], dropna=False, sort=True):
+        v = dict(zip(g["name"], pd.to_numeric(g["value"], errors="coerce")))
+        low, high = _num(v.get(CLIENT_LOW)), _num(v.get(CLIENT_HIGH))
+        server, gauge = _num(v.get("used_tokens")), "used_tokens"
+        size = _num(v.get("pool_tokens")) or pool
+        if server is None and _num(v.get("token_usage")) is not None and size:
+            server, gauge = _num(v.get("token_usage")) * size, "token_usage x pool_tokens"
+        if server is None or low is None or high is None:
+            continue
+        checked += 1
+        gauges.add(gauge)
+        if not (low * (1 - margin) <= server <= high * (1 + margin)):
+            flagged.append({"t_s": float(t), "kind": kind, "level": _level(level) if _num(level) is not None else None,
+                            "length": int(length) if _num(length) is not None else None,
+                            "trial": int(trial) if _num(trial) is not None else None,
+                            "server_tokens": server, "client_low": low, "client_high": high, "gauge": gauge})
+    return {"checked": checked, "flagged": flagged, "margin": margin,
+            "gauge": None if not gauges else gauges.pop() if len(gauges) == 1 else "mixed"}
+
+
+
+def _entry(doc: dict | None, name: str) -> dict:
+    return ((doc or {}).get("configurations") or {}).get(name) or {}
+
+
+
+def _context(entry: dict, memory: dict) -> int | None:
+    if memory.get("context_length"):
+        return int(memory["context_length"])
+    if entry.get("engine"):
+        try:
+            return adapter_of(entry).context_length(entry.get("args") or {}, entry.get("server_info") or {})
+        except (KeyError, ValueError):
+            return None
+    return None
+
+
+
+def analyze_load(requests: pd.DataFrame, interference_df: pd.DataFrame, metrics: pd.DataFrame, fits: dict | None,
+                 provenance: dict | None, planner: dict | None, settings: dict | None) -> dict:
+    settings = settings or {}
+    requests, interference_df, metrics = (df.reindex(columns=[*cols, *(c for c in df.columns if c not in cols)])
+                                          for df, cols in ((requests, REQUEST_COLUMNS), (interference_df, INTERFERENCE_COLUMNS),
+                                                           (metrics, METRICS_COLUMNS)))
+    slo = {**DEFAULT_SLO, **(settings.get("slo") or {})}
+    load = settings.get("load") or {}
+    margin = float(((load.get("metrics") or {}).get("kv_margin")) if (load.get("metrics") or {}).get("kv_margin") is not None else DEFAULT_MARGIN)
+    st = {k: ((fits or {}).get("settings") or {}).get(k, SETTINGS[k]) for k in ("bootstrap", "confidence", "seed")}
+    st.update({k: settings[k] for k in ("bootstrap", "confidence", "seed") if k in settings})
+    names = sorted(set(requests["configuration"].dropna()) | set(interference_df["configuration"].dropna())
+                   | set(metrics["configuration"].dropna()))
+    out = {"slo": slo, "settings": {**st, "kv_margin": margin}, "configurations": {}}
+    for name in names:
+        r = requests[requests["configuration"] == name]
+        conf: dict = {"failed": _reasons(r[r["kind"].isna()]), "closed": [], "open": []}
+        for kind in ("closed", "open"):
+            for (level, length), g in r[r["kind"] == kind].groupby(["level", "length"], sort=True):
+                p = point(g, slo, st, (name, kind, level, length))
+                ok = g[g["status"].eq("ok") & g["index"].notna()]
+                p["_ttft"] = pd.to_numeric(ok["ttft_s"], errors="coerce").dropna().to_numpy()
+                conf[kind].append(p)
+        i = interference_df[interference_df["configuration"] == name]
+        conf["interference"] = interference(i, st, name) if len(i) else {"points": [], "fit": None}
+        entry, memory = _entry(provenance, name), _entry(planner, name).get("memory") or {}
+        pool = observed_pool(entry)[0] or memory.get("observed_tokens")
+        outs = [p["output_tokens"] for p in conf["closed"] if p["output_tokens"] is not None]
+        out_tokens = float(np.median(outs)) if outs else float(load.get("output_tokens") or 0)
+        conf["frontier"] = frontier(conf["closed"], _entry(fits, name), pool, _context(entry, memory), slo, out_tokens)
+        conf["pool_tokens"] = pool
+        conf["reconciliation"] = reconcile(metrics[metrics["configuration"] == name], pool, margin)
+        for p in conf["closed"] + conf["open"]:
+            p.pop("_ttft")
+        out["configurations"][name] = conf
+    return out
+
+
+
+def _clean(x):
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x
+
+
+
+def analyze_file(requests_csv, interference_csv, metrics_csv, out_json, fits_json=None, provenance_json=None,
+                 planner_json=None, settings: dict | None = None) -> dict:
+    def doc(p):
+        return json.loads(Path(p).read_text()) if p and Path(p).exists() else None
+
+    result = _clean(analyze_load(pd.read_csv(requests_csv), pd.read_csv(interference_csv), pd.read_csv(metrics_csv),
+                                 doc(fits_json), doc(provenance_json), doc(planner_json), settings))
+    Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    return result
