@@ -174,15 +174,19 @@ def test_requests_that_cannot_fit_are_refused_and_the_server_keeps_serving(ref_s
 
 # --- scheduling, defragmentation, speculation ------------------------------------------------
 
-def test_a_long_chunked_prefill_does_not_stall_running_decodes():
+def test_a_long_chunked_prefill_stalls_running_decodes_unless_mixed_chunk():
+    # SGLang's scheduling (tests/test_chunked_prefill.py has the order of events chunk by chunk): the short
+    # request is admitted first; then the long one prefills 64 tokens at a time
     short, long = prompt(20, 3), prompt(1500, 4)
-    # the short request is admitted first and decodes while the long one prefills 64 tokens at a time
-    (out_short, out_long), finals, sched = run_requests([short, long], 15, chunk=64)
-    long_first_token = min(t for i, t, ev in sched.events if i == 1)
-    short_tokens_before = [ev for i, t, ev in sched.events if i == 0 and t < long_first_token]
-    assert len(short_tokens_before) == 15, "the short request should finish during the long prefill"
-    (alone,), _, _ = run_requests([long], 15)
-    assert out_long == alone
+    for mixed, expected in ((True, 15), (False, 1)):
+        (out_short, out_long), finals, sched = run_requests([short, long], 15, chunk=64, mixed_chunk=mixed)
+        long_first_token = min(t for i, t, ev in sched.events if i == 1)
+        short_tokens_before = [ev for i, t, ev in sched.events if i == 0 and t < long_first_token]
+        # mixed: it decodes one token per chunk and finishes during the long prefill; prefill first: it has
+        # its first token (from its own prefill) and waits for all the long prompt's chunks
+        assert len(short_tokens_before) == expected, f"mixed_chunk={mixed}"
+        (alone,), _, _ = run_requests([long], 15)
+        assert out_long == alone
 
 
 def test_defrag_compacts_scattered_slots_without_changing_tokens():

@@ -30,6 +30,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=8)
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
+    p.add_argument("--enable-mixed-chunk", action="store_true",
+                   help="mix the running requests' decode into each prefill chunk's batch (SGLang's flag); without it a "
+                        "prefill, every chunk of it, runs before any decode step, as in SGLang")
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="torch",
                    help="decode attention: torch, the PyTorch kernel in --kernel-dir; native, the compiled kernel "

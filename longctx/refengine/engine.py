@@ -91,9 +91,13 @@ class Engine:
                 raise ValueError("--speculative-num-draft-tokens must be at least 1")
             self.spec = SpecConfig(args.speculative_algorithm, args.speculative_num_draft_tokens,
                                    args.speculative_ngram_min_match_window_size, args.speculative_ngram_max_match_window_size)
+            if args.enable_mixed_chunk:  # as SGLang's server_args does for NGRAM (the flag reads False from then on)
+                log.warning("The mixed chunked prefill are disabled because of using ngram speculative decoding.")
+                args.enable_mixed_chunk = False
         self.metrics = EngineMetrics(args.model_path, self.pool.num_tokens) if args.enable_metrics else None
         self.scheduler = Scheduler(self.model, self.pool, self.kernel, args.chunked_prefill_size, args.max_running_requests,
-                                   spec=self.spec, defrag=args.enable_kv_defrag, metrics=self.metrics)
+                                   spec=self.spec, defrag=args.enable_kv_defrag, metrics=self.metrics,
+                                   mixed_chunk=args.enable_mixed_chunk)
 
     def server_info(self) -> dict:
         return {

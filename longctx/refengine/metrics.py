@@ -25,6 +25,8 @@ class EngineMetrics:
         self.max_total = gauge("sglang:max_total_num_tokens", "KV cache pool size in tokens")
         self.token_usage = gauge("sglang:token_usage", "Fraction of the KV pool in use")
         self.gen_throughput = gauge("sglang:gen_throughput", "Generated tokens per second (last interval)")
+        # there is no prefix cache (every prompt is prefilled in full, as with --disable-radix-cache): always 0
+        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate")
         self.spec_accept_length = gauge("sglang:spec_accept_length", "Tokens per verify step of the last finished request")
         self.prompt_tokens = Counter("sglang:prompt_tokens", "Prompt tokens processed", labels, registry=r).labels(model_name)
         self.generation_tokens = Counter("sglang:generation_tokens", "Tokens generated", labels, registry=r).labels(model_name)
@@ -44,11 +46,17 @@ class EngineMetrics:
         self.itl = Histogram("sglang:inter_token_latency_seconds", "Mean time per output token of a request",
                              labels, buckets=ITL_BUCKETS, registry=r).labels(model_name)
         self.max_total.set(max_total_tokens)
+        self.cache_hit_rate.set(0.0)
         self._max_total = max_total_tokens
         self._tokens = 0
         self._last = (time.perf_counter(), 0)
 
     def update_load(self, running: int, waiting: int, used_tokens: int) -> None:
+        """The load gauges, set by the scheduler before and after each iteration's batch and by each scrape.
+
+        ``running`` counts the request in prefill as well as the decoding ones (its prompt's pages are held;
+        SGLang, at a prefill batch, counts its running batch and leaves the request in chunked prefill out
+        of both gauges); ``waiting`` is the queue, retracted requests included."""
         self.num_running.set(running)
         self.num_queue.set(waiting)
         self.num_used_tokens.set(used_tokens)

@@ -1,10 +1,37 @@
 """Scheduler: admits requests, prefills them chunk by chunk, decodes all running requests together.
 
-One iteration runs at most one prefill chunk (--chunked-prefill-size tokens of one request),
-then one decode step for every running request, so a long prefill delays the others' decode by
-one chunk at a time, not by the whole prompt. With NGRAM speculation a decode step verifies the
-drafts of each request in one forward pass. It runs in one thread; the HTTP side hands it
-requests and receives events through each request's thread-safe ``emit``.
+Each iteration runs one batch, chosen as SGLang's ``Scheduler.get_next_batch_to_run`` chooses it
+(python/sglang/srt/managers/: scheduler.py, read at sgl-project/sglang 0003215c, and its older
+``run_step`` at d51c1c21; schedule_policy.py's ``PrefillAdder``; schedule_batch.py's ``ScheduleBatch``):
+
+- Prefill first. Whenever a prefill batch can be formed (``get_new_batch_prefill``: a request in
+  chunked prefill continues, or a waiting request is admitted), that batch runs ("Run prefill first
+  if possible") and the running requests get no decode step in that iteration. A request in chunked
+  prefill is put back into every next prefill batch (``PrefillAdder.add_chunked_req``) until its last
+  chunk, so while a long prompt is prefilled, chunk after chunk, every running stream stalls for the
+  whole prefill: the long-context interference users report. Decode (``update_running_batch``, with
+  its retraction) runs only in iterations with no prefill work: no waiting request can be admitted
+  (running at --max-running-requests, or its pages are not free) and none is in chunked prefill.
+- ``--enable-mixed-chunk`` (SGLang's flag, ``Scheduler.is_mixed_chunk``: set when chunked prefill is
+  on and the flag is given): the prefill batch takes the running requests in as one-token extends
+  (``ScheduleBatch.mix_with_running``), so they advance by one token per prefill chunk. The chunk
+  shrinks by one token per running request (``PrefillAdder``: ``rem_chunk_tokens`` less
+  ``mixed_with_decode_tokens``, the running batch size under mixing). Here the chunk and the decode
+  step are two forward passes of one iteration (SGLang runs one MIXED pass); the requests decoded are
+  those running when the chunk's batch was formed, not the one whose prefill this chunk ends. Under
+  NGRAM speculation SGLang turns mixing off with a warning (server_args.py), and so does the engine.
+
+Newer SGLang also has ``--prefill-decode-interval`` (default 0: off; ``_should_defer_prefill``), decode
+rounds forced between prefill batches; the engine does not have it.
+
+Admission differs from SGLang's in two ways, kept for simplicity: a prefill batch holds one request
+(SGLang's ``PrefillAdder`` puts several waiting requests into one prefill batch, up to the chunk
+budget), so waiting requests are prefilled one after another, still before any decode; and a request
+is admitted when the pages of its prompt are free (``PrefillAdder`` also reserves the running
+requests' expected output, ``new_token_ratio``), so the pool can run out at decode time sooner and
+retraction, below, frees it. With NGRAM speculation a decode step verifies the drafts of each request
+in one forward pass. It runs in one thread; the HTTP side hands it requests and receives events
+through each request's thread-safe ``emit``.
 
 When a decode step needs more pages than the pool has free, running requests are retracted as
 SGLang retracts them (``ScheduleBatch.retract_decode``): sorted by output length, then by shorter
@@ -78,7 +105,7 @@ def retraction_order(reqs: list[Req]) -> list[Req]:
 class Scheduler:
     def __init__(self, model: MLAModel, pool: KVPool, kernel: Kernel, chunked_prefill_size: int,
                  max_running_requests: int, spec: SpecConfig | None = None, defrag: bool = False,
-                 metrics=None):
+                 metrics=None, mixed_chunk: bool = False):
         self.model = model
         self.pool = pool
         self.kernel = kernel
@@ -87,6 +114,7 @@ class Scheduler:
         self.spec = spec
         self.defrag = defrag
         self.metrics = metrics
+        self.mixed_chunk = mixed_chunk  # --enable-mixed-chunk: running requests decode along each prefill chunk
         self.waiting: deque[Req] = deque()
         self.prefilling: Req | None = None
         self.running: list[Req] = []
@@ -116,21 +144,42 @@ class Scheduler:
                 while not self.waiting and not self.running and self.prefilling is None:
                     self.cond.wait()
                 self._admit()
+            self._update_metrics()  # a scrape during this iteration's batch sees the request admitted as running
             try:
-                if self.prefilling is not None:
-                    self._prefill_chunk(self.prefilling)
-                self.running = [r for r in self.running if not self._reap(r)]
-                if self.running:
-                    self._decode_step()
-                    self.running = [r for r in self.running if not self._reap(r)]
+                self._step()
             except Exception as exc:  # keep serving: fail the requests in flight, not the server
                 log.error("scheduler step failed: %s\n%s", exc, traceback.format_exc())
                 for req in [self.prefilling, *self.running]:
                     if req is not None and req.row >= 0:
                         self._finish(req, {"type": "abort", "message": f"engine error: {exc}"})
                 self.prefilling, self.running = None, []
-            if self.metrics:
-                self.metrics.update_load(**self.load())
+            self._update_metrics()
+
+    def _update_metrics(self) -> None:
+        if self.metrics:
+            self.metrics.update_load(**self.load())
+
+    def _step(self) -> None:
+        """One iteration's batch (SGLang's get_next_batch_to_run, then run_batch): a prefill chunk when there
+        is one (with the running requests' decode step under --enable-mixed-chunk), else a decode step."""
+        self.running = [r for r in self.running if not self._reap(r)]
+        if self.prefilling is None:
+            if self.running:
+                self._decode_step()
+        elif not self.mixed_chunk:  # prefill first: the running requests wait for the prefill batches
+            done = self._prefill_chunk(self.prefilling, self.chunk)
+            if done is not None:
+                self.running.append(done)
+        else:
+            # mix_with_running: the requests running as the batch is formed take one token each from the chunk's budget
+            done = self._prefill_chunk(self.prefilling, max(1, self.chunk - len(self.running)))
+            try:
+                if self.running:
+                    self._decode_step()
+            finally:  # the request whose prefill ended decodes from the next iteration on (SGLang merges it then)
+                if done is not None:
+                    self.running.append(done)
+        self.running = [r for r in self.running if not self._reap(r)]
 
     def _admit(self) -> None:
         while self.prefilling is None and self.waiting and len(self.running) < self.max_running:
@@ -153,23 +202,25 @@ class Scheduler:
             req.prefilled = 0
             self.prefilling = req
 
-    def _prefill_chunk(self, req: Req) -> None:
+    def _prefill_chunk(self, req: Req, budget: int) -> Req | None:
+        """Prefill the next ``budget`` tokens of ``req``; after its last chunk, its first token is out and it is
+        returned, to join the running requests."""
         if req.aborted:
             self._finish(req, {"type": "abort", "message": "client disconnected"})
             self.prefilling = None
-            return
+            return None
         n = len(req.ids)
-        start, end = req.prefilled, min(req.prefilled + self.chunk, n)
+        start, end = req.prefilled, min(req.prefilled + budget, n)
         logits = self.model.prefill_chunk(self.pool, req.row, req.ids[start:end], start)
         req.prefilled = end
         if end < n:
-            return
+            return None
         self.prefilling = None
         req.timestamps.setdefault("prefill_done", time.perf_counter())
         if self.defrag:
             self.pool.defragment(req.row, req.pages, n, len(req.input_ids) + req.max_new_tokens)
-        self.running.append(req)
         self._append(req, [int(torch.argmax(logits[-1]))])
+        return req
 
     def _decode_step(self) -> None:
         self._retract_if_full()
