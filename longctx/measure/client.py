@@ -9,11 +9,20 @@ arrives when the kernel received its bytes (Linux's receive timestamp, SO_TIMEST
 neither httpx's request set-up (about 0.5 ms on a busy 2-core machine), nor its HTTP parsing,
 nor the client being scheduled late counts. Any other httpx.Client works too, timed around the
 httpx calls.
+
+``async_timed_client()`` and ``astream_generate()`` are the same on asyncio (httpx.AsyncClient over
+our own httpcore network backend: a non-blocking socket read when the event loop says it is
+readable, with the same peek to the blank line and the same kernel stamps), for many streams on
+one event loop. Both loops feed one parser (``StreamParser``), so a stream gives the same record
+either way.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import json
+import select
 import socket
 import statistics
 import struct
@@ -93,7 +102,60 @@ def read_clocks(tries: int = 5) -> tuple[float, int]:
     return best[1], best[2]
 
 
-class WireStream(httpcore.NetworkStream):
+class _Stamps:
+    """What a timed connection notes (see WireStream), and the kernel stamp of a read made into
+    ``read_at``; shared by the blocking and the asyncio streams."""
+
+    def _start_stamps(self, sock) -> None:
+        self._sock = sock
+        self.arrival_clock = "socket"
+        if _SO_TIMESTAMPNS is not None and type(sock) is socket.socket:  # not through TLS
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                self.arrival_clock = "kernel"
+            except OSError:
+                pass
+        self.request_sent: float | None = None
+        self.read_at: float | None = None
+        self.read_stamped = False
+        self._last_stamp = 0.0
+        self._after_read = True  # HTTP/1.1 without pipelining: the first write after a read starts a request
+
+    def _writing(self, buffer: bytes) -> None:
+        """Called right before a write's first byte goes to the socket."""
+        if buffer and self._after_read:
+            self.request_sent = time.perf_counter()
+            self._after_read = False
+            self._last_stamp = 0.0
+
+    def _stamp(self, ancillary) -> None:
+        """A read just returned (with the ancillary data of recvmsg, or None where it was a plain read)."""
+        self.read_at = time.perf_counter()
+        self.read_stamped = False
+        for level, kind, payload in ancillary or ():
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(payload)
+                now, now_real_ns = read_clocks()
+                age = (now_real_ns - (sec * 1_000_000_000 + nsec)) * 1e-9
+                if age >= 0:  # else the wall clock was stepped: keep the read's own time
+                    # never before the request, nor before the previous read's bytes: bytes the kernel
+                    # kept together share one stamp, which each read converts with its own clock pair
+                    self.read_at = max(now - age, self.request_sent or 0.0, self._last_stamp)
+                    self.read_stamped = True
+                    self._last_stamp = self.read_at
+        self._after_read = True
+
+    def _read_event(self, max_bytes: int) -> tuple[bytes, list]:
+        """One recvmsg: the timestamp is that of the newest bytes read, so read one stream event at a
+        time (up to its blank line), and events waiting together keep their own where the kernel kept
+        them apart (it may merge waiting bytes and keep the newest time)."""
+        waiting = self._sock.recv(max_bytes, socket.MSG_PEEK)
+        cut = waiting.find(b"\n\n")
+        data, ancillary, _, _ = self._sock.recvmsg(cut + 2 if cut >= 0 else max_bytes, _CMSG_BYTES)
+        return data, ancillary
+
+
+class WireStream(_Stamps, httpcore.NetworkStream):
     """A connection's socket that notes when a request's first byte was written (``request_sent``)
     and when the bytes of the latest read arrived (``read_at``), both on time.perf_counter's clock.
 
@@ -107,58 +169,25 @@ class WireStream(httpcore.NetworkStream):
 
     def __init__(self, inner: httpcore.NetworkStream):
         self._inner = inner
-        self._sock = inner.get_extra_info("socket")
-        self.arrival_clock = "socket"
-        if _SO_TIMESTAMPNS is not None and type(self._sock) is socket.socket:  # not through TLS
-            try:
-                self._sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-                self.arrival_clock = "kernel"
-            except OSError:
-                pass
-        self.request_sent: float | None = None
-        self.read_at: float | None = None
-        self.read_stamped = False
-        self._last_stamp = 0.0
-        self._after_read = True  # HTTP/1.1 without pipelining: the first write after a read starts a request
+        self._start_stamps(inner.get_extra_info("socket"))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        if buffer and self._after_read:
-            self.request_sent = time.perf_counter()
-            self._after_read = False
-            self._last_stamp = 0.0
+        self._writing(buffer)
         self._inner.write(buffer, timeout)
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         if self.arrival_clock != "kernel":
             data = self._inner.read(max_bytes, timeout)
-            self.read_at = time.perf_counter()
-        else:
-            try:
-                self._sock.settimeout(timeout)
-                # The timestamp is that of the newest bytes read: read one stream event at a time
-                # (up to its blank line), so that events waiting together keep their own where the
-                # kernel kept them apart (it may merge waiting bytes and keep the newest time).
-                waiting = self._sock.recv(max_bytes, socket.MSG_PEEK)
-                cut = waiting.find(b"\n\n")
-                data, ancillary, _, _ = self._sock.recvmsg(cut + 2 if cut >= 0 else max_bytes, _CMSG_BYTES)
-            except socket.timeout as exc:
-                raise httpcore.ReadTimeout(str(exc)) from exc
-            except OSError as exc:
-                raise httpcore.ReadError(str(exc)) from exc
-            self.read_at = time.perf_counter()
-            self.read_stamped = False
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
-                    sec, nsec = _TIMESPEC.unpack_from(payload)
-                    now, now_real_ns = read_clocks()
-                    age = (now_real_ns - (sec * 1_000_000_000 + nsec)) * 1e-9
-                    if age >= 0:  # else the wall clock was stepped: keep the read's own time
-                        # never before the request, nor before the previous read's bytes: bytes the kernel
-                        # kept together share one stamp, which each read converts with its own clock pair
-                        self.read_at = max(now - age, self.request_sent or 0.0, self._last_stamp)
-                        self.read_stamped = True
-                        self._last_stamp = self.read_at
-        self._after_read = True
+            self._stamp(None)
+            return data
+        try:
+            self._sock.settimeout(timeout)
+            data, ancillary = self._read_event(max_bytes)
+        except socket.timeout as exc:
+            raise httpcore.ReadTimeout(str(exc)) from exc
+        except OSError as exc:
+            raise httpcore.ReadError(str(exc)) from exc
+        self._stamp(ancillary)
         return data
 
     def close(self) -> None:
@@ -195,6 +224,239 @@ class WireTransport(httpx.HTTPTransport):
 def timed_client(**kwargs) -> httpx.Client:
     """An httpx.Client whose streams stream_generate times at the socket (see the module's note)."""
     return httpx.Client(transport=WireTransport(), **kwargs)
+
+
+def _wake(fut: asyncio.Future, exc: BaseException | None = None) -> None:
+    if not fut.done():
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether a read would return at once (bytes waiting, or the peer closed); a closed socket is."""
+    if sock.fileno() < 0:
+        return True
+    poll = select.poll()
+    poll.register(sock.fileno(), select.POLLIN)
+    return bool(poll.poll(0))
+
+
+class AsyncWireStream(_Stamps, httpcore.AsyncNetworkStream):
+    """WireStream on asyncio: the connection's own non-blocking socket, read when the event loop says
+    it is readable (``loop.add_reader``; asyncio has no ``sock_recvmsg``) with the same peek to the blank
+    line, the same recvmsg and kernel stamp; written directly (the first byte's time is
+    ``request_sent``), waiting for writability only where the socket's buffer is full."""
+
+    def __init__(self, sock: socket.socket):
+        sock.setblocking(False)
+        self._loop = asyncio.get_running_loop()
+        self._start_stamps(sock)
+
+    async def _ready(self, add, remove, deadline: float | None, timeout_exc: type[Exception]) -> None:
+        fut = self._loop.create_future()
+        fd = self._sock.fileno()
+        add(fd, _wake, fut)
+        timer = None
+        if deadline is not None:
+            timer = self._loop.call_at(deadline, _wake, fut, timeout_exc("timed out"))
+        try:
+            await fut
+        finally:
+            remove(fd)
+            if timer is not None:
+                timer.cancel()
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        deadline = None if timeout is None else self._loop.time() + timeout
+        while True:
+            try:
+                if self.arrival_clock == "kernel":
+                    data, ancillary = self._read_event(max_bytes)
+                else:
+                    data, ancillary = self._sock.recv(max_bytes), None
+                break
+            except (BlockingIOError, InterruptedError):
+                await self._ready(self._loop.add_reader, self._loop.remove_reader, deadline, httpcore.ReadTimeout)
+            except OSError as exc:
+                raise httpcore.ReadError(str(exc)) from exc
+        self._stamp(ancillary)
+        return data
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else self._loop.time() + timeout
+        view = memoryview(buffer)
+        self._writing(buffer)
+        while view:
+            try:
+                view = view[self._sock.send(view):]
+            except (BlockingIOError, InterruptedError):
+                await self._ready(self._loop.add_writer, self._loop.remove_writer, deadline, httpcore.WriteTimeout)
+            except OSError as exc:
+                raise httpcore.WriteError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        self._sock.close()
+
+    async def start_tls(self, ssl_context, server_hostname=None, timeout=None) -> httpcore.AsyncNetworkStream:
+        """TLS through anyio's stream over this socket; timed at its reads, as WireStream is through TLS."""
+        import anyio.abc
+        import anyio.streams.tls
+
+        try:
+            with anyio.fail_after(timeout):
+                plain = await anyio.abc.SocketStream.from_socket(self._sock)
+                tls = await anyio.streams.tls.TLSStream.wrap(plain, ssl_context=ssl_context, hostname=server_hostname,
+                                                             standard_compatible=False)
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout("TLS handshake timed out") from exc
+        except (OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+            raise httpcore.ConnectError(f"TLS: {type(exc).__name__}: {exc}") from exc
+        return _AsyncTLSWire(tls)
+
+    def get_extra_info(self, info: str):
+        sock = self._sock
+        if info == "socket":
+            return sock
+        if info in ("client_addr", "server_addr"):
+            try:
+                return sock.getsockname() if info == "client_addr" else sock.getpeername()
+            except OSError:
+                return None
+        if info == "is_readable":  # the pool asks whether an idle connection was closed by the server
+            return _readable(sock)
+        return None
+
+
+class _AsyncTLSWire(_Stamps, httpcore.AsyncNetworkStream):
+    """An asyncio TLS connection (an anyio TLS stream), timed at its reads ("socket": no kernel stamps
+    through TLS) and writes."""
+
+    def __init__(self, tls):
+        import anyio
+
+        self._tls, self._anyio = tls, anyio
+        self._start_stamps(None)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        anyio = self._anyio
+        try:
+            with anyio.fail_after(timeout):
+                data = await self._tls.receive(max_bytes)
+        except anyio.EndOfStream:
+            data = b""
+        except TimeoutError as exc:
+            raise httpcore.ReadTimeout("read timed out") from exc
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise httpcore.ReadError(f"{type(exc).__name__}: {exc}") from exc
+        self._stamp(None)
+        return data
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if not buffer:
+            return
+        anyio = self._anyio
+        self._writing(buffer)
+        try:
+            with anyio.fail_after(timeout):
+                await self._tls.send(buffer)
+        except TimeoutError as exc:
+            raise httpcore.WriteTimeout("write timed out") from exc
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise httpcore.WriteError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self._tls.aclose()
+
+    def get_extra_info(self, info: str):
+        anyio = self._anyio
+        if info == "ssl_object":
+            return self._tls.extra(anyio.streams.tls.TLSAttribute.ssl_object, None)
+        if info == "socket":
+            return self._tls.extra(anyio.abc.SocketAttribute.raw_socket, None)
+        if info == "is_readable":
+            sock = self._tls.extra(anyio.abc.SocketAttribute.raw_socket, None)
+            return sock is None or _readable(sock)
+        return None
+
+
+class AsyncWireBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's asyncio network backend with AsyncWireStream connections (TCP_NODELAY, as httpcore's own)."""
+
+    async def _connect(self, family_addrs, timeout: float | None, options, bind=None) -> AsyncWireStream:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout):
+                last: OSError | None = None
+                for family, kind, proto, addr in await family_addrs():
+                    sock = socket.socket(family, kind, proto)
+                    try:
+                        sock.setblocking(False)
+                        for option in options or ():
+                            sock.setsockopt(*option)
+                        if bind is not None:
+                            sock.bind(bind)
+                        await loop.sock_connect(sock, addr)
+                    except OSError as exc:
+                        sock.close()
+                        last = exc
+                        continue
+                    except BaseException:
+                        sock.close()
+                        raise
+                    if family in (socket.AF_INET, socket.AF_INET6):
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    return AsyncWireStream(sock)
+                raise last or OSError("no address to connect to")
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(str(exc) or "connect timed out") from exc
+        except OSError as exc:
+            raise httpcore.ConnectError(str(exc)) from exc
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                          socket_options=None) -> AsyncWireStream:
+        async def addresses():
+            try:  # an address already: no resolver (asyncio's runs in a thread)
+                ip = ipaddress.ip_address(host)
+                family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+                return [(family, socket.SOCK_STREAM, 0, (host, port))]
+            except ValueError:
+                infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                return [(f, k, p, a) for f, k, p, _, a in infos]
+
+        return await self._connect(addresses, timeout, socket_options, (local_address, 0) if local_address else None)
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options=None) -> AsyncWireStream:
+        async def addresses():
+            return [(socket.AF_UNIX, socket.SOCK_STREAM, 0, path)]
+
+        return await self._connect(addresses, timeout, socket_options)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+# many streams at once on one event loop (a load client): room for them all, idle ones kept
+ASYNC_LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+
+
+class AsyncWireTransport(httpx.AsyncHTTPTransport):
+    """httpx's asyncio transport over AsyncWireStream connections."""
+
+    def __init__(self, limits: httpx.Limits = ASYNC_LIMITS):
+        super().__init__(limits=limits)
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(), max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
+            network_backend=AsyncWireBackend(),
+        )
+
+
+def async_timed_client(**kwargs) -> httpx.AsyncClient:
+    """An httpx.AsyncClient whose streams astream_generate times at the socket, as timed_client's
+    (``limits``: the connection pool's, ASYNC_LIMITS by default; other arguments go to httpx.AsyncClient)."""
+    return httpx.AsyncClient(transport=AsyncWireTransport(kwargs.pop("limits", ASYNC_LIMITS)), **kwargs)
 
 
 @dataclass
@@ -319,63 +581,134 @@ def _count_openai(rec: StreamRecord, seen: int, rule: str) -> None:
         rec.tokens_estimated = True
 
 
+class StreamParser:
+    """One stream's bytes into its StreamRecord as they arrive, the same for the blocking and the
+    asyncio loops: ``feed(raw, arrival, seen)`` for each piece read (its arrival time at the socket,
+    and when the loop got it), split into SSE events at the blank line; [DONE], error events, SGLang's
+    cumulative counts or OpenAI's chunks (``events`` the rule, EVENT_RULES); ``finish()`` at the
+    stream's end (no [DONE] is an error; OpenAI counts checked against the server's)."""
+
+    def __init__(self, rec: StreamRecord, api: str = "sglang", events: str = "every", deadline: float | None = None,
+                 timeout_s: float | None = None):
+        self.rec, self.api, self.events = rec, api, events
+        self.deadline, self.timeout_s = deadline, timeout_s
+        self.seen_tokens = 0
+        self._buf = b""
+
+    def feed(self, raw: bytes, now: float, seen: float) -> bool:
+        """Take one read's bytes; False where the request is past its deadline (its error then set)."""
+        rec = self.rec
+        self._buf += raw
+        while (cut := self._buf.find(b"\n\n")) >= 0:
+            event, self._buf = self._buf[:cut], self._buf[cut + 2 :]
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    rec.t_done = now
+                    continue
+                obj = json.loads(data)
+                if "error" in obj:
+                    err = obj["error"]
+                    rec.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+                    continue
+                total = _sglang_event(rec, obj) if self.api == "sglang" else _openai_event(rec, obj, self.seen_tokens, self.events)
+                if total is not None and total > self.seen_tokens:
+                    rec.event_times.append(now)
+                    rec.event_seen.append(seen)
+                    rec.event_tokens.append(total - self.seen_tokens)
+                    rec.event_sent.append((obj.get("meta_info") or obj).get("sent_ts"))  # SGLang-style or top level
+                    self.seen_tokens = total
+        if self.deadline is not None and seen > self.deadline:
+            rec.error = f"request exceeded its {self.timeout_s:.0f} s timeout"
+            return False
+        return True
+
+    def finish(self) -> None:
+        rec = self.rec
+        if rec.t_done is None and rec.error is None:
+            rec.error = "the stream ended without [DONE]"
+        if self.api == "openai":
+            _count_openai(rec, self.seen_tokens, self.events)
+
+
+_HEADERS = {"Content-Type": "application/json"}
+
+
+def _begin(rec: StreamRecord, timeout_s: float, api: str, events: str) -> tuple[StreamParser, httpx.Timeout]:
+    rec.t_sent = rec.t_call = time.perf_counter()
+    return StreamParser(rec, api, events, rec.t_sent + timeout_s, timeout_s), httpx.Timeout(timeout_s, connect=10.0)
+
+
+def _opened(rec: StreamRecord, resp: httpx.Response):
+    """The response's headers are in: its status, and the timed connection where there is one."""
+    rec.http_status = resp.status_code
+    wire = resp.extensions.get("network_stream")
+    if isinstance(wire, _Stamps) and wire.request_sent is not None:
+        rec.t_sent, rec.arrival_clock = wire.request_sent, wire.arrival_clock
+        return wire
+    return None
+
+
+def _http_error(rec: StreamRecord, status: int, body: bytes) -> None:
+    rec.error = f"HTTP {status}: {body.decode(errors='replace')[:500]}"
+
+
+def _failure(exc: Exception, timeout_s: float) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out after {timeout_s:.0f} s ({type(exc).__name__})"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"unparsable stream event: {exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: float, api: str = "sglang",
                     events: str = "every") -> StreamRecord:
     """POST a streaming request (SGLang /generate or OpenAI /v1/completions) and time every event;
     `events` says which OpenAI events are tokens (EVENT_RULES)."""
     rec = StreamRecord()
-    seen_tokens = 0
-    buf = b""
-    timeout = httpx.Timeout(timeout_s, connect=10.0)
     try:
-        rec.t_sent = rec.t_call = time.perf_counter()
-        deadline = rec.t_sent + timeout_s
-        with client.stream("POST", url, content=body, headers={"Content-Type": "application/json"}, timeout=timeout) as resp:
-            rec.http_status = resp.status_code
-            wire = resp.extensions.get("network_stream")
-            if isinstance(wire, WireStream) and wire.request_sent is not None:
-                rec.t_sent, rec.arrival_clock = wire.request_sent, wire.arrival_clock
-            else:
-                wire = None
+        parser, timeout = _begin(rec, timeout_s, api, events)
+        with client.stream("POST", url, content=body, headers=_HEADERS, timeout=timeout) as resp:
+            wire = _opened(rec, resp)
             if resp.status_code != 200:
-                rec.error = f"HTTP {resp.status_code}: {resp.read().decode(errors='replace')[:500]}"
+                _http_error(rec, resp.status_code, resp.read())
                 return rec
             for raw in resp.iter_raw():
                 seen = time.perf_counter()
-                now = wire.read_at if wire is not None else seen
-                buf += raw
-                while (cut := buf.find(b"\n\n")) >= 0:
-                    event, buf = buf[:cut], buf[cut + 2 :]
-                    for line in event.split(b"\n"):
-                        if not line.startswith(b"data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == b"[DONE]":
-                            rec.t_done = now
-                            continue
-                        obj = json.loads(data)
-                        if "error" in obj:
-                            err = obj["error"]
-                            rec.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-                            continue
-                        total = _sglang_event(rec, obj) if api == "sglang" else _openai_event(rec, obj, seen_tokens, events)
-                        if total is not None and total > seen_tokens:
-                            rec.event_times.append(now)
-                            rec.event_seen.append(seen)
-                            rec.event_tokens.append(total - seen_tokens)
-                            rec.event_sent.append((obj.get("meta_info") or obj).get("sent_ts"))  # SGLang-style or top level
-                            seen_tokens = total
-                if seen > deadline:
-                    rec.error = f"request exceeded its {timeout_s:.0f} s timeout"
+                if not parser.feed(raw, wire.read_at if wire is not None else seen, seen):
                     return rec
-        if rec.t_done is None and rec.error is None:
-            rec.error = "the stream ended without [DONE]"
-        if api == "openai":
-            _count_openai(rec, seen_tokens, events)
-    except httpx.TimeoutException as exc:
-        rec.error = f"timed out after {timeout_s:.0f} s ({type(exc).__name__})"
-    except httpx.HTTPError as exc:
-        rec.error = f"{type(exc).__name__}: {exc}"
-    except json.JSONDecodeError as exc:
-        rec.error = f"unparsable stream event: {exc}"
+        parser.finish()
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        rec.error = _failure(exc, timeout_s)
+    return rec
+
+
+CANCELLED = "cancelled by the client"
+
+
+async def astream_generate(client: httpx.AsyncClient, url: str, body: bytes, timeout_s: float, api: str = "sglang",
+                           events: str = "every", record: StreamRecord | None = None) -> StreamRecord:
+    """stream_generate on asyncio (a client from async_timed_client times at the socket), filling
+    `record` (a new StreamRecord if None) as events arrive: if the task is cancelled, the record keeps
+    every event that arrived, its error is CANCELLED and t_done None, and the CancelledError goes on."""
+    rec = record if record is not None else StreamRecord()
+    try:
+        parser, timeout = _begin(rec, timeout_s, api, events)
+        async with client.stream("POST", url, content=body, headers=_HEADERS, timeout=timeout) as resp:
+            wire = _opened(rec, resp)
+            if resp.status_code != 200:
+                _http_error(rec, resp.status_code, await resp.aread())
+                return rec
+            async for raw in resp.aiter_raw():
+                seen = time.perf_counter()
+                if not parser.feed(raw, wire.read_at if wire is not None else seen, seen):
+                    return rec
+        parser.finish()
+    except asyncio.CancelledError:
+        rec.error, rec.t_done = CANCELLED, None
+        raise
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        rec.error = _failure(exc, timeout_s)
     return rec

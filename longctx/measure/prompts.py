@@ -29,7 +29,7 @@ import httpx
 import numpy as np
 
 from ..core.errors import ConfigError
-from .client import EVENT_RULES, StreamRecord, request_body, stream_generate
+from .client import EVENT_RULES, StreamRecord, astream_generate, request_body, stream_generate
 from .workload import PREFIX_TOKENS, prompt_ids
 
 log = logging.getLogger("longctx.measure.prompts")
@@ -200,7 +200,17 @@ class Prompter:
         """One timed request of `length` tokens: its summary, the counts completed where the server gave
         none (the prompt as built plus the tokens the server adds, the events as counted), with their
         source (usage_source "server" or "client"); event counts the probe could not check are estimated."""
-        rec = stream_generate(client, url, body, timeout_s, self.api, self.plan.events)
+        return self.completed(stream_generate(client, url, body, timeout_s, self.api, self.plan.events), length)
+
+    async def agenerate(self, client: httpx.AsyncClient, url: str, body: bytes, timeout_s: float, length: int,
+                        record: StreamRecord | None = None) -> dict:
+        """generate on asyncio (client.astream_generate, `record` filled as events arrive; a cancelled
+        request raises CancelledError and leaves what it got in `record`)."""
+        rec = await astream_generate(client, url, body, timeout_s, self.api, self.plan.events, record=record)
+        return self.completed(rec, length)
+
+    def completed(self, rec: StreamRecord, length: int) -> dict:
+        """A finished request's summary with its counts completed as planned (see generate)."""
         summary = rec.summary()
         summary["usage_source"] = "server" if summary["prompt_tokens"] is not None else "client"
         if summary["prompt_tokens"] is None and rec.ok:
