@@ -118,10 +118,13 @@ def test_client_resident_bounds_by_hand():
     # A: prompt 100, sent 0, tokens at 1.0, 1.5, 2.0; B: prompt 50, sent 0.5, first token at 3.0; pages of 16
     a = {"sent_s": 0.0, "prompt_tokens": 100, "event_times": [1.0, 1.5, 2.0], "event_tokens": [1, 1, 1], "e2e_s": 2.0}
     b = {"sent_s": 0.5, "prompt_tokens": 50, "event_times": [3.0, 3.5], "event_tokens": [1, 1], "e2e_s": 3.0}
-    # at 1.6: A holds 100 + 2 -> 112 (7 pages); B is sent without a first token: up to 64 more
+    # at 1.6: A holds at least 100 + 2 - 1 (7 pages: 112), at most 100 + 2 + 1 (112); B is sent without a
+    # first token: at most 50 + 1 (64) more
     assert resident_bounds([a, b], 1.6, 16) == (112, 176)
-    assert resident_bounds([a, b], 0.2, 1) == (0, 100)  # only A sent, no token yet
+    assert resident_bounds([a, b], 1.6, 1) == (101, 103 + 51)
+    assert resident_bounds([a, b], 0.2, 1) == (0, 101)  # only A sent, no token yet
     assert resident_bounds([a, b], 4.0, 1) == (0, 0)  # both done
+    assert resident_bounds([{**a, "ended_by_client": True}], 9.0, 1) == (0, 103)  # the server may hold it still
 
 
 def test_reconciliation_flags_the_disagreeing_gauge(tmp_path):
@@ -209,9 +212,9 @@ def test_aggregate_load_with_a_failed_request_a_missing_file_and_interference(tm
     v = inter_df.iloc[0]
     assert (v["status"], v["chunked_prefill_size"]) == ("ok", 2048)
     assert (v["worst_gap_s"], v["extra_s"], v["window_s"]) == (pytest.approx(0.7), pytest.approx(0.6), pytest.approx(0.55))
-    # at 1.0: the victim holds 64 + 6 tokens; the injected one has its first token at 1.0: 4096 + 1
+    # at 1.0: the victim has received 6 tokens, the injected one its first: at least 64 + 5 and 4096 + 0
     at = met[met["t_s"] == 1.0].set_index("name")["value"]
-    assert at["client_resident_low"] == 64 + 6 + 4096 + 1 and at["used_tokens"] == 4200
+    assert at["client_resident_low"] == 64 + 5 + 4096 and at["used_tokens"] == 4200
     # and the analysis reads them: the missing file's configuration says why
     settings = json.dumps({"slo": {"ttft_s": 1.0}, "load": {"output_tokens": 4}})
     rc = cli.main(["analyze-load", "--requests", str(out[0]), "--interference", str(out[1]), "--metrics", str(out[2]),
@@ -222,3 +225,32 @@ def test_aggregate_load_with_a_failed_request_a_missing_file_and_interference(tm
     a = doc["configurations"]["a"]
     assert a["closed"][0]["goodput"]["share"] == 0.5 and a["interference"]["points"][0]["worst_gap"]["value"] == pytest.approx(0.7)
     assert a["reconciliation"]["checked"] == 1 and a["reconciliation"]["flagged"] == []
+
+
+def test_open_loop_lag_a_point_never_measured_and_a_configuration_without_load(tmp_path):
+    # open loop: 4 requests scheduled 0.25 s apart, sent 1, 2, 3 and 10 ms late
+    reqs = [stream(i, 0.25 * i + lag, 0.125, scheduled_s=0.25 * i, schedule_lag_s=lag)
+            for i, lag in enumerate((0.001, 0.002, 0.003, 0.010))]
+    open_point = {**closed(None, 256, reqs, duration=2.0), "kind": "open", "rate": 4.0, "arrival": "poisson"}
+    open_point.pop("concurrency")
+    # the runner's point after the server was lost: kind, length, level, status, reason, no requests
+    lost = {"kind": "closed", "length": 512, "level": 2, "status": "failed", "reason": "not measured: the server died",
+            "requests": []}
+    path = raw_file(tmp_path, "a", [open_point, closed(2, 256, [stream(0, 0.0, 0.125)]), lost])
+    d = tmp_path / "raw" / "b"
+    d.mkdir(parents=True)
+    (d / "load.json").write_text(json.dumps({"format": "longctx.load/1", "configuration": "b", "status": "not configured",
+                                             "reason": None, "workloads": []}))
+    req, inter, met = tables(tmp_path, [path, d / "load.json"])
+    assert set(req["configuration"]) == {"a"}  # nothing configured is nothing failed
+    doc = analyze_load(req, inter, met, None, None, None, {**SETTINGS, "slo": {"ttft_s": 1.0}})
+    a = doc["configurations"]["a"]
+    o = a["open"][0]
+    assert (o["level"], o["n"]) == (4, 4)
+    assert o["schedule_lag"]["p50"]["value"] == pytest.approx(0.0025)  # between 2 and 3 ms
+    assert o["schedule_lag"]["p99"]["value"] == pytest.approx(0.003 + 0.97 * 0.007)
+    lost_point = next(p for p in a["closed"] if p["length"] == 512)
+    assert (lost_point["n"], lost_point["reasons"], lost_point["goodput"]["share"]) == (0, ["not measured: the server died"], None)
+    f = a["frontier"][0]
+    assert (f["concurrency"], f["passes"], f["fails"], f["max_length"], f["basis"]) == (2, [256], [512], 256, "measured")
+    assert f["limited_by"] == "failures"

@@ -15,7 +15,7 @@
   extra_s the sum over the gaps overlapping it of (gap - steady): the time the stream lost to the
   injection (a gap shorter than steady gives some back).
 - data/load_metrics.csv: the server's /metrics samples, one row per (sample, name), and at each sample
-  time what the client knows is resident (client_resident_low, client_resident_high, tokens; resident_tokens).
+  time what the client knows is resident (client_resident_low, client_resident_high, tokens: resident_bounds).
 """
 
 from __future__ import annotations
@@ -91,7 +91,10 @@ def page_size(provenance: dict) -> int:
 
 
 def _level(w: dict):
-    return w.get("concurrency") if w.get("kind") == "closed" else w.get("rate") if w.get("kind") == "open" else w.get("background")
+    """A point's level: its concurrency (closed) or rate (open), the background streams (interference); a
+    point the runner could not measure says only `level`."""
+    key = {"closed": "concurrency", "open": "rate", "interference": "background"}.get(w.get("kind"))
+    return w.get(key) if w.get(key) is not None else None if w.get("kind") == "interference" else w.get("level")
 
 
 def _request_row(base: dict, r: dict) -> dict:
@@ -127,14 +130,23 @@ def _end(r: dict) -> float | None:
 
 def resident_bounds(requests: list[dict], t: float, page: int, prompt_default: int | None = None,
                     horizon: float | None = None) -> tuple[int, int]:
-    """What the client knows of the tokens resident in the server's KV pool at time t (offset from t0):
-    low = sum over the requests that have their first token and have not received their last of
-    (prompt_tokens + tokens received so far), each rounded up to the page size; high = low + the prompts
-    of the requests sent and without a first token yet (until their stream ended, else until horizon) +
-    the whole of those whose last token came and whose stream has not ended yet (each rounded up)."""
+    """What the client knows of the tokens resident in the server's KV pool at time t (offset from t0), as
+    (low, high), each request rounded up to the page size:
+
+    - a request that has its first token and not its last: at least prompt_tokens + the tokens received
+      so far - 1 (the last token received has its KV written at the next step), at most prompt_tokens +
+      received + one step's tokens (the server allocates the step it is computing before the client sees
+      it; a step's tokens: the request's largest event);
+    - one sent without a first token yet: at most its prompt + one step (nothing at least: it may still
+      wait in the queue); a failed one without events until its stream ended, else until horizon;
+    - one whose last token came: at most its prompt and tokens until its stream ended; one the client
+      ended itself (ended_by_client: an interference stream) at most that for good, the client does not
+      know when the server noticed.
+    The reference engine showed each of the three margins (a slot allocated before the first token
+    arrives; a first token counted before its KV is; a cancelled stream held after the client left)."""
 
     def pages(n: float) -> int:
-        return int(math.ceil(n / page) * page)
+        return int(math.ceil(max(n, 0) / page) * page)
 
     low = high = 0
     for r in requests:
@@ -143,17 +155,19 @@ def resident_bounds(requests: list[dict], t: float, page: int, prompt_default: i
             continue
         prompt = _num(r.get("prompt_tokens"))
         prompt = prompt if prompt is not None else (prompt_default or 0)
-        times, tokens = r.get("event_times") or [], r.get("event_tokens") or []
+        times, tokens = r.get("event_times") or [], [int(k or 0) for k in r.get("event_tokens") or []]
+        step = max(tokens, default=1) or 1
         end = _end(r)
         if times and times[0] <= t:
-            got = sum(int(k or 0) for x, k in zip(times, tokens) if x <= t)
+            got = sum(k for x, k in zip(times, tokens) if x <= t)
             if t < times[-1]:
-                low += pages(prompt + got)
-            elif end is not None and t < end:
+                low += pages(prompt + got - 1)
+                high += pages(prompt + got + step)
+            elif r.get("ended_by_client") or (end is not None and t < end):
                 high += pages(prompt + got)
         elif times or t < (end if end is not None else horizon if horizon is not None else math.inf):
-            high += pages(prompt)  # sent, no first token yet (a failed one: until its stream ended)
-    return low, low + high
+            high += pages(prompt + step)
+    return low, high
 
 
 def _metric_rows(base: dict, w: dict, requests: list[dict], page: int, prompt_default: int | None) -> list[dict]:
@@ -193,7 +207,8 @@ def victim_figures(victim: dict, sent: float, first: float) -> dict:
 
 
 def _interference_rows(base: dict, w: dict) -> list[dict]:
-    base = {**base, **{k: w.get(k) for k in ("length", "background", "background_length", "chunked_prefill_size", "trial")}}
+    base = {**base, **{k: w.get(k) for k in ("length", "background", "background_length", "chunked_prefill_size")},
+            "trial": w.get("trial", w.get("level"))}  # a point not measured names its trial `level`
     inj = w.get("injected") or {}
     victims = w.get("victims") or []
     if not victims:
@@ -223,6 +238,8 @@ def raw_rows(path: Path) -> tuple[list[dict], list[dict], list[dict]]:
         return [{"configuration": configuration, "status": "failed", "reason": f"unreadable raw file {path} ({problem})"}], [], []
     configuration = raw.get("configuration") or configuration
     workloads = raw.get("workloads") or []
+    if not workloads and raw.get("status") == "not configured":  # no load workloads for this configuration
+        return [], [], []
     if not workloads:
         return [{"configuration": configuration, "status": raw.get("status") or "failed",
                  "reason": raw.get("reason") or "no workload was run"}], [], []
@@ -234,7 +251,7 @@ def raw_rows(path: Path) -> tuple[list[dict], list[dict], list[dict]]:
         if kind == "interference":
             interference += _interference_rows({"configuration": configuration}, w)
             streams = [x for x in [w.get("injected")] if x] + list(w.get("victims") or [])
-            metrics += _metric_rows({**base, "trial": w.get("trial")}, w, streams, page, None)
+            metrics += _metric_rows({**base, "trial": w.get("trial", w.get("level"))}, w, streams, page, None)
             continue
         rs = w.get("requests") or []
         point = {**base, "output_tokens": w.get("output_tokens"), "duration_s": _span(w, rs)}

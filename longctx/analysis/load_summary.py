@@ -275,7 +275,9 @@ def _clean(x):
         return {str(k): _clean(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_clean(v) for v in x]
-    if isinstance(x, (np.integer,)):
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, np.integer):
         return int(x)
     if isinstance(x, (float, np.floating)):
         return float(x) if math.isfinite(x) else None

@@ -87,7 +87,7 @@ def goodput(rows: pd.DataFrame, slo: dict, length: float, duration: float | None
 def _binding(p: dict) -> str:
     """What failed a point: the SLO with the lowest share, or its failed requests."""
     g = p["goodput"]
-    if not g["keys"]:
+    if not g["keys"] or not g["n"]:
         return "failures"
     key = min(g["keys"], key=lambda k: g["keys"][k])
     return "failures" if g["keys"][key] >= (g["ok_share"] or 0) else SLO_KEYS[key][1]
