@@ -177,9 +177,19 @@ def test_the_frontier_measured_model_and_pool_bound():
     assert (f[4]["basis"], f[4]["max_length"], f[4]["limited_by"], f[4]["fails"]) == ("measured", 1024, "ttft", [32768])
     # c = 8: the model's 16384 does not fit the pool: 8 x (L + 32) <= 100000
     assert (f[8]["max_length"], f[8]["limited_by"]) == (100_000 // 8 - 32, "pool")
-    # the decode model: t0 + beta x c x L <= 3/64 holds to c L = 2^15, L = 8192 at c = 4
-    f = _frontier(at(4, 1024) + at(4, 2048), fits, {"tpot_s": 3 / 64, "attainment": 0.9})
-    assert (f[4]["basis"], f[4]["max_length"], f[4]["limited_by"]) == ("model", 8192, "tpot")
+    assert f[2]["ratios"] == {"ttft": pytest.approx(2.0)} and f[2]["clipped"] is False
+    # only a fail measured (TTFT 20 x the fit at 1024: 5 s): the model 20 x (0.125 + L / 8192) <= 4.25 holds
+    # to L = 716.8, below the fail
+    f = _frontier(at(2, 1024, ratio=20.0), fits, {"ttft_s": 4.25, "attainment": 0.9})
+    assert (f[2]["basis"], f[2]["max_length"], f[2]["limited_by"], f[2]["clipped"]) == ("model", 716, "ttft", False)
+    # the decode model: TPOTs measured at 1.5 x (t0 + beta c L); 1.5 x (1/64 + 4 L / 2^20) <= 3/64 holds to
+    # 4 L / 2^20 = 1/64, L = 4096 at c = 4
+    def tpot(L):
+        return _point_rows(4, L, [0.25] * 4, tpot=1.5 * (1 / 64 + 4 * L / 2**20))
+
+    f = _frontier(tpot(512) + tpot(1024), fits, {"tpot_s": 3 / 64, "attainment": 0.9})
+    assert (f[4]["basis"], f[4]["max_length"], f[4]["limited_by"]) == ("model", 4096, "tpot")
+    assert f[4]["ratios"] == {"tpot": pytest.approx(1.5)}
 
 
 def test_the_frontier_without_fits_is_the_measurement_and_the_pool():

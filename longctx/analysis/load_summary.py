@@ -43,11 +43,9 @@ FIGURES = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "queue": "queue_s
 DEFAULT_MARGIN = 0.1
 
 
-
 def rng_for(seed: int, *keys) -> np.random.Generator:
     """A generator of its own per figure: an interval does not depend on what else was measured."""
     return np.random.default_rng([int(seed), *(zlib.crc32(str(k).encode()) for k in keys)])
-
 
 
 def _interval(draws: np.ndarray, level: float) -> tuple[float | None, float | None]:
@@ -57,7 +55,6 @@ def _interval(draws: np.ndarray, level: float) -> tuple[float | None, float | No
     tail = (1 - level) / 2
     lo, hi = np.quantile(d, [tail, 1 - tail])
     return float(lo), float(hi)
-
 
 
 def percentiles(values, n_boot: int, level: float, rng: np.random.Generator, qs: dict = QUANTILES) -> dict:
@@ -73,7 +70,6 @@ def percentiles(values, n_boot: int, level: float, rng: np.random.Generator, qs:
         lo, hi = _interval(draws[i], level) if draws is not None else (None, None)
         out[name] = {"value": float(np.quantile(v, q)) if v.size else None, "low": lo, "high": hi}
     return out
-
 
 
 def pooled_percentiles(lists: list[list[float]], n_boot: int, level: float, rng: np.random.Generator,
@@ -100,7 +96,6 @@ def pooled_percentiles(lists: list[list[float]], n_boot: int, level: float, rng:
     return out
 
 
-
 def _num(x) -> float | None:
     try:
         v = float(x)
@@ -109,12 +104,10 @@ def _num(x) -> float | None:
     return v if math.isfinite(v) else None
 
 
-
 def _reasons(rows: pd.DataFrame) -> list[str]:
     bad = rows[~rows["status"].eq("ok")]
     counts = bad["reason"].fillna("no reason given").astype(str).value_counts(sort=False)
     return [r if c == 1 else f"{r} ({c})" for r, c in sorted(counts.items(), key=lambda x: (-x[1], x[0]))]
-
 
 
 def point(rows: pd.DataFrame, slo: dict, st: dict, key: tuple) -> dict:
@@ -138,11 +131,9 @@ def point(rows: pd.DataFrame, slo: dict, st: dict, key: tuple) -> dict:
     return out
 
 
-
 def _level(x):
     v = float(x)
     return int(v) if v.is_integer() else v
-
 
 
 def _ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float | None]:
@@ -150,7 +141,6 @@ def _ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float | None]:
     (a, k), *_ = np.linalg.lstsq(A, y, rcond=None)
     ss = float(((y - y.mean()) ** 2).sum())
     return float(a), float(k), 1 - float(((y - a - k * x) ** 2).sum()) / ss if ss > 0 else None
-
 
 
 def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
@@ -189,7 +179,6 @@ def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
                                       "model": "extra = a + k*ceil(L/chunk)" if chunk else "extra = a + b*L"}}
 
 
-
 def reconcile(df: pd.DataFrame, pool: int | None, margin: float) -> dict:
     """The server's KV tokens at each sample against the client's bounds."""
     flagged, checked, gauges = [], 0, set()
@@ -213,10 +202,8 @@ def reconcile(df: pd.DataFrame, pool: int | None, margin: float) -> dict:
             "gauge": None if not gauges else gauges.pop() if len(gauges) == 1 else "mixed"}
 
 
-
 def _entry(doc: dict | None, name: str) -> dict:
     return ((doc or {}).get("configurations") or {}).get(name) or {}
-
 
 
 def _context(entry: dict, memory: dict) -> int | None:
@@ -228,7 +215,6 @@ def _context(entry: dict, memory: dict) -> int | None:
         except (KeyError, ValueError):
             return None
     return None
-
 
 
 def analyze_load(requests: pd.DataFrame, interference_df: pd.DataFrame, metrics: pd.DataFrame, fits: dict | None,
@@ -252,7 +238,8 @@ def analyze_load(requests: pd.DataFrame, interference_df: pd.DataFrame, metrics:
             for (level, length), g in r[r["kind"] == kind].groupby(["level", "length"], sort=True):
                 p = point(g, slo, st, (name, kind, level, length))
                 ok = g[g["status"].eq("ok") & g["index"].notna()]
-                p["_ttft"] = pd.to_numeric(ok["ttft_s"], errors="coerce").dropna().to_numpy()
+                p["_values"] = {c: pd.to_numeric(ok[c], errors="coerce").dropna().to_numpy()
+                               for c in ("ttft_s", "itl_max_s", "tpot_s")}  # the frontier's model scales by them
                 conf[kind].append(p)
         i = interference_df[interference_df["configuration"] == name]
         conf["interference"] = interference(i, st, name) if len(i) else {"points": [], "fit": None}
@@ -264,10 +251,9 @@ def analyze_load(requests: pd.DataFrame, interference_df: pd.DataFrame, metrics:
         conf["pool_tokens"] = pool
         conf["reconciliation"] = reconcile(metrics[metrics["configuration"] == name], pool, margin)
         for p in conf["closed"] + conf["open"]:
-            p.pop("_ttft")
+            p.pop("_values")
         out["configurations"][name] = conf
     return out
-
 
 
 def _clean(x):
@@ -282,7 +268,6 @@ def _clean(x):
     if isinstance(x, (float, np.floating)):
         return float(x) if math.isfinite(x) else None
     return x
-
 
 
 def analyze_file(requests_csv, interference_csv, metrics_csv, out_json, fits_json=None, provenance_json=None,

@@ -13,8 +13,10 @@ at each concurrency). longctx.analysis.load_summary applies them to the tables o
   (basis "measured"; limited_by the SLO with the lowest share at the fail, or "failures" where failed
   requests alone explain it). Else a model (basis "model"): TTFT_c(L) = r_c TTFT_1(L), TTFT_1 the prefill
   fit of fits.json and r_c the median over c's measured lengths of the attainment quantile of their TTFTs
-  over TTFT_1; a decode step (for itl_s and tpot_s) t0 + beta c L from the decode fit (the KV reads of all
-  c requests); the longest L meeting them, kept between the longest pass and the shortest fail above it.
+  over TTFT_1 (the quantile, not the median: a point passes when that share of its requests meets the
+  SLO); for itl_s and tpot_s the decode step t0 + beta c L of the decode fit (the KV reads of all c
+  requests), scaled alike by its own r_c (ratios: each r_c); the longest L meeting them, kept between the
+  longest pass and the shortest fail above it (clipped: true where the model said otherwise).
   Every answer is capped by the pool, c (L + output_tokens) <= pool tokens, and the context length,
   L + output_tokens <= context (limited_by "pool" or "context"). Where a fit an SLO needs is missing:
   only the measured answer (the longest pass, with open_above: nothing above it failed) and the pool.
@@ -35,7 +37,6 @@ SLO_KEYS = {"ttft_s": ("ttft_s", "ttft"), "itl_s": ("itl_max_s", "itl"), "tpot_s
 DEFAULT_SLO = {"ttft_s": None, "itl_s": None, "tpot_s": None, "attainment": 0.9}
 
 
-
 def slo_at(value, length: float) -> float | None:
     """An SLO's limit at a length: a number, or a {length: value} map (the entry of the largest length not
     above L, as config/schema.yaml says; below the smallest, the smallest's); None where it is not set."""
@@ -50,7 +51,6 @@ def slo_at(value, length: float) -> float | None:
     return below[-1] if below else pts[0][1]
 
 
-
 def wilson(k: int, n: int, level: float) -> tuple[float | None, float | None]:
     """The Wilson score interval of a share k / n."""
     if n <= 0:
@@ -60,7 +60,6 @@ def wilson(k: int, n: int, level: float) -> tuple[float | None, float | None]:
     mid = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return max(0.0, mid - half), min(1.0, mid + half)
-
 
 
 def goodput(rows: pd.DataFrame, slo: dict, length: float, duration: float | None, level: float) -> dict:
@@ -83,7 +82,6 @@ def goodput(rows: pd.DataFrame, slo: dict, length: float, duration: float | None
             "rate_s": k / duration if duration else None}
 
 
-
 def _binding(p: dict) -> str:
     """What failed a point: the SLO with the lowest share, or its failed requests."""
     g = p["goodput"]
@@ -91,7 +89,6 @@ def _binding(p: dict) -> str:
         return "failures"
     key = min(g["keys"], key=lambda k: g["keys"][k])
     return "failures" if g["keys"][key] >= (g["ok_share"] or 0) else SLO_KEYS[key][1]
-
 
 
 def frontier(points: list[dict], fit: dict, pool: int | None, context: int | None, slo: dict,
@@ -118,14 +115,15 @@ def frontier(points: list[dict], fit: dict, pool: int | None, context: int | Non
         else:
             modelled = _model(pts, c, prefill, decode, slo, att, cap, cap_by)
             if modelled is not None:
-                L, by = modelled
+                L, by, row["ratios"] = modelled
                 lo = max(passes) if passes else None
                 hi = min((f for f in fails if lo is None or f > lo), default=None)
+                clipped = False
                 if lo is not None and (L is None or L < lo):  # the measurements win over the model
-                    L = lo
+                    L, clipped = lo, True
                 if hi is not None and (L is None or L >= hi):
-                    L, by = hi - 1, _binding(next(p for p in pts if p["length"] == hi))
-                row.update(max_length=L, basis="model", limited_by=by)
+                    L, by, clipped = hi - 1, _binding(next(p for p in pts if p["length"] == hi)), True
+                row.update(max_length=L, basis="model", limited_by=by, clipped=clipped)
             elif passes:
                 row.update(max_length=max(passes), open_above=True)
         if cap is not None and row["max_length"] is not None and row["max_length"] > cap:
@@ -134,39 +132,44 @@ def frontier(points: list[dict], fit: dict, pool: int | None, context: int | Non
     return out
 
 
-
 def _model(pts: list[dict], c: int, prefill: dict | None, decode: dict | None, slo: dict, att: float,
-           cap: int | None, cap_by: str | None) -> tuple[int | None, str | None] | None:
-    """(the longest L the model meets the SLOs to, what binds there), or None where a fit is missing."""
-    keys = [k for k in SLO_KEYS if slo_at(slo.get(k), 1) is not None]
-    if "ttft_s" in keys and not prefill or {"itl_s", "tpot_s"} & set(keys) and not decode:
-        return None
-    checks = []
-    if "ttft_s" in keys:
-        ratios = [np.quantile(p["_ttft"], att) / float(prefill_curve(prefill, [p["length"]])[0])
-                  for p in pts if len(p.get("_ttft", ())) and float(prefill_curve(prefill, [p["length"]])[0]) > 0]
-        if not ratios:
+           cap: int | None, cap_by: str | None) -> tuple[int | None, str | None, dict] | None:
+    """(the longest L the model meets the SLOs to, what binds there, each SLO's ratio r_c), or None where a
+    fit an SLO needs, or a measured value to scale it by, is missing. Each SLO's model is its fit scaled by
+    r_c, the median over c's measured lengths of the attainment quantile of the successful requests'
+    values over the fit there: TTFT_1(L) for ttft_s, the decode step t0 + beta c L for itl_s and tpot_s."""
+    curves = {"ttft_s": (prefill, lambda L: float(prefill_curve(prefill, [L])[0])),
+              "itl_s": (decode, lambda L: float(decode_curve(decode, [c * L])[0])),
+              "tpot_s": (decode, lambda L: float(decode_curve(decode, [c * L])[0]))}
+    checks, ratios = [], {}
+    for key in SLO_KEYS:
+        if slo_at(slo.get(key), 1) is None:
+            continue
+        fit, curve = curves[key]
+        if not fit:
             return None
-        r = float(np.median(ratios))
-        checks.append(("ttft", lambda L: r * float(prefill_curve(prefill, [L])[0]) <= slo_at(slo["ttft_s"], L)))
-    for key in ("itl_s", "tpot_s"):
-        if key in keys:
-            checks.append((SLO_KEYS[key][1], lambda L, key=key: float(decode_curve(decode, [c * L])[0]) <= slo_at(slo[key], L)))
+        column, name = SLO_KEYS[key]
+        r = [np.quantile(p["_values"][column], att) / curve(p["length"]) for p in pts
+             if len(p.get("_values", {}).get(column, ())) and curve(p["length"]) > 0]
+        if not r:
+            return None
+        ratios[name] = float(np.median(r))
+        checks.append((name, lambda L, key=key, curve=curve, k=ratios[name]: k * curve(L) <= slo_at(slo[key], L)))
 
     def failing(L: int) -> str | None:
         return next((name for name, ok in checks if not ok(L)), None)
 
     top = cap if cap is not None else 10**8
     if top < 1:
-        return None, cap_by
+        return None, cap_by, ratios
     grid = sorted({int(x) for x in np.geomspace(1, top, 400)} | {top})
     bad = next((i for i, L in enumerate(grid) if failing(L)), None)
     if bad is None:
-        return top, cap_by
+        return top, cap_by, ratios
     if bad == 0:
-        return None, failing(grid[0])
+        return None, failing(grid[0]), ratios
     lo, hi = grid[bad - 1], grid[bad]
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if failing(mid) else (mid, hi)
-    return lo, failing(hi)
+    return lo, failing(hi), ratios
