@@ -149,6 +149,57 @@ def summarize(checks: list[Check]) -> dict:
     }
 
 
+def _percentiles(xs: list[float]) -> dict | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+
+    def at(q: float) -> float:  # linear between the closest ranks (numpy's default)
+        pos = q * (len(xs) - 1)
+        lo = int(pos)
+        return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": xs[-1], "n": len(xs)}
+
+
+def stream_errors(results: list) -> dict:
+    """How far a client's times are from a same-machine server's own socket stamps (the reference
+    engine, bench/stub_sse_server.py), over many finished requests: StreamRecords, or their summaries
+    (``StreamRecord.summary()``, ``Prompter.generate``). Percentiles (p50, p90, p99, max, n) of
+
+    - ``ttft_error_s``: the client's TTFT - the server's (first event sent - request received)
+      = ``send_lag_s`` (the client's first byte written to the server's read) + the first event's lag;
+    - ``token_lag_s``: an event's arrival at the client - its send time at the server (``sent_ts``),
+      over every event (records) or each request's median (summaries: ``recv_lag_median_s``);
+    - ``token_lag_max_s``: each request's worst event lag;
+    - ``itl_error_s``: |a gap between two events at the client - the same gap at the server| (records only);
+    - ``read_delay_s``: how long an event's bytes waited before the client's code had them (the
+      client's own backlog; each request's mean).
+
+    Requests without server stamps (failed ones, servers that give none) are counted, not used."""
+    ttft, send, lags, worst, itl, delay = [], [], [], [], [], []
+    checked = 0
+    for r in results:
+        s = r.summary() if isinstance(r, StreamRecord) else r
+        if s.get("status") != "ok" or s.get("server_ttft_s") is None or s.get("send_lag_s") is None:
+            continue
+        checked += 1
+        ttft.append(s["ttft_s"] - s["server_ttft_s"])
+        send.append(s["send_lag_s"])
+        worst.append(s["recv_lag_max_s"])
+        if s.get("read_delay_mean_s") is not None:
+            delay.append(s["read_delay_mean_s"])
+        if isinstance(r, StreamRecord):
+            pairs = [(t, u) for t, u in zip(r.event_times, r.event_sent) if u is not None]
+            lags += [t - u for t, u in pairs]
+            itl += [abs(x) for x in _gap_errors([t for t, _ in pairs], [u for _, u in pairs])]
+        else:
+            lags.append(s["recv_lag_median_s"])
+    return {"requests": len(results), "checked": checked, "ttft_error_s": _percentiles(ttft), "send_lag_s": _percentiles(send),
+            "token_lag_s": _percentiles(lags), "token_lag_max_s": _percentiles(worst), "itl_error_s": _percentiles(itl),
+            "read_delay_s": _percentiles(delay)}
+
+
 # --- third-party clients ----------------------------------------------------------------------
 
 _VLLM_BENCH = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
