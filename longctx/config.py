@@ -104,10 +104,30 @@ def requests_of(config: dict[str, Any]) -> list[tuple[str, int, int]]:
     """(what, prompt tokens, output tokens) of every request a sweep sends: each length, and the ITL-depth one."""
     proto = config["protocol"]
     out = [("lengths", n, proto["output_tokens"]) for n in config["lengths"]]
+    load = config.get("load") or {}
+    if load:
+        out += [("load.lengths", n, load["output_tokens"]) for n in load["lengths"]]
+        out += [("load.interference.lengths", n, 1) for n in load["interference"]["lengths"]]
+        if load["interference"]["lengths"]:
+            bg = load["interference"]
+            out.append(("load.interference.background_length", bg["background_length"],
+                        bg["steady_tokens"] + bg["tail_tokens"] + 1))
     depth = proto["itl_depth"]
     if depth["length"]:
         out.append(("protocol.itl_depth.length", depth["length"], depth["output_tokens"]))
     return out
+
+
+def load_of(config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The load workloads configuration `name` measures (config key load), or None: it measures none
+    (configurations.<name>.load false, or neither load.lengths with a level nor interference lengths)."""
+    load = config["load"]
+    levels = load["closed"]["concurrency"] or load["open"]["rates"]
+    if not config["configurations"][name].get("load", True):
+        return None
+    if not (load["lengths"] and levels) and not load["interference"]["lengths"]:
+        return None
+    return load
 
 
 def _check_context(name: str, conf: dict, config: dict, adapter) -> None:
@@ -198,6 +218,7 @@ def configuration_spec(config: dict[str, Any], name: str) -> ConfigurationSpec:
             f"configuration {name!r} is not in the config; allowed values: {', '.join(config['configurations'])}"
         )
     conf = {k: v for k, v in config["configurations"][name].items() if k not in SCHEDULING_KEYS}
+    conf["load"] = load_of(config, name)
     kernel = conf["kernel"]
     return ConfigurationSpec.from_dict({
         "name": name,

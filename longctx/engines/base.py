@@ -92,6 +92,11 @@ class EngineAdapter(ABC):
     tp_size_flags: tuple[str, ...] = ()  # the engine's tensor-parallel size flag and its aliases
     prefill_absorbed = False  # MLA prefill in the absorbed (latent) form
     context_length_flag = "context-length"  # the flag that caps one request's tokens (SGLang's name)
+    metrics_flag: str | None = None  # the flag that turns its Prometheus /metrics on (None: always on, or none)
+    # what the load workloads read from /metrics: a canonical name -> the server's sample names, first found wins
+    metric_names: dict[str, tuple[str, ...]] = {}
+    metrics_path = "/metrics"
+    chunked_prefill_flag: str | None = "chunked-prefill-size"  # the flag that sets the tokens of one prefill chunk
 
     def api(self, spec: ConfigurationSpec) -> Api:
         return SGLANG
@@ -102,6 +107,15 @@ class EngineAdapter(ABC):
 
     def python(self, spec: ConfigurationSpec) -> str:
         return spec.python or "python3"
+
+    def served_args(self, spec: ConfigurationSpec) -> dict[str, Any]:
+        """The configuration's flags as the server is started with them: its own, plus the flag that turns
+        /metrics on where the load workloads scrape it (configurations that set it themselves keep theirs)."""
+        args = dict(spec.args)
+        load = spec.load or {}
+        if self.metrics_flag and load.get("metrics", {}).get("enabled") and arg_value(args, self.metrics_flag) is None:
+            args[self.metrics_flag] = True
+        return args
 
     @staticmethod
     def run_env(spec: ConfigurationSpec) -> dict[str, str]:
@@ -244,6 +258,14 @@ class EngineAdapter(ABC):
         name with underscores (as SGLang's /server_info and the reference engine's do)."""
         value = arg_value(args, flag)
         return value if value is not None else server_info.get(flag.replace("-", "_"))
+
+    def chunked_prefill_size(self, args: dict[str, Any], server_info: dict) -> int | None:
+        """Tokens of one prefill chunk, as configured or reported (None: not known, or no chunking)."""
+        value = self.setting(args, server_info, self.chunked_prefill_flag) if self.chunked_prefill_flag else None
+        try:
+            return int(value) if value is not None and int(value) > 0 else None
+        except (TypeError, ValueError):
+            return None
 
     def context_length(self, args: dict[str, Any], server_info: dict) -> int | None:
         """The most tokens (prompt and output) one request may hold: the engine's context_length_flag,

@@ -7,12 +7,17 @@ import sys
 from .api import APIS
 from .base import EngineAdapter
 from .configuration import ConfigurationSpec
+from .sglang import SGLANG_METRICS
+from .vllm import VLLM_METRICS
 
 
 class ExternalAdapter(EngineAdapter):
     name = "external"
     title = "the external server"
     managed = False  # it may run anywhere: configurations.<name>.device says where (default: remote)
+    # whatever it is, it may serve SGLang's or vLLM's metrics: each name is looked for in both
+    metric_names = {k: SGLANG_METRICS.get(k, ()) + VLLM_METRICS.get(k, ()) for k in sorted({*SGLANG_METRICS, *VLLM_METRICS})}
+    chunked_prefill_flag = None  # its flags are not ours to know
     devices = ("cpu", "gpu", "remote")  # what configurations.<name>.device may say (config/schema.yaml)
 
     def api(self, spec: ConfigurationSpec):

@@ -10,10 +10,13 @@ from ..refengine.args import DEFAULT_TORCH_DTYPE, build_parser
 from ..specs.model import ModelSpec
 from .base import EngineAdapter, RaisingParser, arg_value, args_to_argv
 from .configuration import ConfigurationSpec
+from .sglang import SGLANG_METRICS
 
 
 class ReferenceAdapter(EngineAdapter):
     name = "reference"
+    metrics_flag = "enable-metrics"
+    metric_names = SGLANG_METRICS  # it serves SGLang's names (longctx.refengine.metrics)
     title = "the reference engine"
     prefill_absorbed = True  # it runs MLA prefill in the latent form, as decode
     managed_args = frozenset({"host", "port", "model-path", "json-model-override-args", "kernel-dir", "random-seed"})
@@ -97,4 +100,4 @@ class ReferenceAdapter(EngineAdapter):
         ]
         if spec.kernel_build:
             cmd += ["--kernel-dir", spec.kernel_build]
-        return cmd + args_to_argv(spec.args) + list(spec.extra_args or [])
+        return cmd + args_to_argv(self.served_args(spec)) + list(spec.extra_args or [])

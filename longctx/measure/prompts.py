@@ -316,3 +316,19 @@ def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, mod
     assert plan.events in EVENT_RULES
     log.info("prompt probe: %s", plan.describe())
     return plan, Prompter(api, model, proto, plan, text_prompts)
+
+
+def check_counts(summary: dict, length: int, output_tokens: int) -> dict:
+    """A trial whose prompt the server counted otherwise than asked fails; one that stopped before
+    output_tokens (an early stop: a server that ignores ignore_eos) is flagged `early_stop`, and its
+    decode figures are over fewer tokens than asked."""
+    if summary["status"] != "ok":
+        return summary
+    if summary["prompt_tokens"] != length:
+        summary["status"] = "failed"
+        summary["reason"] = f"the server counted {summary['prompt_tokens']} prompt tokens, expected {length}"
+    done = summary.get("completion_tokens")
+    summary["early_stop"] = done is not None and done < output_tokens
+    if summary["early_stop"]:
+        summary["reason"] = f"stopped after {done} of {output_tokens} output tokens"
+    return summary

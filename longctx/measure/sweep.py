@@ -28,9 +28,10 @@ from ..specs.model import ModelNotDescribed, ModelSpecError
 from ..specs.pool import observed_pool
 from .process import ExternalServer, ManagedServer, NoHealthPath, PortTaken, ServerError, free_port, pid_file, reap_stray
 from .telemetry import Sampler, summarize, telemetry_source
+from .load import LOAD_FORMAT, run_load
 from .needle import probe as needle_probe
 from .progress import EVERY_S, Progress, fitted
-from .prompts import Prompter, PromptError, probe as prompt_probe, tokenizer_path
+from .prompts import Prompter, PromptError, check_counts, probe as prompt_probe, tokenizer_path
 
 log = logging.getLogger("longctx.measure.sweep")
 # One line per bring-up attempt and per length: what `longctx bench --log` also shows on the console
@@ -197,7 +198,7 @@ def _requests(session: "Session", spec: ConfigurationSpec, length: int, run_id: 
         if counters is not None and summary["spec_verify_ct"] is None:
             summary.update(_spec_from_counters(counters, adapter.spec_counters(client, base)))
         summary["flush_error"] = flush_error
-        _checked(summary, length, proto["output_tokens"])
+        check_counts(summary, length, proto["output_tokens"])
         if is_warmup:
             summary.pop("itl_s", None)
             warmup.append(summary)
@@ -236,22 +237,6 @@ def _needle(session: "Session", spec: ConfigurationSpec, length: int, timeout_s:
     return result
 
 
-def _checked(summary: dict, length: int, output_tokens: int) -> dict:
-    """A trial whose prompt the server counted otherwise than asked fails; one that stopped before
-    output_tokens (an early stop: a server that ignores ignore_eos) is flagged `early_stop`, and its
-    decode figures are over fewer tokens than asked."""
-    if summary["status"] != "ok":
-        return summary
-    if summary["prompt_tokens"] != length:
-        summary["status"] = "failed"
-        summary["reason"] = f"the server counted {summary['prompt_tokens']} prompt tokens, expected {length}"
-    done = summary.get("completion_tokens")
-    summary["early_stop"] = done is not None and done < output_tokens
-    if summary["early_stop"]:
-        summary["reason"] = f"stopped after {done} of {output_tokens} output tokens"
-    return summary
-
-
 def _batch(session: "Session", spec: ConfigurationSpec, length: int, run_id: str, timeout_s: float,
            concurrency: int, index: int) -> dict:
     """`concurrency` requests of `length` tokens sent together: each one's figures, and the batch's
@@ -268,7 +253,7 @@ def _batch(session: "Session", spec: ConfigurationSpec, length: int, run_id: str
         return session.prompter.generate(client, base + api.generate_path, body, timeout_s, length)
 
     with ThreadPoolExecutor(concurrency) as pool:
-        requests = [_checked(s, length, proto["output_tokens"]) for s in pool.map(one, bodies)]
+        requests = [check_counts(s, length, proto["output_tokens"]) for s in pool.map(one, bodies)]
     for j, r in enumerate(requests):
         r.update(concurrency=concurrency, batch=index, request=j, timeout_s=timeout_s)
     ok = [r for r in requests if r["status"] == "ok"]
@@ -293,7 +278,7 @@ def measure_itl_depth(session: "Session", spec: ConfigurationSpec, run_id: str, 
     body = session.prompter.body(length, f"{run_id}/{spec.name}/itl-depth", n)
     s = session.prompter.generate(session.client, session.base + session.api.generate_path, body, timeout, length)
     itl = s.pop("itl_s", None) or []
-    _checked(s, length, n)
+    check_counts(s, length, n)
     return {"kind": "itl_depth", "length": length, "output_tokens": n, **s,
             "itl_s": itl, "depth": [length + 1 + i for i in range(len(itl))]}
 
@@ -467,7 +452,7 @@ class Session:
 def resume_key(spec: ConfigurationSpec, kernel: dict | None, version: str | None) -> str:
     """What a reused measurement must share with this run: the spec (lengths aside), the kernel
     build and the engine version."""
-    return digest({"spec": {k: v for k, v in spec.to_dict().items() if k != "lengths"},
+    return digest({"spec": {k: v for k, v in spec.to_dict().items() if k not in ("lengths", "load")},
                    "kernel": kernel and kernel["build_hash"], "version": version})
 
 
@@ -570,6 +555,8 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
             session.up()
             write_json(outdir / "itl_depth.json", {**common, "provenance": copy.deepcopy(prov),
                                                    **measure_itl_depth(session, spec, run_id, history)})
+        if spec.load:
+            _measure_load(session, spec, run_id, history, common, prov, key, outdir, resume_dir)
         tracker.finish()
     except ServerError as exc:
         failure = str(exc)
@@ -581,6 +568,12 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     if spec.protocol["itl_depth"]["length"] and not (outdir / "itl_depth.json").exists():
         write_json(outdir / "itl_depth.json", {**common, "status": "failed", "reason": f"not measured: {failure}",
                                                "length": spec.protocol["itl_depth"]["length"], "itl_s": [], "depth": []})
+    if not spec.load:  # the workflow's output all the same: the analysis reads that there is nothing
+        write_json(outdir / "load.json", {**common, "format": LOAD_FORMAT, "status": "not configured",
+                                          "reason": None, "workloads": []})
+    elif not (outdir / "load.json").exists():
+        write_json(outdir / "load.json", {**common, "format": LOAD_FORMAT, "status": "failed",
+                                          "reason": f"not measured: {failure}", "workloads": []})
     for length in spec.lengths:
         if length not in statuses:
             reason = f"not measured: {failure}"
@@ -589,6 +582,40 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                                                    "warmup": [], "trials": [], "finished_at": provenance.now_iso()})
             statuses[length] = "failed"
     return sum(status == "failed" for status in statuses.values())
+
+
+def _measure_load(session: Session, spec: ConfigurationSpec, run_id: str, history: list, common: dict, prov: dict,
+                  key: str, outdir: Path, resume_dir: Path | None) -> None:
+    """The load workloads (longctx.measure.load) after the lengths, on the same server: load.json is
+    written after every point (and kept in resume_dir); the points of an interrupted run under the same
+    key are reused."""
+    load_key = digest({"resume_key": key, "load": spec.load})
+    kept = None
+    if resume_dir is not None:
+        try:
+            before = json.loads((resume_dir / "load.json").read_text())
+            kept = before["workloads"] if before.get("load_key") == load_key else None
+        except (OSError, json.JSONDecodeError, KeyError):
+            kept = None
+
+    def predict(length: int) -> tuple[float, float] | None:
+        p = fitted(history, [length])
+        return (float(p[0][0]), float(p[1][0])) if p is not None else None
+
+    def keep(points: list[dict]) -> None:
+        bad = [p for p in points if p["status"] != "ok"]
+        status = "ok" if points and not bad else ("partial" if len(bad) < len(points) else "failed")
+        reason = "; ".join(f"{p['kind']} L={p['length']}: {p['reason']}" for p in bad) or None
+        doc = {**common, "format": LOAD_FORMAT, "provenance": copy.deepcopy(prov), "load": spec.load,
+               "load_key": load_key, "status": status,
+               "reason": reason if points else "not measured: the run stopped before its first load point",
+               "workloads": points, "finished_at": provenance.now_iso()}
+        if resume_dir:
+            write_json(resume_dir / "load.json", doc)
+        write_json(outdir / "load.json", doc)
+
+    keep([])
+    run_load(session, spec, run_id, predict, keep, kept)
 
 
 def _samples(length: int, result: dict) -> list[tuple[int, float, float | None]]:

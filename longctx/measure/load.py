@@ -1,0 +1,463 @@
+"""Workloads under load, in the sweep's server bring-up: closed loop, open loop, interference.
+
+Every request keeps the sweep's guarantees: exactly L prompt tokens as the server counts them
+(the same Prompter), a prefix unique to it, times taken at the socket (the asyncio client of
+longctx.measure.client), a failure kept as a request with its reason. All requests of a workload
+point run on one event loop, so the client sends and reads many streams at once without threads.
+
+- closed loop: c requests in flight; as one ends the next is sent, until `requests` are done (or
+  duration_s has passed: what was not sent by then is not a request of the point).
+- open loop: requests sent at the times of a seeded arrival schedule (Poisson, or gamma gaps with
+  a coefficient of variation `burstiness`) whatever the server does; each request's schedule lag
+  (its first byte written minus its scheduled time) is recorded, so that a client that could not
+  keep up shows as lag instead of hiding latency (coordinated omission). The bodies are built
+  before the schedule starts.
+- interference: `background` streams decode at background_length tokens; once each has decoded
+  steady_tokens, one prompt of L tokens is sent; once its first token came and each stream decoded
+  tail_tokens more, the streams are ended by the client (their events kept). The analysis reads
+  the streams' gaps around the injected prefill from the event times recorded here.
+
+The server's /metrics (the adapter's canonical names) is scraped through every point, on the
+same clock as the requests' events: every time in a point is an offset from its t0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..engines import EngineAdapter
+from ..specs.pool import observed_pool
+from .client import StreamRecord, async_timed_client
+from .process import ServerError
+from .prompts import Prompter, check_counts
+
+log = logging.getLogger("longctx.measure.load")
+progress = logging.getLogger("longctx.progress")
+LOAD_FORMAT = "longctx.load/1"
+# Open loop: the schedule starts this long after its bodies are built, and the last stretch before a
+# scheduled time is waited out spinning (epoll's timeout has a millisecond's grain)
+LEAD_S = 0.05
+SPIN_S = 0.0015
+# Canonical metrics summed over the server's label sets (requests, counters); the others (token counts,
+# fractions of the pool) are replicated per rank and taken at their largest
+SUMMED = ("running", "queued", "retracted_total", "preemptions_total", "gen_throughput")
+# Interference: background streams decode at most this many tokens where no prediction of the window exists
+BACKGROUND_TOKENS = 1024
+
+
+def arrival_schedule(rate: float, n: int, arrival: str = "poisson", burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """n send times (s from the start, the first at 0) of arrivals at `rate` per second: exponential gaps
+    (poisson), or gamma gaps with mean 1/rate and coefficient of variation `burstiness` (gamma)."""
+    rng = np.random.default_rng(seed)
+    if arrival == "poisson":
+        gaps = rng.exponential(1.0 / rate, n)
+    elif arrival == "gamma":
+        shape = 1.0 / burstiness**2
+        gaps = rng.gamma(shape, 1.0 / (rate * shape), n)
+    else:
+        raise ValueError(f"arrival {arrival!r}: allowed values: poisson, gamma")
+    return [0.0] + np.cumsum(gaps[: n - 1]).round(9).tolist()
+
+
+def parse_metrics(text: str, names: dict[str, tuple[str, ...]]) -> dict[str, float]:
+    """The canonical metrics `names` finds in a Prometheus exposition (the first sample name found of each)."""
+    by_name: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            by_name.setdefault(sample.name, []).append(float(sample.value))
+    out = {}
+    for canonical, candidates in names.items():
+        found = next((by_name[n] for n in candidates if n in by_name), None)
+        if found:
+            out[canonical] = sum(found) if canonical in SUMMED else max(found)
+    return out
+
+
+class Scraper:
+    """GET the server's metrics every interval_s while a point runs; samples at the midpoint of each GET."""
+
+    def __init__(self, client: httpx.AsyncClient, url: str, names: dict, interval_s: float, t0: float):
+        self.client, self.url, self.names, self.interval_s, self.t0 = client, url, names, interval_s, t0
+        self.samples: list[list] = []
+        self.error: str | None = None
+        self._task: asyncio.Task | None = None
+
+    async def _loop(self) -> None:
+        while True:
+            await self.sample()
+            await asyncio.sleep(self.interval_s)
+
+    async def sample(self) -> None:
+        a = time.perf_counter()
+        try:
+            r = await self.client.get(self.url, timeout=max(5.0, 4 * self.interval_s))
+        except httpx.HTTPError as exc:
+            self.error = f"{self.url}: {type(exc).__name__}: {exc}"
+            return
+        b = time.perf_counter()
+        if r.status_code != 200:
+            self.error = f"{self.url} answered HTTP {r.status_code}"
+            return
+        values = parse_metrics(r.text, self.names)
+        if not values:
+            self.error = f"{self.url} has none of {', '.join(sorted(self.names))}"
+        self.samples.append([round((a + b) / 2 - self.t0, 6), values])
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> dict:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            await self.sample()  # the state once the point ended
+        return {"path": self.url, "interval_s": self.interval_s, "samples": self.samples,
+                "names": {k: list(v) for k, v in self.names.items()}, "error": self.error}
+
+
+@dataclass
+class LoadContext:
+    """What every workload point needs: the client, the server's paths, the prompts, the settings."""
+
+    client: httpx.AsyncClient
+    base: str
+    generate_path: str
+    prompter: Prompter
+    adapter: EngineAdapter
+    key: str  # the run's unique-prefix key (run id / configuration)
+    load: dict  # config key load
+    timeout_s: Callable[[int, int], float]  # (prompt tokens, requests in flight at most) -> a request's timeout
+    flush: Callable[[], "asyncio.Future | None"] | None = None
+
+    def scraper(self, t0: float) -> Scraper | None:
+        m = self.load["metrics"]
+        if not m["enabled"] or not self.adapter.metric_names:
+            return None
+        return Scraper(self.client, self.base + self.adapter.metrics_path, self.adapter.metric_names, m["interval_s"], t0)
+
+
+async def _send(ctx: LoadContext, body: bytes, length: int, output_tokens: int, t0: float, timeout_s: float,
+                record: StreamRecord | None = None, keep_on_cancel: bool = False, **extra) -> dict:
+    """One request: its summary (prompt count checked) with its times as offsets from t0 and its events."""
+    rec = record if record is not None else StreamRecord()
+    cancelled = False
+    try:
+        summary = await ctx.prompter.agenerate(ctx.client, ctx.base + ctx.generate_path, body, timeout_s, length, record=rec)
+    except asyncio.CancelledError:
+        if not keep_on_cancel:
+            raise
+        cancelled = True  # the client ended it (an interference stream): what arrived is kept
+        summary = rec.summary()
+    check_counts(summary, length, output_tokens)
+    if cancelled:
+        summary["early_stop"] = False
+    summary.update(extra, timeout_s=timeout_s, sent_s=round(rec.t_sent - t0, 6) if rec.t_sent else None,
+                   event_times=[round(t - t0, 6) for t in rec.event_times], event_tokens=list(rec.event_tokens),
+                   queue_s=queue_time(summary.get("server_timestamps")), ended_by_client=cancelled)
+    if cancelled and rec.event_times:  # ended on purpose: not a failure of the server
+        summary.update(status="ok", reason=None)
+    for k in ("t_sent", "t_first_token", "t_last_token"):
+        if summary.get(k) is not None:
+            summary[k.replace("t_", "", 1) + "_s"] = round(summary.pop(k) - t0, 6)
+    return summary
+
+
+def queue_time(ts: dict | None) -> float | None:
+    """Time the request waited before the server scheduled it, where its timestamps say (received, scheduled)."""
+    if ts and ts.get("scheduled") is not None and ts.get("received") is not None:
+        return ts["scheduled"] - ts["received"]
+    return None
+
+
+def _point_status(requests: list[dict]) -> tuple[str, str | None]:
+    bad = [r for r in requests if r["status"] != "ok"]
+    status = "ok" if not bad else ("partial" if len(bad) < len(requests) else "failed")
+    reasons = sorted({r["reason"] or "failed" for r in bad})
+    return status, "; ".join(f"{sum((r['reason'] or 'failed') == why for r in bad)} of {len(requests)}: {why}"
+                             for why in reasons) or None
+
+
+async def _with_scrape(ctx: LoadContext, t0: float, work) -> tuple[object, dict | None]:
+    scraper = ctx.scraper(t0)
+    if scraper is not None:
+        scraper.start()
+    try:
+        result = await work
+    finally:
+        metrics = await scraper.stop() if scraper is not None else None
+    return result, metrics
+
+
+async def closed_loop(ctx: LoadContext, length: int, concurrency: int) -> dict:
+    cfg, n_out = ctx.load["closed"], ctx.load["output_tokens"]
+    n, duration = cfg["requests"], cfg["duration_s"]
+    bodies = [ctx.prompter.body(length, f"{ctx.key}/closed/c{concurrency}/L{length}/{i}", n_out) for i in range(n)]
+    timeout = ctx.timeout_s(length, concurrency)
+    results: list[dict | None] = [None] * n
+    state = {"next": 0}
+    t0 = time.perf_counter()
+
+    async def worker() -> None:
+        while state["next"] < n and (duration is None or time.perf_counter() - t0 < duration):
+            i = state["next"]
+            state["next"] += 1
+            results[i] = await _send(ctx, bodies[i], length, n_out, t0, timeout, index=i)
+
+    _, metrics = await _with_scrape(ctx, t0, asyncio.gather(*(worker() for _ in range(concurrency))))
+    requests = [r for r in results if r is not None]
+    status, reason = _point_status(requests)
+    return {"kind": "closed", "length": length, "output_tokens": n_out, "concurrency": concurrency,
+            "status": status, "reason": reason, "t0": t0, "duration_s": round(time.perf_counter() - t0, 6),
+            "requests": requests, "metrics": metrics}
+
+
+async def sleep_until(target: float) -> None:
+    """Wait until perf_counter reaches target: asyncio's sleep for the most of it, a spin for the end."""
+    ahead = target - time.perf_counter() - SPIN_S
+    if ahead > 0:
+        await asyncio.sleep(ahead)
+    while time.perf_counter() < target:
+        pass
+
+
+async def open_loop(ctx: LoadContext, length: int, rate: float) -> dict:
+    cfg, n_out = ctx.load["open"], ctx.load["output_tokens"]
+    n = cfg["requests"]
+    schedule = arrival_schedule(rate, n, cfg["arrival"], cfg["burstiness"], cfg["seed"])
+    bodies = [ctx.prompter.body(length, f"{ctx.key}/open/r{rate:g}/L{length}/{i}", n_out) for i in range(n)]
+    timeout = ctx.timeout_s(length, n)
+    t0 = time.perf_counter() + LEAD_S
+
+    async def send_all() -> list[dict]:
+        tasks = []
+        for i, at in enumerate(schedule):
+            await sleep_until(t0 + at)
+            tasks.append(asyncio.create_task(_send(ctx, bodies[i], length, n_out, t0, timeout, index=i,
+                                                   scheduled_s=at)))
+        return list(await asyncio.gather(*tasks))
+
+    requests, metrics = await _with_scrape(ctx, t0, send_all())
+    for r in requests:
+        r["schedule_lag_s"] = round(r["sent_s"] - r["scheduled_s"], 6) if r.get("sent_s") is not None else None
+    status, reason = _point_status(requests)
+    return {"kind": "open", "length": length, "output_tokens": n_out, "rate": rate, "arrival": cfg["arrival"],
+            "burstiness": cfg["burstiness"], "seed": cfg["seed"], "status": status, "reason": reason, "t0": t0,
+            "duration_s": round(time.perf_counter() - t0, 6), "requests": requests, "metrics": metrics}
+
+
+def background_tokens(cfg: dict, predict: Callable[[int], tuple[float, float] | None], length: int, limit: int | None) -> int:
+    """Tokens each interference stream may decode: its steady and tail tokens, and enough to keep decoding
+    through three times the injected prefill's predicted time at the stream's own TPOT (where the engine
+    decodes beside a prefill), at most `limit` (the context or pool left beside its prompt)."""
+    base = cfg["steady_tokens"] + cfg["tail_tokens"] + 16
+    injected, stream = predict(length), predict(cfg["background_length"])
+    extra = BACKGROUND_TOKENS
+    if injected and stream and stream[1] > 0:
+        extra = math.ceil(3 * injected[0] / stream[1])
+    n = base + extra
+    return max(base, min(n, limit)) if limit else n
+
+
+async def interference(ctx: LoadContext, length: int, trial: int, chunk: int | None, bg_tokens: int) -> dict:
+    cfg = ctx.load["interference"]
+    b, lb = cfg["background"], cfg["background_length"]
+    t0 = time.perf_counter()
+    bodies = [ctx.prompter.body(lb, f"{ctx.key}/interference/L{length}/{trial}/bg{j}", bg_tokens) for j in range(b)]
+    injected_body = ctx.prompter.body(length, f"{ctx.key}/interference/L{length}/{trial}/injected", 2)
+    timeout = ctx.timeout_s(max(length, lb), b + 1) + ctx.timeout_s(lb, b + 1)
+    records = [StreamRecord() for _ in range(b)]
+
+    def tokens(rec: StreamRecord, after: float | None = None) -> int:
+        return sum(n for t, n in zip(rec.event_times, rec.event_tokens) if after is None or t > after)
+
+    async def wait_for(cond, tasks) -> bool:
+        deadline = time.perf_counter() + timeout
+        while not cond():
+            if all(t.done() for t in tasks) or time.perf_counter() > deadline:
+                return False
+            await asyncio.sleep(0.002)
+        return True
+
+    async def run() -> tuple[list[dict], dict | None, str | None]:
+        tasks = [asyncio.create_task(_send(ctx, body, lb, bg_tokens, t0, timeout, record=rec, keep_on_cancel=True,
+                                           victim=j))
+                 for j, (body, rec) in enumerate(zip(bodies, records))]
+        problem, injected = None, None
+        if await wait_for(lambda: all(tokens(r) >= cfg["steady_tokens"] for r in records), tasks):
+            injected = await _send(ctx, injected_body, length, 2, t0, timeout, role="injected")
+            first = injected.get("first_token_s")
+            if first is not None:
+                after = t0 + first
+                if not await wait_for(lambda: all(tokens(r, after) >= cfg["tail_tokens"] for r in records), tasks):
+                    problem = "a background stream ended before it decoded tail_tokens after the injected prefill"
+        else:
+            problem = "the background streams did not all reach steady_tokens"
+        for t in tasks:
+            t.cancel()
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
+        victims = [v if isinstance(v, dict) else {**rec.summary(), "victim": j, "status": "failed",
+                                                  "reason": f"the stream was not sent ({type(v).__name__})"}
+                   for j, (v, rec) in enumerate(zip(ended, records))]
+        return victims, injected, problem
+
+    (victims, injected, problem), metrics = await _with_scrape(ctx, t0, run())
+    parts = victims + ([injected] if injected else [])
+    status, reason = _point_status(parts)
+    if problem:
+        status, reason = ("failed", "; ".join(filter(None, [problem, reason])))
+    return {"kind": "interference", "length": length, "trial": trial, "background": b, "background_length": lb,
+            "background_tokens": bg_tokens, "chunked_prefill_size": chunk, "status": status, "reason": reason,
+            "t0": t0, "duration_s": round(time.perf_counter() - t0, 6), "injected": injected, "victims": victims,
+            "metrics": metrics}
+
+
+def points(load: dict) -> list[tuple[str, int, float]]:
+    """Every point of the load workloads, in the order measured: (kind, length, level); interference's
+    level is its trial."""
+    out: list[tuple[str, int, float]] = []
+    for length in load["lengths"]:
+        out += [("closed", length, c) for c in load["closed"]["concurrency"]]
+        out += [("open", length, r) for r in load["open"]["rates"]]
+    out += [("interference", L, t) for L in load["interference"]["lengths"] for t in range(load["interference"]["trials"])]
+    return out
+
+
+async def run_point(ctx: LoadContext, kind: str, length: int, level: float, chunk: int | None = None,
+                    bg_tokens: int = BACKGROUND_TOKENS) -> dict:
+    if ctx.flush is not None:
+        await ctx.flush()
+    if kind == "closed":
+        return await closed_loop(ctx, length, int(level))
+    if kind == "open":
+        return await open_loop(ctx, length, float(level))
+    return await interference(ctx, length, int(level), chunk, bg_tokens)
+
+
+def describe(point: dict) -> str:
+    """A point in one progress line: what, its status, median TTFT of its requests."""
+    kind, L = point["kind"], point["length"]
+    what = {"closed": f"{point.get('concurrency')} in flight", "open": f"{point.get('rate', 0):g}/s arrivals",
+            "interference": f"injected into {point.get('background')} streams (trial {point.get('trial', 0) + 1})"}[kind]
+    reqs = point.get("requests") or ([point["injected"]] if point.get("injected") else [])
+    ttfts = sorted(r["ttft_s"] for r in reqs if r.get("status") == "ok" and r.get("ttft_s") is not None)
+    line = f"load {kind} L={L} {what}: {point['status']}"
+    if ttfts:
+        line += f", median TTFT {ttfts[len(ttfts) // 2]:.3f} s"
+    return line + (f" ({point['reason'][:200]})" if point.get("reason") else "")
+
+
+def new_client() -> httpx.AsyncClient:
+    """The load workloads' client: socket-timed, room for many streams at once (client.ASYNC_LIMITS)."""
+    return async_timed_client()
+
+
+LEVEL_KEYS = {"closed": "concurrency", "open": "rate", "interference": "trial"}
+
+
+def point_key(point: dict) -> tuple[str, int, float]:
+    return point["kind"], point["length"], point[LEVEL_KEYS[point["kind"]]]
+
+
+def failed_point(kind: str, length: int, level: float, reason: str, **extra) -> dict:
+    """A point that was not measured, or whose measurement raised: a row with its reason all the same."""
+    return {"kind": kind, "length": length, LEVEL_KEYS[kind]: level, "status": "failed", "reason": reason,
+            "requests": [], **extra}
+
+
+def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, float] | None],
+             keep: Callable[[list[dict]], None], kept: list[dict] | None = None) -> list[dict]:
+    """Every load point of spec.load on the sweep's session (longctx.measure.sweep.Session: its server up,
+    its prompter probed), in one event loop; keep(points) is called after each point, so that nothing
+    measured is lost. A point after which the server does not answer its health path fails with the
+    server's fault, the server is restarted (within the session's restarts) and the next point goes on."""
+    load = spec.load
+    chunk = session.adapter.chunked_prefill_size(spec.args, session.prov.get("server_info") or {})
+    inter = load["interference"]
+    try:
+        context = session.adapter.context_length(spec.args, session.prov.get("server_info") or {})
+    except (TypeError, ValueError):
+        context = None
+    pool, _ = observed_pool(session.prov)
+    done: list[dict] = []
+    reuse = {point_key(p): p for p in kept or [] if p["status"] == "ok"}
+    for kind, length, level in points(load):
+        if (kind, length, level) in reuse:  # measured by an interrupted run of the same spec, kernel and engine
+            done.append({**reuse[(kind, length, level)], "resumed": True})
+            progress.info("%s: load %s L=%d level %g: measured before, reused", spec.name, kind, length, level)
+            keep(done)
+            continue
+        try:
+            session.up()
+        except ServerError as exc:  # no server for the rest: each point left is a failed one, with the reason
+            measured = {point_key(p) for p in done}
+            done += [failed_point(k, L, v, f"not measured: {exc}") for k, L, v in points(load) if (k, L, v) not in measured]
+            keep(done)
+            raise
+        bg = 0
+        if kind == "interference":
+            # the streams and the injected prompt must fit the pool together: a server would hold the prompt
+            # back until a stream ends, and the streams end only after it
+            limits = [int(context) - inter["background_length"]] if context else []
+            if pool:
+                limits.append((int(pool) - length - 2) // inter["background"] - inter["background_length"])
+            bg = background_tokens(inter, predict, length, min(limits) if limits else None)
+            least = inter["steady_tokens"] + inter["tail_tokens"] + 16
+            if limits and min(limits) < least:
+                point = failed_point(kind, length, level, (
+                    f"not sent: {inter['background']} streams of {inter['background_length']} tokens decoding {least} "
+                    f"and a prompt of {length} do not fit the KV pool of {pool} tokens (or the context length of "
+                    f"{context})"), background=inter["background"])
+                progress.error("%s: %s", spec.name, describe(point))
+                done.append(point)
+                keep(done)
+                continue
+
+        def timeout(prompt: int, in_flight: int) -> float:
+            expected = predict(prompt)
+            one = spec.protocol["request_timeout_s"]
+            if expected:
+                one = max(one, spec.protocol["timeout_factor"] * (expected[0] + load["output_tokens"] * expected[1]))
+            return one * max(1, in_flight)
+
+        async def measure() -> dict:
+            async with new_client() as client:
+                flush = None
+                if spec.protocol["flush_cache"] and session.api.flush_path:
+                    async def flush():
+                        try:
+                            await client.post(session.base + session.api.flush_path, timeout=30)
+                        except httpx.HTTPError as exc:
+                            log.warning("%s: flush_cache failed: %s", spec.name, exc)
+                ctx = LoadContext(client, session.base, session.api.generate_path, session.prompter, session.adapter,
+                                  f"{run_id}/{spec.name}", load, timeout, flush)
+                return await run_point(ctx, kind, length, level, chunk, bg)
+
+        try:
+            point = asyncio.run(measure())
+        except Exception as exc:  # a bug or a surprise must not cost the points already measured
+            log.exception("%s: load %s L=%d failed", spec.name, kind, length)
+            point = failed_point(kind, length, level, f"{type(exc).__name__}: {exc}")
+        if point["status"] != "ok" and not session.healthy():
+            if session.alive():
+                fault = (f"the server stopped answering {session.health_path} during load {kind} L={length}; it is "
+                         f"restarted for the next point; server log: {session.log_path}")
+            else:
+                fault = session.server.died_message(f"the server died during load {kind} L={length}")
+            point.update(status="failed", fault=fault, reason="; ".join(filter(None, [fault, point.get("reason")])))
+            session.down()
+        progress.info("%s: %s", spec.name, describe(point))
+        done.append(point)
+        keep(done)
+    return done
