@@ -15,7 +15,7 @@ import math
 import jinja2
 
 from ..analysis.compare import NO_INTERVAL, SAME
-from .numbers import interval, plain, sig
+from .numbers import interval, is_number, plain, sig
 
 
 class Dialect:
@@ -60,7 +60,8 @@ class Dialect:
         return {}
 
     def filters(self) -> dict:
-        """The Jinja filters: fmt(kind), sig(digits), num, ci(scale, digits), speedup(ci, verdict), and the extras."""
+        """The Jinja filters: fmt(kind), sig(digits), num, ci(scale, digits), est(scale, digits), speedup(ci, verdict),
+        and the extras."""
 
         def fmt(value, kind: str):
             """A number as `kind` prints it; the missing mark where there is none."""
@@ -78,6 +79,17 @@ class Dialect:
                 return self.missing
             high = self.number(ends[1]) if ends[1] is not None else self.unbounded
             return self.raw(f"[{self.number(ends[0])}, {high}]")
+
+        def est(stat, scale: float = 1.0, digits: int = 3):
+            """An estimate with its interval, {value, low, high} (load.json's percentiles and goodput), times
+            scale: 'value [low, high]' as sig and ci print them; the value alone without an interval, the
+            missing mark without a value."""
+            if not isinstance(stat, dict) or not is_number(stat.get("value")):
+                return self.missing
+            shown = significant(float(stat["value"]) * scale, digits)
+            if stat.get("low") is None and stat.get("high") is None:
+                return shown
+            return self.raw(f"{shown} {ci([stat.get('low'), stat.get('high')], scale, digits)}")
 
         def speedup(value, ci=None, verdict=None):
             """A speedup (kind "speedup") with its bootstrap interval and verdict (longctx.analysis.compare):
@@ -98,7 +110,7 @@ class Dialect:
             ends = [plain(x, "ratio" if plain(x, "speedup") == "1.00" and x != 1 else "speedup") for x in ci]
             return self.raw(f"{shown} {self.aside(f'[{self.number(ends[0])}, {self.number(ends[1])}]')}")
 
-        return {"fmt": fmt, "sig": significant, "num": lambda value: fmt(value, "int"), "ci": ci, "speedup": speedup,
+        return {"fmt": fmt, "sig": significant, "num": lambda value: fmt(value, "int"), "ci": ci, "est": est, "speedup": speedup,
                 **self.extras()}
 
     def environment(self, loader: jinja2.BaseLoader, **syntax) -> jinja2.Environment:

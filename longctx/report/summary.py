@@ -10,6 +10,13 @@
 5. which configuration wins where against the baseline, with the bootstrap interval of its speedup,
    and "no measurable difference" where that interval spans 1 (the headline's verdicts).
 
+Where the load workloads were measured (data/load.json, longctx.report.load), two sentences join them,
+after the third: the SLO frontier (the longest context meeting the SLOs at the highest concurrency every
+configuration's frontier has) and the interference probe (what the longest injected prompt does to the
+running streams, with the fitted stall per chunk). Then a fourth that only says no configuration falls
+off its model gives way, and the budget of five keeps the first ones in this order: prefill, decode,
+usability, frontier, interference, regime changes, the winners.
+
 The sentences take the longest length each configuration measured in full, as the diagnosis does.
 """
 
@@ -19,6 +26,7 @@ import math
 
 import pandas as pd
 
+from .load import slo_words, stall_chunks, time_words
 from .numbers import is_number, rounded
 
 USABLE = {"ttft_s": 10.0, "decode_tok_s": 10.0}
@@ -26,6 +34,8 @@ CLASS = {"bandwidth": "bandwidth-bound", "compute": "compute-bound", "latency": 
          "fixed": "bound by the length-independent work of each step", "flat": "flat (no measurable length dependence)",
          "linear": "bound by the per-token work", "unknown": "not classified"}
 MEASURED_FIRST = ("measured", "datasheet")
+NO_CLIFFS = "No configuration falls off its scaling model within the lengths measured."
+LIMITS = {"ttft": "limited by the TTFT", "itl": "limited by the ITL", "tpot": "limited by the TPOT", "pool": "limited by the KV pool"}
 
 
 def _span(values: list[float], fmt) -> str:
@@ -259,7 +269,7 @@ def _cliffs(per: dict, fits: dict, med: pd.DataFrame) -> str:
     if lost:  # (a configuration that lost every length has its own sentence)
         said.append(f"{_names(lost, len(fits))} lost {'a length' if len(lost) == 1 else 'lengths'} (the Failures section says why)")
     if not said:
-        return "No configuration falls off its scaling model within the lengths measured."
+        return NO_CLIFFS
     text = "; ".join(said)
     return text[0].upper() + text[1:] + "."
 
@@ -317,15 +327,91 @@ def _since(rows: list[dict], name: str, key: str, verdict: str, L: int) -> str:
     return f"; measurably from {start:,} tokens on"
 
 
-def summary(med: pd.DataFrame, fits: dict, headline: dict | None, settings: dict, faults: list[str] | None = None) -> list[dict]:
+def _frontier(load: dict | None) -> str | None:
+    """'At 4 concurrent requests, TTFT at most 10 s holds to 41,000 tokens (measured, limited by the TTFT)': at
+    the highest concurrency every configuration's frontier has (else at each one's highest), per configuration."""
+    confs = {n: c["frontier"] for n, c in sorted(((load or {}).get("configurations") or {}).items()) if (c or {}).get("frontier")}
+    if not confs:
+        return None
+    slo = (load or {}).get("slo") or {}
+    words = slo_words(slo)
+    said = _and(words) if words else "the SLOs"
+    if is_number(slo.get("attainment")) and slo["attainment"] < 1:
+        said += f" (for {slo['attainment']:.0%} of requests)"
+    verb = "holds" if len(words) == 1 else "hold"
+    common = set.intersection(*({r["concurrency"] for r in rows} for rows in confs.values()))
+    parts = []
+    for name, rows in confs.items():
+        at = max(common) if common else max(r["concurrency"] for r in rows)
+        r = next(r for r in rows if r["concurrency"] == at)
+        how = ", ".join(w for w in (r.get("basis"), LIMITS.get(r.get("limited_by"))) if w)
+        L = r.get("max_length")
+        text = f"to {int(L):,} tokens" if is_number(L) and L > 0 else "at no length measured"
+        if len(confs) > 1:
+            text += f" in {name}"
+        if not common:
+            text += f" at {_requests(at)}"
+        parts.append(text + (f" ({how})" if how else ""))
+    lead = f"At {_requests(max(common))}, {said} {verb} " if common else f"{said[0].upper()}{said[1:]} {verb} "
+    return lead + _and(parts) + "."
+
+
+def _requests(c) -> str:
+    return f"{int(c):,} concurrent request{'s' if c != 1 else ''}"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _interference(load: dict | None) -> str | None:
+    """'A 16,384-token prompt stalls 2 running streams for 3.4 s (worst gap), as 2 chunks of 8,192 at 1.7 s each':
+    per configuration, its longest injected length with a worst gap."""
+    parts = []
+    confs = sorted(((load or {}).get("configurations") or {}).items())
+    for name, c in confs:
+        inter = (c or {}).get("interference") or {}
+        pts = [p for p in inter.get("points") or [] if is_number((p.get("worst_gap") or {}).get("value"))]
+        if not pts:
+            continue
+        p = max(pts, key=lambda p: p["length"])
+        L, gap = int(p["length"]), float(p["worst_gap"]["value"])
+        b = p.get("background", inter.get("background"))
+        who = (f"{int(b)} running stream{'s' if int(b) != 1 else ''}" if is_number(b) else "the running streams")
+        text = f"a {L:,}-token prompt stalls {who} for {time_words(gap)} (worst gap)"
+        fit = inter.get("fit") or {}
+        k = stall_chunks(L, fit)
+        if k and is_number(fit.get("per_chunk_s")):
+            per = time_words(float(fit["per_chunk_s"]))
+            if fit.get("basis", "chunks") == "chunks":
+                text += f", as {k:,} chunk{'s' if k != 1 else ''} of {int(fit['chunk']):,} at {per} each"
+            else:
+                text += f", growing linearly with the prompt ({per} per {int(fit['chunk']):,} tokens)"
+        parts.append((name, text))
+    if not parts:
+        return None
+    if len(parts) == 1 and len([1 for _, c in confs if ((c or {}).get("interference") or {}).get("points")]) <= 1:
+        text = parts[0][1]
+    else:
+        text = "; ".join(f"in {n}, {t}" for n, t in parts)
+    return text[0].upper() + text[1:] + "."
+
+
+def summary(med: pd.DataFrame, fits: dict, headline: dict | None, settings: dict, faults: list[str] | None = None,
+            load: dict | None = None) -> list[dict]:
     """Page one's sentences ({text, figure}), at most five: first what could not be measured at all (faults:
     the diagnosis' sentences of configurations with no length, or no usable time, measured), then the
-    module's five, as many as fit."""
+    module's five, as many as fit; with load (load.json's contents), the frontier's and the interference
+    probe's sentences after the third, and the fourth only where it says something (see the module)."""
     crit = {**USABLE, **(settings.get("usable") or {})}
     per = _tops(med, fits)
     said = [(t, None) for t in faults or []]
+    loaded = [(_frontier(load), "frontier"), (_interference(load), "interference")]
+    loaded = [(t, f) for t, f in loaded if t]
     if per:
-        said += [(_prefill(per), "overview"), (_decode(per), "overview"), (_usable(per, crit), "overview"),
-                 (_cliffs(per, fits, med), "residuals"), (_winners(headline), None)]
+        cliffs = _cliffs(per, fits, med)
+        said += [(_prefill(per), "overview"), (_decode(per), "overview"), (_usable(per, crit), "overview")]
+        said += loaded + [(None if loaded and cliffs == NO_CLIFFS else cliffs, "residuals"), (_winners(headline), None)]
+    else:
+        said += loaded
     return [{"text": t, "figure": f} for t, f in said if t][:5]
-

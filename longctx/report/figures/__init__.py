@@ -4,5 +4,7 @@
 FIGURES = ("overview", "ttft", "decode_rate", "step_time", "acceptance", "itl_depth")
 # made by `longctx plot-analysis` (the plot_analysis_figures rule)
 ANALYSIS_FIGURES = ("roofline", "residuals", "extrapolation", "planner")
+# made by `longctx plot-load` (data/load.json and data/load_metrics.csv; longctx.report.figures.load)
+LOAD_FIGURES = ("load_latency", "interference", "load_metrics", "frontier")
 # the formats each figure is saved in (PDF for LaTeX, PNG for Markdown): the files the plot rules expect
 FORMATS = ("pdf", "png")
