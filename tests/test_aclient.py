@@ -166,12 +166,9 @@ def test_32_concurrent_streams_on_one_event_loop(ref_server):
     async def many():
         async with async_timed_client() as client:
             bodies = [sglang_body([(7 * i + j) % 256 for j in range(40 + i)], out) for i in range(n)]
-            recs = await asyncio.gather(*(astream_generate(client, url, b, 120) for b in bodies))
-            pool = client._transport._pool  # noqa: SLF001 -- one connection per stream in flight
-            return recs, len(pool.connections)
+            return await asyncio.gather(*(astream_generate(client, url, b, 120) for b in bodies))
 
-    recs, connections = run(many())
-    assert 1 < connections <= n
+    recs = run(many())
     for i, rec in enumerate(recs):
         s = rec.summary()
         assert s["status"] == "ok", (i, s["reason"])

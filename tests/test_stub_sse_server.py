@@ -32,6 +32,11 @@ def _load_stub():
 stub_sse_server = _load_stub()
 
 
+def paced(ids, tokens, interval_s):
+    return json.dumps({"input_ids": ids, "sampling_params": {"max_new_tokens": tokens}, "stream": True,
+                       "stub": {"interval_s": interval_s}}).encode()
+
+
 @pytest.fixture(scope="module")
 def stub():
     with stub_sse_server.running(interval_s=INTERVAL) as base:
@@ -72,7 +77,8 @@ def test_32_async_streams_against_the_stub_and_their_errors(stub):
     async def many():
         async with async_timed_client() as client:
             await astream_generate(client, stub + "/generate", sglang_body([1] * 8, 2), 10)
-            return await asyncio.gather(*(astream_generate(client, stub + "/generate", sglang_body([i] * (8 + i), 20), 30)
+            # 32 x 20 events over 1 s: well within what this client reads on a loaded 2-core machine
+            return await asyncio.gather(*(astream_generate(client, stub + "/generate", paced([i] * (8 + i), 20, 0.05), 30)
                                           for i in range(32)))
 
     recs = asyncio.run(many())
