@@ -359,7 +359,7 @@ def describe(point: dict) -> str:
 
 
 def new_client() -> httpx.AsyncClient:
-    """The load workloads' client: socket-timed, room for many streams at once (client.ASYNC_LIMITS)."""
+    """The load workloads' client: socket-timed, a connection per request, as many at once as are sent."""
     return async_timed_client()
 
 
