@@ -145,6 +145,14 @@ def _plot(a) -> int:
     return 0
 
 
+def _plot_load(a) -> int:
+    from .report.figures.load import plot_load
+
+    for p in plot_load(a.load, a.metrics, a.style, a.outdir):
+        print(p)
+    return 0
+
+
 def _report_inputs(a):
     """The report's inputs from the options report_inputs adds: the data files, the configuration (from
     --config-json or --configfile) and the baseline (--baseline, else the configuration's)."""
@@ -299,6 +307,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.set_defaults(func=_plan_memory)
 
+    s = sub.add_parser("plot-load", help="load.json + load_metrics.csv -> load latency, interference, metrics and frontier figures")
+    s.add_argument("--load", required=True)
+    s.add_argument("--metrics", required=True)
+    s.add_argument("--style", required=True)
+    s.add_argument("--outdir", required=True)
+    s.set_defaults(func=_plot_load)
+
     s = sub.add_parser("plot-analysis", help="fits.json + planner.json -> roofline, residual, extrapolation and planner figures")
     s.add_argument("--results", required=True)
     s.add_argument("--fits", required=True)
@@ -325,6 +340,8 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--provenance", required=True, help="data/provenance.json")
         s.add_argument("--itl-depth", help="data/itl_depth.csv")
         s.add_argument("--planner", help="data/planner.json (the KV memory planner)")
+        s.add_argument("--load", help="data/load.json (the load workloads' analysis)")
+        s.add_argument("--load-metrics", help="data/load_metrics.csv (the servers' /metrics through the load workloads)")
         s.add_argument("--config-json", help="the validated configuration as JSON (what the workflow passes)")
         s.add_argument("--configfile", help="or: a config file")
         s.add_argument("--baseline", help="the configuration speedups are against (default: report.baseline, else the first one)")

@@ -1,6 +1,6 @@
 rule aggregate_results:
     input:
-        raw_files(),
+        raw_files(load=False),
     output:
         csv="data/results.csv",
         provenance="data/provenance.json",
@@ -50,3 +50,43 @@ rule plan_memory:
     shell:
         "longctx plan-memory --provenance {input.provenance} --results {input.results} "
         "--fractions {params.fractions} --out {output} > {log} 2>&1"
+
+
+# The load workloads (longctx.analysis.load): a row per request, per interference stream and per
+# /metrics sample, then their percentiles, goodput, interference fit, KV reconciliation and SLO frontier.
+rule aggregate_load:
+    input:
+        load_files(),
+    output:
+        requests="data/load_requests.csv",
+        interference="data/load_interference.csv",
+        metrics="data/load_metrics.csv",
+    log:
+        "data/logs/aggregate_load.log",
+    conda:
+        ENV
+    shell:
+        "longctx aggregate-load --out-requests {output.requests} --out-interference {output.interference} "
+        "--out-metrics {output.metrics} {input} > {log} 2>&1"
+
+
+rule analyze_load:
+    input:
+        requests="data/load_requests.csv",
+        interference="data/load_interference.csv",
+        metrics="data/load_metrics.csv",
+        fits="data/fits.json",
+        provenance="data/provenance.json",
+        planner="data/planner.json",
+    output:
+        "data/load.json",
+    log:
+        "data/logs/analyze_load.log",
+    params:
+        settings=lambda w: canonical_json({"slo": CFG["slo"], "load": CFG["load"], "analysis": CFG["analysis"]}),
+    conda:
+        ENV
+    shell:
+        "longctx analyze-load --requests {input.requests} --interference {input.interference} "
+        "--metrics {input.metrics} --fits {input.fits} --provenance {input.provenance} --planner {input.planner} "
+        "--settings {params.settings:q} --out {output} > {log} 2>&1"

@@ -8,7 +8,7 @@ import re
 from longctx import config as lcfg
 from longctx.core.hashing import canonical_json, digest
 from longctx.measure.calibration import plan as calibration_plan
-from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS
+from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, LOAD_FIGURES
 from longctx.measure.resources import bench_resources
 
 CFG = lcfg.validate(config)
@@ -39,7 +39,8 @@ os.environ[lcfg.CONFIG_SOURCES_VAR] = canonical_json({"configfiles": [str(f) for
 # the inputs of those rules, each a field of longctx.report.context.ReportInputs and an option of
 # `longctx render/markdown/plan-section` (--results, --fits, --provenance, --itl-depth, --planner).
 REPORT_DATA = dict(results="data/results.csv", fits="data/fits.json", provenance="data/provenance.json",
-                   itl_depth="data/itl_depth.csv", planner="data/planner.json")
+                   itl_depth="data/itl_depth.csv", planner="data/planner.json", load="data/load.json",
+                   load_metrics="data/load_metrics.csv")
 # ... and the baseline and configuration those rules pass (their params).
 REPORT_PARAMS = dict(baseline=BASELINE, config=REPORT_CONFIG)
 
@@ -48,6 +49,9 @@ REPORT_PARAMS = dict(baseline=BASELINE, config=REPORT_CONFIG)
 # kernel builds need a compute node; the rest runs where snakemake runs.
 localrules:
     aggregate_results,
+    aggregate_load,
+    analyze_load,
+    plot_load_figures,
     fit_models,
     plan_memory,
     plot_figures,
@@ -74,10 +78,15 @@ wildcard_constraints:
 ITL_DEPTH = bool(CFG["protocol"]["itl_depth"]["length"])
 
 
-def raw_files(configurations=CONFIGURATIONS):
-    """What a bench job writes: a file per length, and the ITL-against-depth request when configured."""
-    names = [str(n) for n in LENGTHS] + (["itl_depth"] if ITL_DEPTH else [])
+def raw_files(configurations=CONFIGURATIONS, load=True):
+    """What a bench job writes: a file per length, the ITL-against-depth request when configured, and
+    (with load) load.json: the load workloads, or a record that the configuration measures none."""
+    names = [str(n) for n in LENGTHS] + (["itl_depth"] if ITL_DEPTH else []) + (["load"] if load else [])
     return expand("data/raw/{configuration}/{name}.json", configuration=configurations, name=names)
+
+
+def load_files():
+    return expand("data/raw/{configuration}/load.json", configuration=CONFIGURATIONS)
 
 
 def kernel_build(wildcards):

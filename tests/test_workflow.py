@@ -57,7 +57,8 @@ def test_two_builds_from_the_same_data_are_byte_identical(workflow, tmp_path):
     shutil.copytree(workflow / "report" / "figures", out / "figures")
     data = {k: workflow / "data" / f for k, f in (("results", "results.csv"), ("fits", "fits.json"),
                                                    ("provenance", "provenance.json"), ("itl_depth", "itl_depth.csv"),
-                                                   ("planner", "planner.json"))}
+                                                   ("planner", "planner.json"), ("load", "load.json"),
+                                                   ("load_metrics", "load_metrics.csv"))}
     cfg = lcfg.redacted(lcfg.load(workflow / "tiny.yaml"))  # as the workflow passes it: env values hidden
     record = report.render_report(workflow / "templates" / "longctx.tex.j2", out / "longctx.tex", out / "version.json",
                                   ReportInputs(**data, baseline=lcfg.report_baseline(cfg), config=cfg))
@@ -153,6 +154,7 @@ def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream
         assert planned_jobs(workflow) == {
             "build_kernel": 1, "bench_configuration": len(configurations), "aggregate_results": 1, "fit_models": 1,
             "plan_memory": 1, "plot_figures": 1, "plot_analysis_figures": 1, "render_report": 1, "build_pdf": 1,
+            "aggregate_load": 1, "analyze_load": 1, "plot_load_figures": 1,
             **({"bench_kernel": 1} if "page16" in configurations else {}),  # the native kernel, timed alone
         }
     finally:
@@ -170,7 +172,8 @@ def test_the_studys_deployment_config_plans_its_jobs_without_a_gpu(workflow):
     jobs = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m[1] != "total"}
     assert jobs == {"build_kernel": 1, "bench_kernel": 1, "bench_configuration": 3, "calibrate_hardware": 1,
                     "aggregate_results": 1, "fit_models": 1, "plan_memory": 1, "plot_figures": 1,
-                    "plot_analysis_figures": 1, "render_report": 1, "build_pdf": 1}
+                    "plot_analysis_figures": 1, "render_report": 1, "build_pdf": 1, "aggregate_load": 1,
+                    "analyze_load": 1, "plot_load_figures": 1}
     for configuration in ("triton-page1", "sm120-kernel", "sm120-kernel-defrag"):
         assert f"data/raw/{configuration}/185000.json" in out
 
@@ -232,3 +235,27 @@ def test_analysis_diagnosis_in_the_summary_roofline_and_planner_in_the_report(wo
     assert "KV pool holds 4,096 tokens" in md and "(figures/roofline.png)" in md
     for heading in ("Roofline of decode attention", "KV memory planner", "Model and hardware ceilings", "Regime changes"):
         assert heading in text, heading
+
+
+def test_the_load_workloads_are_measured_analysed_and_reported(workflow):
+    """tiny.yaml's load section on page1 (the others say load: false): every kind in load.json, in the
+    PDF's Under load section with the server's view over time and the frontier, on page one too."""
+    load = json.loads((workflow / "data" / "load.json").read_text())
+    assert set(load["configurations"]) == {"page1"}
+    page1 = load["configurations"]["page1"]
+    assert [p["level"] for p in page1["closed"]] == [2] and [p["level"] for p in page1["open"]] == [20]
+    assert all(p["ok"] == p["n"] for p in page1["closed"] + page1["open"])
+    assert [p["length"] for p in page1["interference"]["points"]] == [1024]
+    assert page1["frontier"] and page1["reconciliation"]["checked"] > 0
+    raw = json.loads((workflow / "data" / "raw" / "page16" / "load.json").read_text())
+    assert raw["status"] == "not configured" and raw["workloads"] == []
+    series = pd.read_csv(workflow / "data" / "load_metrics.csv")
+    assert {"running", "used_tokens"} <= set(series["name"]) and (series["configuration"] == "page1").all()
+    text = pdftotext(workflow / "report" / "longctx.pdf")
+    for title in ("Under load", "Closed loop: concurrency", "Open loop: arrival rate",
+                  "Interference: one long prefill among running decodes", "view over time",
+                  "The SLO frontier"):
+        assert title in text, title
+    assert "1,024-token prompt stalls 2 running streams" in " ".join(text.split())
+    md = (workflow / "report" / "longctx.md").read_text()
+    assert "figures/frontier.png" in md and "figures/interference.png" in md
