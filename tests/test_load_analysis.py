@@ -108,6 +108,11 @@ def test_the_stall_fit_per_chunk_and_per_token():
     assert fit["per_chunk_s"] == pytest.approx(0.2) and fit["a_s"] == pytest.approx(0.05) and fit["r2"] == pytest.approx(1.0)
     assert [p["length"] for p in out["points"]] == [256, 1024, 2048]
     assert out["points"][1]["extra"]["value"] == pytest.approx(0.45)
+    # L = 1024 in chunks of 512: 2 chunks; worst gap 0.45 + 0.0625 over an injected TTFT of 0.45 (the streams
+    # waited through all of it and a step more); each chunk 0.225 s on average
+    p = out["points"][1]
+    assert p["chunks"] == 2 and p["stalled_share"] == pytest.approx(0.5125 / 0.45) and p["mean_chunk_s"] == pytest.approx(0.225)
+    assert p["background"] == 2
     # no chunked prefill: extra = 0.01 + 1e-4 L
     rows = [_victims(L, 0.01 + 1e-4 * L, None) for L in (1000, 2000, 4000)]
     fit = interference(pd.DataFrame(rows), SETTINGS, "a")["fit"]

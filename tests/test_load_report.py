@@ -58,7 +58,8 @@ LOAD = {
                 {"length": 8192, "n": 2, "background": 2, "worst_gap": est(0.9, 0.85, 1.0), "extra": est(0.8, 0.7, 0.9),
                  "steady_itl_s": 0.0205, "window_s": 1.1},
                 {"length": 16384, "n": 2, "background": 2, "worst_gap": est(1.7, 1.6, 1.8), "extra": est(1.6, 1.5, 1.7),
-                 "steady_itl_s": 0.0205, "window_s": 2.2}],
+                 "steady_itl_s": 0.0205, "window_s": 2.2, "injected_ttft_s": 3.4, "chunks": 2, "stalled_share": 0.5,
+                 "mean_chunk_s": 1.7}],
                 "fit": {"chunk": 8192, "per_chunk_s": 0.85, "low": 0.8, "high": 0.9, "r2": 0.998, "basis": "chunks"}},
             "frontier": [
                 {"concurrency": 1, "max_length": 16384, "basis": "measured", "limited_by": "ttft", "pool_bound": 40960,
@@ -74,7 +75,9 @@ LOAD = {
                        point(4, 4096, est(2.8, 2.6, 3.0), est(7.5, 7.0, 8.0), est(0.013, 0.012, 0.014), est(0.06, 0.055, 0.065))],
             "open": [],
             "interference": {"points": [{"length": 16384, "n": 2, "background": 2, "worst_gap": est(3.4, 3.2, 3.6),
-                                         "extra": est(3.3, 3.1, 3.5), "steady_itl_s": 0.02, "window_s": 3.5}], "fit": None},
+                                         "extra": est(3.3, 3.1, 3.5), "steady_itl_s": 0.02, "window_s": 3.5,
+                                         "injected_ttft_s": 3.5, "chunks": None, "stalled_share": 3.4 / 3.5,
+                                         "mean_chunk_s": None}], "fit": None},
             "frontier": [
                 {"concurrency": 1, "max_length": 8192, "basis": "model", "limited_by": "pool", "pool_bound": 8192,
                  "passes": [4096], "fails": []},
@@ -91,8 +94,10 @@ LOAD = {
 LOAD["configurations"]["chunked"]["open"][0]["queue"] = {"p50": est(0.25, 0.2, 0.3), "p90": None, "p99": None, "n": 8}
 FRONTIER = ("At 4 concurrent requests, TTFT at most 10 s and ITL at most 200 ms (for 90% of requests) hold to 4,096 tokens in "
             "chunked (measured, limited by the TTFT) and to 2,048 tokens in whole (model, limited by the KV pool).")
-INTERFERENCE = ("In chunked, a 16,384-token prompt stalls 2 running streams for 1.7 s (worst gap), as 2 chunks of 8,192 at 850 ms "
-                "each; in whole, a 16,384-token prompt stalls 2 running streams for 3.4 s (worst gap).")
+# chunked: the streams waited through half of the prefill (one of its 2 chunks); whole: through all of it
+INTERFERENCE = ("In chunked, a 16,384-token prompt stalls 2 running streams for 1.7 s (worst gap), 50% of its prefill "
+                "(TTFT 3.4 s, 2 chunks); in whole, a 16,384-token prompt stalls 2 running streams for 3.4 s (worst gap), "
+                "the whole of its prefill (TTFT 3.5 s).")
 
 
 def metrics_rows() -> list[dict]:
@@ -183,7 +188,8 @@ def test_interference_reconciliation_and_frontier_tables(built):
     assert inter == [["chunked", "8,192", "2", "0.9 [0.85, 1]", "0.8 [0.7, 0.9]", "20.5", "1.1"],
                      ["chunked", "16,384", "2", "1.7 [1.6, 1.8]", "1.6 [1.5, 1.7]", "20.5", "2.2"],
                      ["whole", "16,384", "2", "3.4 [3.2, 3.6]", "3.3 [3.1, 3.5]", "20", "3.5"]]
-    assert "- chunked: stall ≈ ⌈L / 8,192⌉ × 0.85 [0.8, 0.9] s per chunk (R² 0.998)." in built["md"]
+    # the fixture's fit has no intercept: the model's words without it
+    assert "- chunked: time lost ≈ ⌈L / 8,192⌉ × 0.85 [0.8, 0.9] s per chunk (R² 0.998)." in built["md"]
     assert "- whole: no stall model fitted" in built["md"]
     # the flagged gauge, with both numbers
     assert md_table(built["md"], "configuration | workload | L | t (s)") == [
@@ -233,10 +239,12 @@ def _said(load: dict) -> list[str]:
 def test_one_configuration_and_one_slo_reads_as_one_clause():
     one = {"slo": {"ttft_s": 10, "attainment": 1.0}, "configurations": {"a": {
         "frontier": [{"concurrency": 4, "max_length": 41000, "basis": "measured", "limited_by": "ttft", "pool_bound": 50000}],
-        "interference": {"points": [{"length": 16384, "background": 2, "worst_gap": est(3.4, 3, 4)}],
+        "interference": {"points": [{"length": 16384, "background": 2, "worst_gap": est(3.4, 3, 4), "injected_ttft_s": 3.5,
+                                     "chunks": 2, "stalled_share": 3.4 / 3.5, "mean_chunk_s": 1.75}],
                          "fit": {"chunk": 8192, "per_chunk_s": 1.7, "basis": "chunks"}}}}}
     assert _said(one) == ["At 4 concurrent requests, TTFT at most 10 s holds to 41,000 tokens (measured, limited by the TTFT).",
-                          "A 16,384-token prompt stalls 2 running streams for 3.4 s (worst gap), as 2 chunks of 8,192 at 1.7 s each."]
+                          "A 16,384-token prompt stalls 2 running streams for 3.4 s (worst gap), the whole of its prefill "
+                          "(TTFT 3.5 s: its 2 chunks run back to back, 1.75 s each on average)."]
     # frontiers without a concurrency in common: each at its own highest
     two = {"slo": {"ttft_s": 5}, "configurations": {"a": one["configurations"]["a"], "b": {"frontier": [
         {"concurrency": 2, "max_length": None, "basis": "measured", "limited_by": "ttft"}]}}}
@@ -295,3 +303,14 @@ def test_without_load_data_there_is_no_load_section_and_the_version_covers_the_l
     metrics_csv.write_text(metrics_csv.read_text().replace("9000", "9001"))
     third = version_of(ctx, load_inputs(paths, load_json, metrics_csv), TEMPLATES, vdir)["hash"]
     assert len({first, second, third}) == 3
+
+
+def test_the_stall_curve_is_the_analysis_model_with_its_intercept():
+    from longctx.report.load import stall_curve
+
+    chunks = {"basis": "chunks", "chunk": 8192, "a_s": 0.1, "per_chunk_s": 0.85, "low": 0.8, "high": 0.9}
+    value, (low, high) = stall_curve([4096, 8192, 16384], chunks)
+    assert list(value) == pytest.approx([0.95, 0.95, 1.8]) and list(high) == pytest.approx([1.0, 1.0, 1.9])
+    linear = {"basis": "linear", "chunk": None, "a_s": 0.05, "per_token_s": 1e-4, "per_chunk_s": None}
+    value, _ = stall_curve([10000], linear)
+    assert list(value) == pytest.approx([1.05])

@@ -153,11 +153,18 @@ def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
         med = {"p50": 0.5}
         wg = percentiles(o["worst_gap_s"], n_boot, level, rng_for(seed, name, length, "worst_gap"), med)["p50"]
         ex = percentiles(o["extra_s"], n_boot, level, rng_for(seed, name, length, "extra"), med)["p50"]
+        background = pd.to_numeric(g["background"], errors="coerce").dropna()
         points.append({"length": int(length), "n": len(o), "failed": len(g) - len(o), "reasons": _reasons(g),
+                       "background": int(background.iloc[0]) if len(background) else None,
                        "worst_gap": wg, "extra": ex, "steady_itl_s": _num(o["steady_itl_s"].median()),
                        "window_s": _num(o["window_s"].median()), "injected_ttft_s": _num(o["injected_ttft_s"].median())})
     chunks = pd.to_numeric(df["chunked_prefill_size"], errors="coerce")
     chunk = int(chunks[chunks > 0].iloc[0]) if (chunks > 0).any() else None
+    for p in points:  # what the stall is made of: how much of the injected prefill the streams waited through
+        gap, ttft = (p["worst_gap"] or {}).get("value"), p["injected_ttft_s"]
+        p["chunks"] = -(-p["length"] // chunk) if chunk else None
+        p["stalled_share"] = gap / ttft if gap is not None and ttft else None
+        p["mean_chunk_s"] = ttft / p["chunks"] if ttft and p["chunks"] else None
     L, y = ok["length"].to_numpy(float), pd.to_numeric(ok["extra_s"], errors="coerce").to_numpy(float)
     keep = np.isfinite(L) & np.isfinite(y)
     L, y = L[keep], y[keep]

@@ -12,7 +12,6 @@ that the section names.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pandas as pd
@@ -231,21 +230,22 @@ def view(load: dict, metrics: pd.DataFrame | None = None, order: list[str] | Non
                 c["closed"] or c["open"] or c["interference"]["any"])]}
 
 
-def stall_chunks(length: int, fit: dict) -> int | None:
-    """The chunks a prompt of `length` is prefilled in under the fit's chunk size (None without one)."""
-    chunk = fit.get("chunk") if fit else None
-    return math.ceil(length / chunk) if is_number(chunk) and chunk > 0 else None
-
-
 def stall_curve(lengths, fit: dict):
-    """The fitted stall at each of lengths: ceil(L / chunk) x per-chunk time under chunked prefill ("chunks"),
-    L / chunk x per-chunk time where it grows linearly ("linear"); with the interval's ends (low, high) alike."""
+    """The fitted stall at each of lengths, as the analysis fits it (longctx.analysis.load_summary.interference):
+    a + k x ceil(L / chunk) under chunked prefill ("chunks"), a + b x L otherwise ("linear"); with the
+    interval's ends of the slope (low, high) alike."""
     import numpy as np
 
     L = np.asarray(lengths, float)
-    chunk = fit.get("chunk")
-    if not is_number(chunk) or chunk <= 0 or not is_number(fit.get("per_chunk_s")):
-        return None
-    k = np.ceil(L / chunk) if fit.get("basis", "chunks") == "chunks" else L / chunk
-    ends = tuple(k * float(fit[e]) if is_number(fit.get(e)) else None for e in ("low", "high"))
-    return k * float(fit["per_chunk_s"]), ends
+    a = float(fit["a_s"]) if is_number(fit.get("a_s")) else 0.0
+    if fit.get("basis", "chunks") == "chunks":
+        chunk = fit.get("chunk")
+        if not is_number(chunk) or chunk <= 0 or not is_number(fit.get("per_chunk_s")):
+            return None
+        x, slope = np.ceil(L / chunk), float(fit["per_chunk_s"])
+    else:
+        if not is_number(fit.get("per_token_s")):
+            return None
+        x, slope = L, float(fit["per_token_s"])
+    ends = tuple(a + x * float(fit[e]) if is_number(fit.get(e)) else None for e in ("low", "high"))
+    return a + x * slope, ends

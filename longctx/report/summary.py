@@ -26,7 +26,7 @@ import math
 
 import pandas as pd
 
-from .load import slo_words, stall_chunks, time_words
+from .load import slo_words, time_words
 from .numbers import is_number, rounded
 
 USABLE = {"ttft_s": 10.0, "decode_tok_s": 10.0}
@@ -365,8 +365,9 @@ def _and(items: list[str]) -> str:
 
 
 def _interference(load: dict | None) -> str | None:
-    """'A 16,384-token prompt stalls 2 running streams for 3.4 s (worst gap), as 2 chunks of 8,192 at 1.7 s each':
-    per configuration, its longest injected length with a worst gap."""
+    """'A 16,384-token prompt stalls 2 running streams for 3.4 s (worst gap), the whole of its prefill (TTFT
+    3.4 s: its 2 chunks run back to back, 1.7 s each on average)': per configuration, its longest injected
+    length with a worst gap, and how much of the prefill the streams waited through (where it is known)."""
     parts = []
     confs = sorted(((load or {}).get("configurations") or {}).items())
     for name, c in confs:
@@ -379,14 +380,16 @@ def _interference(load: dict | None) -> str | None:
         b = p.get("background", inter.get("background"))
         who = (f"{int(b)} running stream{'s' if int(b) != 1 else ''}" if is_number(b) else "the running streams")
         text = f"a {L:,}-token prompt stalls {who} for {time_words(gap)} (worst gap)"
-        fit = inter.get("fit") or {}
-        k = stall_chunks(L, fit)
-        if k and is_number(fit.get("per_chunk_s")):
-            per = time_words(float(fit["per_chunk_s"]))
-            if fit.get("basis", "chunks") == "chunks":
-                text += f", as {k:,} chunk{'s' if k != 1 else ''} of {int(fit['chunk']):,} at {per} each"
-            else:
-                text += f", growing linearly with the prompt ({per} per {int(fit['chunk']):,} tokens)"
+        share, n, ttft = p.get("stalled_share"), p.get("chunks"), p.get("injected_ttft_s")
+        if is_number(share) and is_number(ttft):
+            if share >= 0.8:  # the streams waited through the whole prefill
+                text += f", the whole of its prefill (TTFT {time_words(float(ttft))}"
+                if is_number(n) and n > 1 and is_number(p.get("mean_chunk_s")):
+                    text += (f": its {int(n):,} chunks run back to back, {time_words(float(p['mean_chunk_s']))} "
+                             "each on average")
+                text += ")"
+            elif is_number(n) and n > 1:
+                text += f", {share:.0%} of its prefill (TTFT {time_words(float(ttft))}, {int(n):,} chunks)"
         parts.append((name, text))
     if not parts:
         return None
