@@ -36,17 +36,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..engines import EngineAdapter
 from ..specs.pool import observed_pool
-from .client import StreamRecord, async_timed_client
+from .client import SEND_AT, StreamRecord, async_timed_client
 from .process import ServerError
 from .prompts import Prompter, check_counts
 
 log = logging.getLogger("longctx.measure.load")
 progress = logging.getLogger("longctx.progress")
 LOAD_FORMAT = "longctx.load/1"
-# Open loop: the schedule starts this long after its bodies are built, and the last stretch before a
-# scheduled time is waited out spinning (epoll's timeout has a millisecond's grain)
+# Open loop: the schedule starts this long after its bodies are built; each request is started SEND_AHEAD_S
+# before its time (built, its connection taken) and its first byte held until then (client.SEND_AT)
 LEAD_S = 0.05
-SPIN_S = 0.0015
+SEND_AHEAD_S = 0.025
 # Canonical metrics summed over the server's label sets (requests, counters); the others (token counts,
 # fractions of the pool) are replicated per rank and taken at their largest
 SUMMED = ("running", "queued", "retracted_total", "preemptions_total", "gen_throughput")
@@ -140,6 +140,7 @@ class LoadContext:
     load: dict  # config key load
     timeout_s: Callable[[int, int], float]  # (prompt tokens, requests in flight at most) -> a request's timeout
     flush: Callable[[], "asyncio.Future | None"] | None = None
+    warm_path: str | None = None  # a cheap GET (the health path) sent before an open loop's schedule starts
 
     def scraper(self, t0: float) -> Scraper | None:
         m = self.load["metrics"]
@@ -207,6 +208,7 @@ async def closed_loop(ctx: LoadContext, length: int, concurrency: int) -> dict:
     timeout = ctx.timeout_s(length, concurrency)
     results: list[dict | None] = [None] * n
     state = {"next": 0}
+    await _warm(ctx)
     t0 = time.perf_counter()
 
     async def worker() -> None:
@@ -223,13 +225,20 @@ async def closed_loop(ctx: LoadContext, length: int, concurrency: int) -> dict:
             "requests": requests, "metrics": metrics}
 
 
-async def sleep_until(target: float) -> None:
-    """Wait until perf_counter reaches target: asyncio's sleep for the most of it, a spin for the end."""
-    ahead = target - time.perf_counter() - SPIN_S
-    if ahead > 0:
-        await asyncio.sleep(ahead)
-    while time.perf_counter() < target:
-        pass
+async def _warm(ctx: LoadContext) -> None:
+    """The client's first request pays its one-off costs (38 ms here): a GET of the health path before a point."""
+    if ctx.warm_path:
+        try:
+            await ctx.client.get(ctx.base + ctx.warm_path, timeout=10)
+        except httpx.HTTPError:
+            pass
+
+
+async def _send_at(at: float, ctx: LoadContext, *args, **kwargs) -> dict:
+    """_send with its first byte held until `at` (client.SEND_AT): built and connected beforehand (its
+    send_setup_s then counts from that early start, the hold included)."""
+    SEND_AT.set(at)
+    return await _send(ctx, *args, **kwargs)
 
 
 async def open_loop(ctx: LoadContext, length: int, rate: float) -> dict:
@@ -238,14 +247,15 @@ async def open_loop(ctx: LoadContext, length: int, rate: float) -> dict:
     schedule = arrival_schedule(rate, n, cfg["arrival"], cfg["burstiness"], cfg["seed"])
     bodies = [ctx.prompter.body(length, f"{ctx.key}/open/r{rate:g}/L{length}/{i}", n_out) for i in range(n)]
     timeout = ctx.timeout_s(length, n)
+    await _warm(ctx)
     t0 = time.perf_counter() + LEAD_S
 
     async def send_all() -> list[dict]:
         tasks = []
-        for i, at in enumerate(schedule):
-            await sleep_until(t0 + at)
-            tasks.append(asyncio.create_task(_send(ctx, bodies[i], length, n_out, t0, timeout, index=i,
-                                                   scheduled_s=at)))
+        for i, at in enumerate(schedule):  # each started SEND_AHEAD_S early, its first byte held until its time
+            await asyncio.sleep(max(0.0, t0 + at - SEND_AHEAD_S - time.perf_counter()))
+            tasks.append(asyncio.create_task(_send_at(t0 + at, ctx, bodies[i], length, n_out, t0, timeout, index=i,
+                                                      scheduled_s=at)))
         return list(await asyncio.gather(*tasks))
 
     requests, metrics = await _with_scrape(ctx, t0, send_all())
@@ -441,7 +451,7 @@ def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, f
                         except httpx.HTTPError as exc:
                             log.warning("%s: flush_cache failed: %s", spec.name, exc)
                 ctx = LoadContext(client, session.base, session.api.generate_path, session.prompter, session.adapter,
-                                  f"{run_id}/{spec.name}", load, timeout, flush)
+                                  f"{run_id}/{spec.name}", load, timeout, flush, session.health_path)
                 return await run_point(ctx, kind, length, level, chunk, bg)
 
         try:
