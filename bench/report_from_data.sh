@@ -13,7 +13,7 @@ cp -r "$TREE/templates" "$OUT/"
 export PYTHONPATH=$TREE PATH=$VENV/bin:$PATH
 cd "$OUT"
 CFGJSON=$(python -c "import json,yaml,sys; sys.path.insert(0,'$TREE'); from longctx import config; print(json.dumps(config.load('$TREE/config/longctx.yaml')))")
-RAW=$(ls data/raw/*/*.json | sort)
+RAW=$(ls data/raw/*/*.json | grep -v '/load\.json$' | sort)
 longctx aggregate --out-csv data/results.csv --out-provenance data/provenance.json --out-itl-depth data/itl_depth.csv $RAW
 SETTINGS=$(python -c "import json; c=json.loads('''$CFGJSON'''); print(json.dumps({k: v for k, v in c['analysis'].items() if k != 'mem_fractions'}, sort_keys=True, separators=(',', ':')))")
 longctx fit --results data/results.csv --provenance data/provenance.json --calibration data/calibration.json --settings "$SETTINGS" --kernel-bench data/kernels/*.json --out data/fits.json > /dev/null
@@ -21,8 +21,16 @@ FR=$(python -c "import json; c=json.loads('''$CFGJSON'''); print(','.join(str(f)
 longctx plan-memory --provenance data/provenance.json --results data/results.csv --fractions $FR --out data/planner.json > /dev/null
 longctx plot --results data/results.csv --fits data/fits.json --style templates/plot.mplstyle --itl-depth data/itl_depth.csv --provenance data/provenance.json --outdir report/figures > /dev/null
 longctx plot-analysis --results data/results.csv --fits data/fits.json --planner data/planner.json --style templates/plot.mplstyle --outdir report/figures > /dev/null
-longctx render --template templates/longctx.tex.j2 --results data/results.csv --fits data/fits.json --provenance data/provenance.json --itl-depth data/itl_depth.csv --planner data/planner.json --config-json "$CFGJSON" --out report/longctx.tex --version-out report/version.json
+LOAD=()  # the load workloads, in trees that have them (a tree before them has no aggregate-load)
+if ls data/raw/*/load.json > /dev/null 2>&1 && longctx aggregate-load --help > /dev/null 2>&1; then
+  longctx aggregate-load --out-requests data/load_requests.csv --out-interference data/load_interference.csv --out-metrics data/load_metrics.csv data/raw/*/load.json > /dev/null
+  LSET=$(python -c "import json; c=json.loads('''$CFGJSON'''); print(json.dumps({'slo': c['slo'], 'load': c['load'], 'analysis': c['analysis']}, sort_keys=True, separators=(',', ':')))")
+  longctx analyze-load --requests data/load_requests.csv --interference data/load_interference.csv --metrics data/load_metrics.csv --fits data/fits.json --provenance data/provenance.json --planner data/planner.json --settings "$LSET" --out data/load.json > /dev/null
+  longctx plot-load --load data/load.json --metrics data/load_metrics.csv --style templates/plot.mplstyle --outdir report/figures > /dev/null
+  LOAD=(--load data/load.json --load-metrics data/load_metrics.csv)
+fi
+longctx render --template templates/longctx.tex.j2 --results data/results.csv --fits data/fits.json --provenance data/provenance.json --itl-depth data/itl_depth.csv --planner data/planner.json "${LOAD[@]}" --config-json "$CFGJSON" --out report/longctx.tex --version-out report/version.json
 longctx pdf --tex report/longctx.tex --provenance data/provenance.json --version report/version.json --out report/longctx.pdf > /dev/null
-longctx markdown --template templates/longctx.md.j2 --version report/version.json --results data/results.csv --fits data/fits.json --provenance data/provenance.json --itl-depth data/itl_depth.csv --planner data/planner.json --config-json "$CFGJSON" --out report/longctx.md
+longctx markdown --template templates/longctx.md.j2 --version report/version.json --results data/results.csv --fits data/fits.json --provenance data/provenance.json --itl-depth data/itl_depth.csv --planner data/planner.json "${LOAD[@]}" --config-json "$CFGJSON" --out report/longctx.md
 pdftotext -layout report/longctx.pdf report/longctx.txt
 echo "$OUT/report/longctx.txt"

@@ -113,6 +113,11 @@ def test_the_stall_fit_per_chunk_and_per_token():
     p = out["points"][1]
     assert p["chunks"] == 2 and p["stalled_share"] == pytest.approx(0.5125 / 0.45) and p["mean_chunk_s"] == pytest.approx(0.225)
     assert p["background"] == 2
+    assert fit["share"] == pytest.approx(1.0)  # the fixture's streams lose exactly the injected prefill's time
+    # streams that lose half of each injected prefill (one of two chunks, as with mixed chunks)
+    half = [{**_victims(L, 0.05 + 0.2 * c, 512), "injected_ttft_s": 2 * (0.05 + 0.2 * c)} for L, c in ((256, 1), (1024, 2))]
+    fit = interference(pd.DataFrame(half), SETTINGS, "a")["fit"]
+    assert fit["share"] == pytest.approx(0.5) and fit["share_low"] == pytest.approx(0.5) and fit["basis"] is None
     # no chunked prefill: extra = 0.01 + 1e-4 L
     rows = [_victims(L, 0.01 + 1e-4 * L, None) for L in (1000, 2000, 4000)]
     fit = interference(pd.DataFrame(rows), SETTINGS, "a")["fit"]

@@ -169,8 +169,9 @@ def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
     keep = np.isfinite(L) & np.isfinite(y)
     L, y = L[keep], y[keep]
     x = np.ceil(L / chunk) if chunk else L
+    share = _share(ok, n_boot, level, rng_for(seed, name, "interference_share"))
     if len(np.unique(x)) < 2 or len(x) < 3:
-        return {"points": points, "fit": None}
+        return {"points": points, "fit": {"basis": None, **share} if share["share"] is not None else None}
     a, k, r2 = _ols(x, y)
     rng = rng_for(seed, name, "interference_fit")
     draws = []
@@ -183,7 +184,26 @@ def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
     return {"points": points, "fit": {"basis": basis, "chunk": chunk, "a_s": a, "slope_s": k, "low": lo, "high": hi,
                                       "r2": r2, "n": len(x), "per_chunk_s": k if chunk else None,
                                       "per_token_s": None if chunk else k,
-                                      "model": "extra = a + k*ceil(L/chunk)" if chunk else "extra = a + b*L"}}
+                                      "model": "extra = a + k*ceil(L/chunk)" if chunk else "extra = a + b*L",
+                                      **share}}
+
+
+def _share(ok: pd.DataFrame, n_boot: int, level: float, rng) -> dict:
+    """How much of the injected prompt's own prefill the streams lose: extra = share x its TTFT, least squares
+    through the origin over the victims, with a bootstrap interval. Near 1: they wait through every chunk
+    (prefill first, as SGLang schedules); near 1/chunks: one chunk at a time (mixed chunks)."""
+    x = pd.to_numeric(ok["injected_ttft_s"], errors="coerce").to_numpy(float)
+    y = pd.to_numeric(ok["extra_s"], errors="coerce").to_numpy(float)
+    keep = np.isfinite(x) & np.isfinite(y) & (x > 0)
+    x, y = x[keep], y[keep]
+    if not len(x):
+        return {"share": None, "share_low": None, "share_high": None}
+    draws = []
+    for _ in range(n_boot):
+        i = rng.integers(0, len(x), len(x))
+        draws.append(float((x[i] * y[i]).sum() / (x[i] ** 2).sum()))
+    lo, hi = _interval(np.asarray(draws, float), level) if draws else (None, None)
+    return {"share": float((x * y).sum() / (x**2).sum()), "share_low": lo, "share_high": hi}
 
 
 def reconcile(df: pd.DataFrame, pool: int | None, margin: float) -> dict:

@@ -9,6 +9,7 @@ from these). `rounded` writes a number inside a sentence (the diagnosis, figure 
 
 from __future__ import annotations
 
+
 import re
 
 from ..core.numbers import is_number
@@ -41,8 +42,12 @@ def plain(value, kind: str) -> str | None:
 
 
 def sig(value, digits: int = 3) -> str | None:
-    """Engineering style with `digits` significant digits (1.23e-05 for tiny ones)."""
-    return f"{float(value):.{digits}g}" if is_number(value) else None
+    """`digits` significant digits (1.23e-05 for tiny ones); a number of more integer digits than that
+    rounded to them and written out (1,234.5 -> 1230, which `group` writes 1,230), never 1.23e+03."""
+    if not is_number(value):
+        return None
+    text = f"{float(value):.{digits}g}"
+    return f"{float(text):.0f}" if "e+" in text else text
 
 
 def interval(pair, scale: float = 1.0, digits: int = 3) -> tuple[str, str | None] | None:
