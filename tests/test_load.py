@@ -151,12 +151,12 @@ def test_a_sweep_with_load_on_the_reference_engine(tmp_path):
     spec.protocol.update(warmup=0, trials=1, output_tokens=4, concurrency=[], itl_depth={"length": None, "output_tokens": 2})
     spec.protocol["needle"]["enabled"] = False
     spec = replace(spec, args={**spec.args, "chunked-prefill-size": 128, "max-running-requests": 4}, load={
-        "lengths": [128], "output_tokens": 8,
+        "lengths": [128], "output_tokens": 32,  # each point a few tenths of a second: many scrapes while it runs
         "closed": {"concurrency": [2], "requests": 4, "duration_s": None},
         "open": {"rates": [10.0], "requests": 4, "arrival": "poisson", "burstiness": 1.0, "seed": 0},
         "interference": {"lengths": [1536], "background": 2, "background_length": 64, "steady_tokens": 4,
                          "tail_tokens": 4, "trials": 1},
-        "metrics": {"enabled": True, "interval_s": 0.05, "kv_margin": 0.1}})
+        "metrics": {"enabled": True, "interval_s": 0.02, "kv_margin": 0.1}})
     assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log", tmp_path / "partial") == 0
     doc = json.loads((tmp_path / "raw" / "load.json").read_text())
     assert doc["status"] == "ok", doc["reason"]
@@ -165,7 +165,7 @@ def test_a_sweep_with_load_on_the_reference_engine(tmp_path):
     closed, open_, inter = doc["workloads"]
     for point in (closed, open_):
         assert len(point["requests"]) == 4
-        assert all(r["status"] == "ok" and r["prompt_tokens"] == 128 and r["completion_tokens"] == 8 for r in point["requests"])
+        assert all(r["status"] == "ok" and r["prompt_tokens"] == 128 and r["completion_tokens"] == 32 for r in point["requests"])
         samples = point["metrics"]["samples"]
         assert samples and point["metrics"]["error"] is None
         assert max(s[1]["running"] for s in samples) >= 1 and all("used_tokens" in s[1] for s in samples)
