@@ -61,21 +61,12 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from longctx.measure.client import read_clocks  # noqa: E402 (the client's own pairing of the two clocks)
+
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
 _TIMESPEC = struct.Struct("@ll")
 READY = "stub_sse_server listening on "
-
-
-def read_clocks() -> tuple[float, int]:
-    """perf_counter and the wall clock (ns) read together, the closest pair of a few (as the client's)."""
-    best = None
-    for _ in range(5):
-        a, real, b = time.perf_counter(), time.time_ns(), time.perf_counter()
-        if best is None or b - a < best[0]:
-            best = (b - a, (a + b) / 2, real)
-        if b - a < 2e-6:
-            break
-    return best[1], best[2]
 
 
 def kernel_time(ancillary) -> float | None:

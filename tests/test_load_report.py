@@ -22,6 +22,7 @@ from longctx.report.figures.analysis import plot_analysis
 
 from .conftest import ROOT
 from .report_data import NASTY, config, write_data
+from .test_report import md_rows
 
 TEMPLATES = ROOT / "templates"
 TIMEOUT = f"timeout after 30 s: {NASTY}"
@@ -150,26 +151,15 @@ def built(tmp_path_factory):
             "pdf": " ".join(pdftotext(out / "longctx.pdf").split()), "md": (out / "longctx.md").read_text()}
 
 
-def md_table(md: str, header: str) -> list[list[str]]:
-    lines = md.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header}"))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([re.sub(r"\\(.)", r"\1", c.strip()) for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
-    return rows
-
-
 def test_the_closed_and_open_tables_print_the_percentiles_with_their_intervals(built):
-    latency = md_table(built["md"], "configuration | c | L (tokens) | TTFT p50 (s)")
+    latency = md_rows(built["md"], "configuration | c | L (tokens) | TTFT p50 (s)")
     assert latency[:2] == [["chunked", "1", "4,096", "1.23 [1.1, 1.4]", "2.5 [2.1, 3]", "12.3 [12, 13.1]", "45.6 [40, 50]"],
                            ["chunked", "4", "4,096", "3.21 [2.9, 3.6]", "9.87 [8.5, 11.2]", "15 [14, 16]", "78.9 [70, 90]"]]
     assert [r[0] for r in latency] == ["chunked", "chunked", "whole", "whole"]
-    counts = md_table(built["md"], "configuration | c | L (tokens) | ok / sent")
+    counts = md_rows(built["md"], "configuration | c | L (tokens) | ok / sent")
     # the timed-out request stays in goodput's denominator: 6 of the 8 sent met the SLOs
     assert counts[1] == ["chunked", "4", "4,096", "7/8", "6", "21 [20, 23]", "2.5 [2.25, 2.75]", "123", "0.5", "75 [37.5, 100]"]
-    opened = md_table(built["md"], "configuration | rate (req/s) | L (tokens)")
+    opened = md_rows(built["md"], "configuration | rate (req/s) | L (tokens)")
     assert opened == [["chunked", "0.5", "4,096", "1.5 [1.4, 1.6]", "4.25 [3.5, 5]", "12.5 [12, 13]", "61.2 [50, 70]", "1.4 [1, 2]"]]
     # the PDF: the same cells (pdftotext reads siunitx's numbers as the twin prints them)
     assert "chunked 4 4,096 3.21 [2.9, 3.6] 9.87 [8.5, 11.2] 15 [14, 16] 78.9 [70, 90]" in built["pdf"]
@@ -178,13 +168,13 @@ def test_the_closed_and_open_tables_print_the_percentiles_with_their_intervals(b
 
 
 def test_a_failed_request_is_a_row_with_its_reason(built):
-    rows = md_table(built["md"], "configuration | workload | L | failed | reason")
+    rows = md_rows(built["md"], "configuration | workload | L | failed | reason")
     assert rows == [["chunked", "closed, 4 in flight", "4,096", "1 of 8", TIMEOUT]]
     assert f"closed, 4 in flight 4,096 1 of 8 {TIMEOUT}" in built["pdf"]
 
 
 def test_interference_reconciliation_and_frontier_tables(built):
-    inter = md_table(built["md"], "configuration | L injected")
+    inter = md_rows(built["md"], "configuration | L injected")
     assert inter == [["chunked", "8,192", "2", "0.9 [0.85, 1]", "0.8 [0.7, 0.9]", "20.5", "1.1"],
                      ["chunked", "16,384", "2", "1.7 [1.6, 1.8]", "1.6 [1.5, 1.7]", "20.5", "2.2"],
                      ["whole", "16,384", "2", "3.4 [3.2, 3.6]", "3.3 [3.1, 3.5]", "20", "3.5"]]
@@ -192,15 +182,15 @@ def test_interference_reconciliation_and_frontier_tables(built):
     assert "- chunked: time lost ≈ ⌈L / 8,192⌉ × 0.85 [0.8, 0.9] s per chunk (R² 0.998)." in built["md"]
     assert "- whole: no stall model fitted" in built["md"]
     # the flagged gauge, with both numbers
-    assert md_table(built["md"], "configuration | workload | L | t (s)") == [
+    assert md_rows(built["md"], "configuration | workload | L | t (s)") == [
         ["chunked", "closed, 4 in flight", "4,096", "1.25", "9,000", "16,400–16,520"]]
     assert "chunked: 40 samples checked (gauge `used_tokens`), 1 outside the margin of 10%" in built["md"]
     assert "whole: 12 samples checked (gauge `used_tokens`), every one within the margin of 10%" in built["md"]
     assert "chunked closed, 4 in flight 4,096 1.25 9,000 16,400–16,520" in built["pdf"]
-    peaks = md_table(built["md"], "configuration | samples | running")
+    peaks = md_rows(built["md"], "configuration | samples | running")
     # 9 scrapes at each of 2 points; 16,450 / 40,960; retractions rose by 2 in a point; no preemption counter
     assert peaks == [["chunked", "18", "4", "1", "16,450", "0.402", "2", "--"], ["whole", "9", "4", "1", "16,500", "0.403", "2", "--"]]
-    front = md_table(built["md"], "configuration | c | L_max")
+    front = md_rows(built["md"], "configuration | c | L_max (tokens)")
     assert front == [["chunked", "1", "16,384", "measured", "ttft", "40,960", "4,096, 16,384", "--"],
                      ["chunked", "4", "4,096", "measured", "ttft", "10,240", "4,096", "16,384"],
                      ["whole", "1", "8,192", "model", "pool", "8,192", "4,096", "--"],

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.numbers import finite
 from ..engines.base import arg_value
 from .aggregate import read_raw
 
@@ -48,20 +49,11 @@ METRICS_COLUMNS = ["configuration", "kind", "level", "length", "trial", "t_s", "
 CLIENT_LOW, CLIENT_HIGH = "client_resident_low", "client_resident_high"
 
 
-def _num(x) -> float | None:
-    """x as a finite float, else None."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 def request_itl(r: dict) -> list[float]:
     """A request's per-token gaps: its itl_s where the client gave them, else from its events (a chunk's gap
     divided among the tokens it carries)."""
     if isinstance(r.get("itl_s"), list):
-        return [float(x) for x in r["itl_s"] if _num(x) is not None]
+        return [float(x) for x in r["itl_s"] if finite(x) is not None]
     t, n = r.get("event_times") or [], r.get("event_tokens") or []
     out: list[float] = []
     for i in range(1, min(len(t), len(n))):
@@ -75,7 +67,7 @@ def first_token_s(r: dict) -> float | None:
     t = r.get("event_times") or []
     if t:
         return float(t[0])
-    sent, ttft = _num(r.get("sent_s")), _num(r.get("ttft_s"))
+    sent, ttft = finite(r.get("sent_s")), finite(r.get("ttft_s"))
     return sent + ttft if sent is not None and ttft is not None else None
 
 
@@ -112,7 +104,7 @@ def _request_row(base: dict, r: dict) -> dict:
 
 def _span(w: dict, requests: list[dict]) -> float | None:
     """The point's span: the workload's duration_s, else from t0 to its last request's end."""
-    d = _num(w.get("duration_s"))
+    d = finite(w.get("duration_s"))
     if d is not None:
         return d
     ends = [x for r in requests for x in [_end(r)] if x is not None]
@@ -121,7 +113,7 @@ def _span(w: dict, requests: list[dict]) -> float | None:
 
 def _end(r: dict) -> float | None:
     """When a request's stream ended (offset from t0): sent_s + e2e_s, else its last event."""
-    sent, e2e = _num(r.get("sent_s")), _num(r.get("e2e_s"))
+    sent, e2e = finite(r.get("sent_s")), finite(r.get("e2e_s"))
     if sent is not None and e2e is not None:
         return sent + e2e
     t = r.get("event_times") or []
@@ -150,10 +142,10 @@ def resident_bounds(requests: list[dict], t: float, page: int, prompt_default: i
 
     low = high = 0
     for r in requests:
-        sent = _num(r.get("sent_s"))
+        sent = finite(r.get("sent_s"))
         if sent is None or t < sent:
             continue
-        prompt = _num(r.get("prompt_tokens"))
+        prompt = finite(r.get("prompt_tokens"))
         prompt = prompt if prompt is not None else (prompt_default or 0)
         times, tokens = r.get("event_times") or [], [int(k or 0) for k in r.get("event_tokens") or []]
         step = max(tokens, default=1) or 1
@@ -181,7 +173,7 @@ def _metric_rows(base: dict, w: dict, requests: list[dict], page: int, prompt_de
             t, values = float(sample[0]), dict(sample[1])
         except (TypeError, ValueError, IndexError):
             continue
-        rows += [{**base, "t_s": t, "name": k, "value": _num(v)} for k, v in sorted(values.items())]
+        rows += [{**base, "t_s": t, "name": k, "value": finite(v)} for k, v in sorted(values.items())]
         low, high = resident_bounds(requests, t, page, prompt_default, horizon)
         rows += [{**base, "t_s": t, "name": CLIENT_LOW, "value": low}, {**base, "t_s": t, "name": CLIENT_HIGH, "value": high}]
     return rows
@@ -213,10 +205,10 @@ def _interference_rows(base: dict, w: dict) -> list[dict]:
     victims = w.get("victims") or []
     if not victims:
         return [{**base, "status": "failed", "reason": w.get("reason") or "no victim streams were recorded"}]
-    sent, first = _num(inj.get("sent_s")), first_token_s(inj)
+    sent, first = finite(inj.get("sent_s")), first_token_s(inj)
     rows = []
     for i, v in enumerate(victims):
-        row = {**base, "victim": v.get("victim", v.get("index", i)), "injected_ttft_s": _num(inj.get("ttft_s")),
+        row = {**base, "victim": v.get("victim", v.get("index", i)), "injected_ttft_s": finite(inj.get("ttft_s")),
                "window_s": first - sent if sent is not None and first is not None else None}
         if (v.get("status") or "failed") != "ok":
             row.update(status="failed", reason=v.get("reason") or "the victim failed")

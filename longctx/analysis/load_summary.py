@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.numbers import finite
 from ..specs.pool import observed_pool
 from .fits import SETTINGS
 from .load import CLIENT_HIGH, CLIENT_LOW, INTERFERENCE_COLUMNS, METRICS_COLUMNS, REQUEST_COLUMNS
@@ -96,14 +97,6 @@ def pooled_percentiles(lists: list[list[float]], n_boot: int, level: float, rng:
     return out
 
 
-def _num(x) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 def _reasons(rows: pd.DataFrame) -> list[str]:
     bad = rows[~rows["status"].eq("ok")]
     counts = bad["reason"].fillna("no reason given").astype(str).value_counts(sort=False)
@@ -115,11 +108,11 @@ def point(rows: pd.DataFrame, slo: dict, st: dict, key: tuple) -> dict:
     reqs = rows[rows["index"].notna()]
     ok = reqs[reqs["status"].eq("ok")]
     length = float(rows["length"].iloc[0])
-    duration = _num(rows["duration_s"].dropna().max()) if rows["duration_s"].notna().any() else None
+    duration = finite(rows["duration_s"].dropna().max()) if rows["duration_s"].notna().any() else None
     n_boot, level, seed = st["bootstrap"], st["confidence"], st["seed"]
     out = {"level": _level(rows["level"].iloc[0]), "length": int(length), "n": len(reqs), "ok": len(ok),
            "failed": len(reqs) - len(ok), "reasons": _reasons(rows), "duration_s": duration,
-           "output_tokens": _num(rows["output_tokens"].dropna().median()) if rows["output_tokens"].notna().any() else None}
+           "output_tokens": finite(rows["output_tokens"].dropna().median()) if rows["output_tokens"].notna().any() else None}
     for name, column in FIGURES.items():
         out[name] = percentiles(ok[column], n_boot, level, rng_for(seed, *key, name))
     lists = [json.loads(x) for x in ok["itl_list_s"].dropna()] if "itl_list_s" in ok else []
@@ -156,8 +149,8 @@ def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
         background = pd.to_numeric(g["background"], errors="coerce").dropna()
         points.append({"length": int(length), "n": len(o), "failed": len(g) - len(o), "reasons": _reasons(g),
                        "background": int(background.iloc[0]) if len(background) else None,
-                       "worst_gap": wg, "extra": ex, "steady_itl_s": _num(o["steady_itl_s"].median()),
-                       "window_s": _num(o["window_s"].median()), "injected_ttft_s": _num(o["injected_ttft_s"].median())})
+                       "worst_gap": wg, "extra": ex, "steady_itl_s": finite(o["steady_itl_s"].median()),
+                       "window_s": finite(o["window_s"].median()), "injected_ttft_s": finite(o["injected_ttft_s"].median())})
     chunks = pd.to_numeric(df["chunked_prefill_size"], errors="coerce")
     chunk = int(chunks[chunks > 0].iloc[0]) if (chunks > 0).any() else None
     for p in points:  # what the stall is made of: how much of the injected prefill the streams waited through
@@ -211,19 +204,19 @@ def reconcile(df: pd.DataFrame, pool: int | None, margin: float) -> dict:
     flagged, checked, gauges = [], 0, set()
     for (kind, level, length, trial, t), g in df.groupby(["kind", "level", "length", "trial", "t_s"], dropna=False, sort=True):
         v = dict(zip(g["name"], pd.to_numeric(g["value"], errors="coerce")))
-        low, high = _num(v.get(CLIENT_LOW)), _num(v.get(CLIENT_HIGH))
-        server, gauge = _num(v.get("used_tokens")), "used_tokens"
-        size = _num(v.get("pool_tokens")) or pool
-        if server is None and _num(v.get("token_usage")) is not None and size:
-            server, gauge = _num(v.get("token_usage")) * size, "token_usage x pool_tokens"
+        low, high = finite(v.get(CLIENT_LOW)), finite(v.get(CLIENT_HIGH))
+        server, gauge = finite(v.get("used_tokens")), "used_tokens"
+        size = finite(v.get("pool_tokens")) or pool
+        if server is None and finite(v.get("token_usage")) is not None and size:
+            server, gauge = finite(v.get("token_usage")) * size, "token_usage x pool_tokens"
         if server is None or low is None or high is None:
             continue
         checked += 1
         gauges.add(gauge)
         if not (low * (1 - margin) <= server <= high * (1 + margin)):
-            flagged.append({"t_s": float(t), "kind": kind, "level": _level(level) if _num(level) is not None else None,
-                            "length": int(length) if _num(length) is not None else None,
-                            "trial": int(trial) if _num(trial) is not None else None,
+            flagged.append({"t_s": float(t), "kind": kind, "level": _level(level) if finite(level) is not None else None,
+                            "length": int(length) if finite(length) is not None else None,
+                            "trial": int(trial) if finite(trial) is not None else None,
                             "server_tokens": server, "client_low": low, "client_high": high, "gauge": gauge})
     return {"checked": checked, "flagged": flagged, "margin": margin,
             "gauge": None if not gauges else gauges.pop() if len(gauges) == 1 else "mixed"}
