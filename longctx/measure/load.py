@@ -460,13 +460,8 @@ def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, f
             log.exception("%s: load %s L=%d failed", spec.name, kind, length)
             point = failed_point(kind, length, level, f"{type(exc).__name__}: {exc}")
         if point["status"] != "ok" and not session.healthy():
-            if session.alive():
-                fault = (f"the server stopped answering {session.health_path} during load {kind} L={length}; it is "
-                         f"restarted for the next point; server log: {session.log_path}")
-            else:
-                fault = session.server.died_message(f"the server died during load {kind} L={length}")
+            fault = session.fault(f"during load {kind} L={length}", "the next point")
             point.update(status="failed", fault=fault, reason="; ".join(filter(None, [fault, point.get("reason")])))
-            session.down()
         progress.info("%s: %s", spec.name, describe(point))
         done.append(point)
         keep(done)

@@ -439,6 +439,18 @@ class Session:
         except httpx.HTTPError:
             return False
 
+    def fault(self, during: str, then: str) -> str:
+        """Why a server that failed its health check `during` something failed (it died, or it stopped
+        answering its health path), in words with its log's path; the server is stopped, so that `then`
+        (the next length, the next point) starts it again."""
+        if self.alive():
+            reason = (f"the server stopped answering {self.health_path} {during}; it is restarted for {then}; "
+                      f"server log: {self.log_path}")
+        else:
+            reason = self.server.died_message(f"the server died {during}")
+        self.down()
+        return reason
+
     def down(self) -> None:
         if self.server is not None and self.adapter.managed:
             self.server.stop()
@@ -534,15 +546,10 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                 log.exception("%s L=%d: measurement failed", name, length)
                 result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "warmup": [], "trials": []}
             if result["status"] != "ok" and not too_long and not session.healthy():
-                if session.alive():
-                    what = f"the server stopped answering {session.health_path} while measuring length {length}"
-                    reason = f"{what}; it is restarted for the next length; server log: {session.log_path}"
-                else:
-                    reason = session.server.died_message(f"the server died while measuring length {length}")
+                reason = session.fault(f"while measuring length {length}", "the next length")
                 # the fault is what the report names for the length, not the transport errors it caused
                 result.update(status="failed", fault=reason, reason="; ".join(filter(None, [reason, result.get("reason")])))
                 progress.error("%s L=%d: %s", name, length, reason)
-                session.down()
             record = {**common, "provenance": copy.deepcopy(prov), "length": length, **result, "resume_key": key,
                       "started_at": started, "finished_at": provenance.now_iso()}
             if resume_dir:
