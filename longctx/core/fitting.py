@@ -5,8 +5,9 @@ residuals, so that short and long prompts weigh alike); b / c is the crossover l
 attention (quadratic) work overtakes the linear work. Decode: seconds per decode step
 t(L) = t0 + beta L; each step reads L x kv_bytes_per_token bytes of KV cache, so
 kv_bytes_per_token / beta is the effective KV read bandwidth. Intervals: a residual bootstrap
-(Fit). A regime change is a length from which the model fitted to the shorter lengths stops
-fitting (regime_change). Pure maths on arrays: the sweep's timeout predictor and the analysis both
+(Fit; BasisFit is the same machinery over any given basis columns, as the prefix-cache cost model
+of longctx.analysis.prefix_model uses). A regime change is a length from which the model fitted to
+the shorter lengths stops fitting (regime_change). Pure maths on arrays: the sweep's timeout predictor and the analysis both
 use it.
 """
 
@@ -61,22 +62,23 @@ def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
     return 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else None
 
 
-class Fit:
-    """A model linear in non-negative coefficients, fitted on relative residuals, with a residual
-    bootstrap: y* = fit x (1 + e*), e* drawn with replacement from the relative residuals (centred,
-    divided by sqrt(1 - h), h the leverage of the weighted design), refitted n_boot times; the
-    intervals are the bootstrap percentiles. The relative noise is taken to be alike at every
-    length, as the fit's weighting assumes. (At 95% the intervals cover known coefficients of
-    synthetic data in about 94% of draws: tests/test_analysis.py.)"""
+class BasisFit:
+    """A model linear in non-negative coefficients over given basis columns (X: one row per
+    observation, one column per coefficient, `names` naming them), fitted on relative residuals, with
+    a residual bootstrap: y* = fit x (1 + e*), e* drawn with replacement from the relative residuals
+    (centred, divided by sqrt(1 - h), h the leverage of the weighted design), refitted n_boot times;
+    the intervals are the bootstrap percentiles. The relative noise is taken to be alike at every
+    observation, as the fit's weighting assumes. (At 95% the intervals cover known coefficients of
+    synthetic data in about 94% of draws: tests/test_analysis.py.) A subclass maps its own inputs to
+    the columns (`design`); here they are the columns themselves."""
 
-    KINDS = {"prefill": ("a_s", "b_s_per_token", "c_s_per_token2"), "decode": ("t0_s", "beta_s_per_token")}
-
-    def __init__(self, kind: str, lengths, y, n_boot: int = 0, level: float = LEVEL, seed: int = 0):
-        self.kind, self.names, self.level = kind, self.KINDS[kind], level
-        L, y = np.asarray(lengths, float), np.asarray(y, float)
-        keep = np.isfinite(y) & (y > 0)  # relative residuals need a positive time
-        self.L, self.y = L[keep], y[keep]
-        X = self.basis(self.L)
+    def __init__(self, names, X, y, n_boot: int = 0, level: float = LEVEL, seed: int = 0):
+        self.names, self.level = tuple(names), level
+        X, y = np.asarray(X, float).reshape(len(np.asarray(y)), -1), np.asarray(y, float)
+        # relative residuals need a positive time
+        self.kept = np.isfinite(y) & (y > 0) & np.isfinite(X).all(axis=1)
+        self.X, self.y = X[self.kept], y[self.kept]
+        X = self.X
         self.coef = _nnls_relative(list(X.T), self.y)
         self.pred = X @ self.coef
         self.r2 = _r2(self.y, self.pred)
@@ -91,15 +93,15 @@ class Fit:
             Y = np.where(Y > 0, Y, self.pred)  # a time is positive
             self.draws = _nnls_relative_batch(X, Y)
 
-    def basis(self, L) -> np.ndarray:
-        L = np.asarray(L, float)
-        return np.column_stack([L**k for k in range(len(self.names))])
+    def design(self, *inputs) -> np.ndarray:
+        """The basis columns of inputs (here: the columns themselves)."""
+        return np.asarray(inputs[0], float)
 
-    def predict(self, L) -> np.ndarray:
-        return self.basis(L) @ self.coef
+    def predict(self, *inputs) -> np.ndarray:
+        return self.design(*inputs) @ self.coef
 
-    def predict_draws(self, L) -> np.ndarray | None:
-        return None if self.draws is None else self.draws @ self.basis(L).T
+    def predict_draws(self, *inputs) -> np.ndarray | None:
+        return None if self.draws is None else self.draws @ self.design(*inputs).T
 
     def interval(self, values) -> list[float] | None:
         """The percentile interval of bootstrap values (one per draw; NaN draws are left out)."""
@@ -113,8 +115,8 @@ class Fit:
         lo, hi = np.quantile(np.clip(v, -1e300, 1e300), [tail, 1 - tail])
         return [float(lo) if abs(lo) < 1e299 else None, float(hi) if abs(hi) < 1e299 else None]  # None: unbounded
 
-    def curve_interval(self, L) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
-        d = self.predict_draws(L)
+    def curve_interval(self, *inputs) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+        d = self.predict_draws(*inputs)
         if d is None:
             return None, None
         tail = (1 - self.level) / 2
@@ -126,6 +128,26 @@ class Fit:
                    bootstrap=0 if self.draws is None else int(len(self.draws)),
                    ci={name: self.interval(self.draws[:, i]) if self.draws is not None else None for i, name in enumerate(self.names)})
         return out
+
+
+class Fit(BasisFit):
+    """The scaling models in the prompt length L: prefill a + b L + c L^2, decode t0 + beta L (BasisFit
+    over the powers of L)."""
+
+    KINDS = {"prefill": ("a_s", "b_s_per_token", "c_s_per_token2"), "decode": ("t0_s", "beta_s_per_token")}
+
+    def __init__(self, kind: str, lengths, y, n_boot: int = 0, level: float = LEVEL, seed: int = 0):
+        self.kind = kind
+        L = np.asarray(lengths, float)
+        super().__init__(self.KINDS[kind], self.basis(L), y, n_boot, level, seed)
+        self.L = L[self.kept]
+
+    def basis(self, L) -> np.ndarray:
+        L = np.asarray(L, float)
+        return np.column_stack([L**k for k in range(len(self.KINDS[self.kind]))])
+
+    def design(self, L) -> np.ndarray:
+        return self.basis(L)
 
 
 def prefill_summary(f: Fit) -> dict:
