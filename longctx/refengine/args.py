@@ -47,7 +47,12 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     p.add_argument("--speculative-ngram-min-match-window-size", type=int, default=1)
     p.add_argument("--speculative-ngram-max-match-window-size", type=int, default=12)
     p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
-    p.add_argument("--disable-radix-cache", action="store_true", help="accepted for SGLang parity: there is no prefix cache")
+    p.add_argument("--disable-radix-cache", action="store_true",
+                   help="no prefix cache: every prompt is prefilled in full (by default, as in SGLang, a radix tree "
+                        "of page-aligned prefixes serves the cached part of a prompt)")
+    p.add_argument("--enable-cache-report", action="store_true",
+                   help="report the cached prompt tokens in the OpenAI usage (prompt_tokens_details.cached_tokens), "
+                        "as SGLang's flag does")
     p.add_argument("--random-seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None,
                    help="torch CPU threads (default: the usable CPUs but one, left to the client that times the requests)")

@@ -17,6 +17,7 @@ from .kvpool import KVPool
 from .metrics import EngineMetrics
 from .model import MLAModel
 from .modelconfig import ModelConfig
+from .radix import RadixCache
 from .scheduler import Scheduler
 from .speculative import SpecConfig
 
@@ -95,9 +96,11 @@ class Engine:
                 log.warning("The mixed chunked prefill are disabled because of using ngram speculative decoding.")
                 args.enable_mixed_chunk = False
         self.metrics = EngineMetrics(args.model_path, self.pool.num_tokens) if args.enable_metrics else None
+        # on by default, as SGLang's radix cache
+        self.cache = None if args.disable_radix_cache else RadixCache(args.page_size, self.pool.free)
         self.scheduler = Scheduler(self.model, self.pool, self.kernel, args.chunked_prefill_size, args.max_running_requests,
                                    spec=self.spec, defrag=args.enable_kv_defrag, metrics=self.metrics,
-                                   mixed_chunk=args.enable_mixed_chunk)
+                                   mixed_chunk=args.enable_mixed_chunk, cache=self.cache)
 
     def server_info(self) -> dict:
         return {
@@ -119,6 +122,9 @@ class Engine:
             "sampling": "greedy",
             "random_weights": True,
             "kv_defrag": {"moves": self.pool.defrag_moves, "misses": self.pool.defrag_misses},
+            "radix_cache": None if self.cache is None else {
+                "cached_tokens": self.cache.total_tokens(), "evictable_tokens": self.cache.evictable_tokens(),
+                "evicted_tokens": self.cache.evicted_tokens},
         }
 
     def validate(self, input_ids: list[int], max_new_tokens: int) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
+from typing import Callable
 
 import numpy as np
 import torch
@@ -53,6 +54,9 @@ class KVPool:
         self.free_rows: deque[int] = deque(range(max_running_requests))
         self.defrag_moves = 0  # requests compacted
         self.defrag_misses = 0  # requests for which no contiguous run was free
+        # the prefix cache's eviction (radix.RadixCache.evict, in tokens), called before an allocation says
+        # "full", as SGLang's alloc_token_slots evicts from the tree cache first; None without a cache
+        self.evict: Callable[[int], int] | None = None
 
     def req_to_token_bytes(self) -> int:
         return self.req_to_token.numel() * self.req_to_token.element_size()
@@ -77,15 +81,26 @@ class KVPool:
         need = -(-n_tokens // self.page_size) - len(pages)
         if need <= 0:
             return True
+        if need > len(self.free_pages) and self.evict is not None:
+            self.evict((need - len(self.free_pages)) * self.page_size)
         if need > len(self.free_pages):
             return False
         new = [self.free_pages.popleft() for _ in range(need)]
-        start = len(pages) * self.page_size
+        self.point(row, len(pages), new)
         pages.extend(new)
-        slots = (torch.tensor(new, dtype=torch.int64)[:, None] * self.page_size + torch.arange(self.page_size)).flatten()
+        return True
+
+    def point(self, row: int, first: int, pages: list[int]) -> None:
+        """Point the request's row at ``pages`` from its page ``first`` on (cells first*page_size onwards)."""
+        if not pages:
+            return
+        start = first * self.page_size
+        slots = (torch.tensor(pages, dtype=torch.int64)[:, None] * self.page_size + torch.arange(self.page_size)).flatten()
         end = min(start + slots.numel(), self.req_to_token.shape[1])
         self.req_to_token[row, start:end] = slots[: end - start]
-        return True
+
+    def free(self, pages: list[int]) -> None:
+        self.free_pages.extend(pages)
 
     def release(self, row: int, pages: list[int]) -> None:
         self.free_pages.extend(pages)
@@ -105,32 +120,37 @@ class KVPool:
             table[i, :n_pages] = self.req_to_token[row, 0 : n_pages * ps : ps] // ps
         return table
 
-    def defragment(self, row: int, pages: list[int], n_valid: int, n_total: int) -> bool:
+    def defragment(self, row: int, pages: list[int], n_valid: int, n_total: int, first: int = 0) -> bool:
         """Move a request's cells into one run of consecutive pages, sized for n_total tokens.
 
         The run may reuse the request's own pages. The first n_valid cells are copied (every
         layer), the req-to-token row is rewritten and the pages left over go back to the free
         list. False, with nothing moved, when no run is long enough.
+
+        With ``first`` > 0 only the pages from the request's page ``first`` on move: the ones before
+        it are shared (the prefix cache's) and stay where they are.
         """
         ps = self.page_size
-        need = -(-n_total // ps)
-        if len(pages) >= need and pages == list(range(pages[0], pages[0] + len(pages))):
+        own = pages[first:]
+        need = -(-n_total // ps) - first
+        if need <= 0 or (len(own) >= need and own == list(range(own[0], own[0] + len(own)))):
             return True  # already one run
-        candidates = np.sort(np.fromiter([*self.free_pages, *pages], dtype=np.int64))
+        candidates = np.sort(np.fromiter([*self.free_pages, *own], dtype=np.int64))
         starts = np.flatnonzero(candidates[need - 1 :] - candidates[: max(0, len(candidates) - need + 1)] == need - 1) \
             if len(candidates) >= need else np.empty(0, dtype=np.int64)
         if starts.size == 0:
             self.defrag_misses += 1
             log.warning("KV defrag: no run of %d free pages; request row %d stays scattered", need, row)
             return False
-        first = int(candidates[starts[0]])
-        chosen = set(range(first, first + need))
-        cells = self.kv[:, self.req_to_token[row, :n_valid]]  # a copy: the run may overlap the old slots
-        new = torch.arange(first * ps, (first + need) * ps, dtype=torch.int64, device=self.kv.device)
-        self.kv[:, new[:n_valid]] = cells
-        end = min(new.numel(), self.req_to_token.shape[1])
-        self.req_to_token[row, :end] = new[:end]
-        self.free_pages = deque(p for p in [*self.free_pages, *pages] if p not in chosen)
-        pages[:] = list(range(first, first + need))
+        run = int(candidates[starts[0]])
+        chosen = set(range(run, run + need))
+        lo = first * ps
+        cells = self.kv[:, self.req_to_token[row, lo:n_valid]]  # a copy: the run may overlap the old slots
+        new = torch.arange(run * ps, (run + need) * ps, dtype=torch.int64, device=self.kv.device)
+        self.kv[:, new[: n_valid - lo]] = cells
+        end = min(lo + new.numel(), self.req_to_token.shape[1])
+        self.req_to_token[row, lo:end] = new[: end - lo]
+        self.free_pages = deque(p for p in [*self.free_pages, *own] if p not in chosen)
+        pages[first:] = list(range(run, run + need))
         self.defrag_moves += 1
         return True

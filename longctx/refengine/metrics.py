@@ -8,6 +8,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+# SGLang's --decode-log-interval default: its scheduler logs decode stats (and sets the gauges) every 40 decode
+# batches, and there sets sglang:cache_hit_rate to 0 (scheduler_metrics_mixin.py, log_decode_stats)
+DECODE_LOG_INTERVAL = 40
 
 
 class EngineMetrics:
@@ -25,12 +28,17 @@ class EngineMetrics:
         self.max_total = gauge("sglang:max_total_num_tokens", "KV cache pool size in tokens")
         self.token_usage = gauge("sglang:token_usage", "Fraction of the KV pool in use")
         self.gen_throughput = gauge("sglang:gen_throughput", "Generated tokens per second (last interval)")
-        # there is no prefix cache (every prompt is prefilled in full, as with --disable-radix-cache): always 0
+        # as SGLang's log_prefill_stats sets it: the last prefill batch's cached tokens over its cached and new
+        # tokens (a request's later chunks have none cached); 0 again at every DECODE_LOG_INTERVAL-th decode batch
         self.cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate")
         self.spec_accept_length = gauge("sglang:spec_accept_length", "Tokens per verify step of the last finished request")
         self.prompt_tokens = Counter("sglang:prompt_tokens", "Prompt tokens processed", labels, registry=r).labels(model_name)
         self.generation_tokens = Counter("sglang:generation_tokens", "Tokens generated", labels, registry=r).labels(model_name)
         self.num_requests = Counter("sglang:num_requests", "Requests finished", labels, registry=r).labels(model_name)
+        # SGLang's TokenizerMetricsCollector: prompt tokens (cached ones included) and the cached ones, per
+        # finished request (newer SGLang adds a cache_source label; this one has only the device cache)
+        self.cached_tokens = Counter("sglang:cached_tokens", "Number of cached prompt tokens", labels,
+                                     registry=r).labels(model_name)
         # retraction, as SGLang counts it: the last retraction's size (gauge) and running totals
         self.num_retracted = gauge("sglang:num_retracted_reqs", "Requests retracted by the last retraction")
         self.retracted_total = Counter("sglang:num_retracted_requests", "Total number of retracted requests",
@@ -50,6 +58,17 @@ class EngineMetrics:
         self._max_total = max_total_tokens
         self._tokens = 0
         self._last = (time.perf_counter(), 0)
+        self._decode_batches = 0
+
+    def observe_prefill(self, hit_tokens: int, new_tokens: int) -> None:
+        """One prefill batch (one chunk here): SGLang's cache hit rate of it."""
+        total = hit_tokens + new_tokens
+        self.cache_hit_rate.set(hit_tokens / total if total else 0.0)
+
+    def observe_decode(self) -> None:
+        self._decode_batches += 1
+        if self._decode_batches % DECODE_LOG_INTERVAL == 0:
+            self.cache_hit_rate.set(0.0)
 
     def update_load(self, running: int, waiting: int, used_tokens: int) -> None:
         """The load gauges, set by the scheduler before and after each iteration's batch and by each scrape.
@@ -81,6 +100,7 @@ class EngineMetrics:
         n = len(req.output_ids)
         self.num_requests.inc()
         self.prompt_tokens.inc(len(req.input_ids))
+        self.cached_tokens.inc(req.cached_tokens)
         self.generation_tokens.inc(n)
         if "first_token" in ts:
             self.ttft.observe(ts["first_token"] - req.received)

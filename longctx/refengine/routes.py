@@ -22,6 +22,10 @@ from .wire import PLACEHOLDER, WireLog, request_log
 
 
 
+FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. "
+              "(When there are running or waiting requests, the operation will not be performed.)\n")
+
+
 def _error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
@@ -34,9 +38,14 @@ def _sse(obj) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
 
 
-def _usage(meta: dict) -> dict:
-    return {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
-            "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}
+def _usage(meta: dict, cache_report: bool = False) -> dict:
+    """OpenAI usage; with --enable-cache-report, prompt_tokens_details.cached_tokens where some were cached
+    (SGLang's UsageProcessor: the details only when the count is above 0, none without the flag)."""
+    usage = {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
+             "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}
+    if cache_report and meta.get("cached_tokens", 0) > 0:
+        usage["prompt_tokens_details"] = {"cached_tokens": meta["cached_tokens"]}
+    return usage
 
 
 def _finish_name(meta: dict) -> str | None:
@@ -197,19 +206,21 @@ class Routes:
 
         if streamed:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            report = self.engine.args.enable_cache_report
 
             async def stream():
                 async for event in self.events(req, queue, wire):
                     meta = event["meta_info"]
                     yield _sse(chunk(tokenizer.decode(event["output_ids"]), _finish_name(meta), meta))
                     if include_usage and meta["finish_reason"] is not None:
-                        yield _sse({**chunk("", None), "choices": [], "usage": _usage(meta)})
+                        yield _sse({**chunk("", None), "choices": [], "usage": _usage(meta, report)})
                 yield _sse(b"[DONE]")
 
             return StreamingResponse(stream(), media_type="text/event-stream")
         async for event in self.events(req, queue):
             last = event
-        return JSONResponse({**chunk(last["text"], _finish_name(last["meta_info"])), "usage": _usage(last["meta_info"])})
+        return JSONResponse({**chunk(last["text"], _finish_name(last["meta_info"])),
+                             "usage": _usage(last["meta_info"], self.engine.args.enable_cache_report)})
 
     async def health_generate(self, _: Request) -> Response:
         loop = asyncio.get_running_loop()
@@ -245,8 +256,10 @@ class Routes:
         return JSONResponse({"version": __version__})
 
     async def flush_cache(self, _: Request) -> Response:
-        # There is no prefix cache: every request prefills in full, as with --disable-radix-cache.
-        return PlainTextResponse("Cache flushed.\n")
+        """SGLang's /flush_cache: the scheduler empties the prefix cache between two batches, or refuses while
+        requests are queued or running; the same words either way, 200 or 400 (http_server.py)."""
+        ok, _message = await asyncio.to_thread(self.engine.scheduler.flush)
+        return PlainTextResponse(FLUSH_TEXT, status_code=200 if ok else 400)
 
     async def metrics(self, _: Request) -> Response:
         engine = self.engine

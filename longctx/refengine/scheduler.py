@@ -58,6 +58,7 @@ from . import tokenizer
 from .kvpool import KVPool
 from ..attention.build import Kernel
 from .model import MLAModel
+from .radix import RadixCache
 from .speculative import SpecConfig, ngram_drafts
 
 log = logging.getLogger("longctx.refengine")
@@ -84,6 +85,12 @@ class Req:
     seq: np.ndarray | None = None  # prompt + output, for draft lookup
     ids: torch.Tensor | None = None  # what is prefilled: the prompt, after a retraction the prompt and output
     retractions: int = 0  # times this request was retracted back to the waiting queue
+    # the prefix cache (radix.py): the leading pages of `pages` that the tree owns, the tree node that this
+    # request locks (SGLang's last_node), and the prompt tokens found cached at its first admission
+    prefix_pages: int = 0
+    last_node: object = None
+    cached_tokens: int = 0
+    hit_tokens: int = 0  # cached tokens the next prefill batch reports (SGLang's log_hit_tokens), then 0
 
     def position(self) -> int:
         """Position of the token to be fed next (the last generated one)."""
@@ -105,7 +112,7 @@ def retraction_order(reqs: list[Req]) -> list[Req]:
 class Scheduler:
     def __init__(self, model: MLAModel, pool: KVPool, kernel: Kernel, chunked_prefill_size: int,
                  max_running_requests: int, spec: SpecConfig | None = None, defrag: bool = False,
-                 metrics=None, mixed_chunk: bool = False):
+                 metrics=None, mixed_chunk: bool = False, cache: RadixCache | None = None):
         self.model = model
         self.pool = pool
         self.kernel = kernel
@@ -115,6 +122,10 @@ class Scheduler:
         self.defrag = defrag
         self.metrics = metrics
         self.mixed_chunk = mixed_chunk  # --enable-mixed-chunk: running requests decode along each prefill chunk
+        self.cache = cache  # the radix prefix cache; None with --disable-radix-cache
+        if cache is not None:
+            pool.evict = cache.evict  # an allocation evicts cached pages before it says "full"
+        self.flushes: list[tuple[threading.Event, dict]] = []  # /flush_cache calls, answered between batches
         self.waiting: deque[Req] = deque()
         self.prefilling: Req | None = None
         self.running: list[Req] = []
@@ -133,16 +144,38 @@ class Scheduler:
     def abort(self, req: Req) -> None:
         req.aborted = True
 
+    def flush(self, timeout: float = 30.0) -> tuple[bool, str]:
+        """/flush_cache: empty the prefix cache, between two batches; refused while requests are queued or
+        run (SGLang's Scheduler.flush_cache). Returns (done, what was logged)."""
+        done, box = threading.Event(), {}
+        with self.cond:
+            self.flushes.append((done, box))
+            self.cond.notify()
+        if not done.wait(timeout):
+            return False, "Cache not flushed: the scheduler did not answer in time"
+        return box["ok"], box["message"]
+
+    def available_tokens(self) -> int:
+        """Free tokens plus the cached ones that eviction can free (SGLang's _get_token_info: available_size +
+        evictable_size): what scheduling may count on."""
+        return self._available_pages() * self.pool.page_size
+
+    def _available_pages(self) -> int:
+        return len(self.pool.free_pages) + (self.cache.evictable_pages() if self.cache is not None else 0)
+
     def load(self) -> dict:
+        # tokens held by requests: the pool less what is free or evictable (num_used in SGLang's _get_token_info)
         return {"running": len(self.running) + (self.prefilling is not None), "waiting": len(self.waiting),
-                "used_tokens": self.pool.num_tokens - self.pool.free_tokens()}
+                "used_tokens": self.pool.num_tokens - self.available_tokens()}
 
     # --- scheduler thread ----------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self.cond:
-                while not self.waiting and not self.running and self.prefilling is None:
+                while not self.waiting and not self.running and self.prefilling is None and not self.flushes:
                     self.cond.wait()
+                if self.flushes:
+                    self._flush_cache()
                 self._admit()
             self._update_metrics()  # a scrape during this iteration's batch sees the request admitted as running
             try:
@@ -150,10 +183,34 @@ class Scheduler:
             except Exception as exc:  # keep serving: fail the requests in flight, not the server
                 log.error("scheduler step failed: %s\n%s", exc, traceback.format_exc())
                 for req in [self.prefilling, *self.running]:
-                    if req is not None and req.row >= 0:
-                        self._finish(req, {"type": "abort", "message": f"engine error: {exc}"})
+                    if req is not None and req.row >= 0:  # its cells may be half written: nothing goes into the cache
+                        self._finish(req, {"type": "abort", "message": f"engine error: {exc}"}, insert=False)
                 self.prefilling, self.running = None, []
             self._update_metrics()
+
+    def _flush_cache(self) -> None:
+        """Answer the pending /flush_cache calls (under self.cond): the requests the clients abandoned go first,
+        then the tree is emptied if nothing is queued or running, as SGLang's flush_cache."""
+        self.waiting = deque(r for r in self.waiting if not r.aborted)
+        self.running = [r for r in self.running if not self._reap(r)]
+        if self.prefilling is not None and self.prefilling.aborted:
+            self._finish(self.prefilling, {"type": "abort", "message": "client disconnected"})
+            self.prefilling = None
+        busy = len(self.running) + (self.prefilling is not None)
+        if self.waiting or busy:
+            ok = False
+            message = (f"Cache not flushed because there are pending requests. #queue-req: {len(self.waiting)}, "
+                       f"#running-req: {busy}")
+            log.warning(message)
+        else:
+            ok = True
+            freed = self.cache.reset() if self.cache is not None else 0
+            message = "Cache flushed successfully!"
+            log.info("%s (%d cached tokens freed)", message, freed)
+        for done, box in self.flushes:
+            box.update(ok=ok, message=message)
+            done.set()
+        self.flushes = []
 
     def _update_metrics(self) -> None:
         if self.metrics:
@@ -188,18 +245,31 @@ class Scheduler:
                 self.waiting.popleft()
                 continue
             n = len(req.input_ids) + len(req.output_ids)  # a retracted request prefills its output too
-            if -(-(n + 1) // self.pool.page_size) * self.pool.page_size > self.pool.free_tokens():
-                return  # wait for running requests to free their pages
-            self.waiting.popleft()
-            req.row = self.pool.alloc_row()
-            if not self.pool.reserve(req.row, req.pages, n):
-                raise RuntimeError("KV pool exhausted during admission")
-            req.timestamps.setdefault("scheduled", time.perf_counter())
             if req.seq is None:
                 req.seq = np.empty(len(req.input_ids) + req.max_new_tokens, dtype=np.int64)
                 req.seq[: len(req.input_ids)] = req.input_ids
+            # the longest cached page-aligned prefix, at most n - 1 tokens (one is computed for the logits:
+            # SGLang's adjust_max_prefix_ids), locked before the room is counted so it is not counted as evictable
+            prefix, node = self.cache.match(req.seq[: n - 1]) if self.cache is not None else ([], None)
+            if node is not None:
+                self.cache.lock(node)
+            if -(-(n + 1) // self.pool.page_size) - len(prefix) > self._available_pages():
+                if node is not None:
+                    self.cache.unlock(node)
+                return  # wait for running requests to free their pages
+            self.waiting.popleft()
+            req.row = self.pool.alloc_row()
+            req.pages[:] = prefix  # the row points at the cached pages: no copy
+            self.pool.point(req.row, 0, prefix)
+            req.prefix_pages, req.last_node = len(prefix), node
+            if not self.pool.reserve(req.row, req.pages, n):
+                raise RuntimeError("KV pool exhausted during admission")
+            req.timestamps.setdefault("scheduled", time.perf_counter())
             req.ids = torch.tensor(req.seq[:n], dtype=torch.int64, device=self.model.device)
-            req.prefilled = 0
+            req.prefilled = len(prefix) * self.pool.page_size  # only the rest is prefilled
+            req.hit_tokens = req.prefilled
+            if not req.retractions:  # a prefill after a retraction adds none (SGLang's retracted_stain)
+                req.cached_tokens = req.prefilled
             self.prefilling = req
 
     def _prefill_chunk(self, req: Req, budget: int) -> Req | None:
@@ -213,16 +283,64 @@ class Scheduler:
         start, end = req.prefilled, min(req.prefilled + budget, n)
         logits = self.model.prefill_chunk(self.pool, req.row, req.ids[start:end], start)
         req.prefilled = end
+        if self.metrics:
+            self.metrics.observe_prefill(req.hit_tokens, end - start)
+        req.hit_tokens = 0
         if end < n:
+            if self.cache is not None and not self.defrag:
+                self._cache_unfinished(req, end)  # SGLang's cache_unfinished_req(chunked=True) after each chunk
             return None
         self.prefilling = None
         req.timestamps.setdefault("prefill_done", time.perf_counter())
-        if self.defrag:
-            self.pool.defragment(req.row, req.pages, n, len(req.input_ids) + req.max_new_tokens)
+        if self.defrag:  # only the request's own pages move: the cached ones are shared
+            self.pool.defragment(req.row, req.pages, n, len(req.input_ids) + req.max_new_tokens, first=req.prefix_pages)
+        if self.cache is not None:
+            self._cache_unfinished(req, n)  # the prompt is cached at once, so that others can match it
         self._append(req, [int(torch.argmax(logits[-1]))])
         return req
 
+    def _cache_unfinished(self, req: Req, computed: int) -> None:
+        """Insert the request's first ``computed`` tokens (whole pages) into the tree and point its row at the
+        tree's pages where the tree had them already; the request then locks the longer path (SGLang's
+        cache_unfinished_req)."""
+        k = computed // self.pool.page_size
+        if k <= req.prefix_pages:
+            return
+        tokens = req.seq[: k * self.pool.page_size]
+        known = self.cache.insert(tokens, req.pages[:k]) // self.pool.page_size
+        self.pool.free(req.pages[req.prefix_pages : known])  # cached already: the tree keeps its own
+        pages, node = self.cache.match(tokens)
+        assert len(pages) == k, (len(pages), k)
+        req.pages[:k] = pages
+        self.pool.point(req.row, req.prefix_pages, pages[req.prefix_pages :])
+        self.cache.lock(node)
+        self.cache.unlock(req.last_node)
+        req.prefix_pages, req.last_node = k, node
+
+    def _release(self, req: Req, insert: bool) -> None:
+        """Give back the request's pages and row. With the prefix cache: its computed tokens (whole pages) go
+        into the tree when ``insert`` (SGLang's cache_finished_req), its pages the tree had already and the
+        rest are freed, and its lock is dropped; a retracted request inserts nothing (is_insert=False)."""
+        if self.cache is None or req.last_node is None:
+            self.pool.release(req.row, req.pages)
+            return
+        ps = self.pool.page_size
+        # cells written and valid: the prefilled ones mid-prefill, else all but the last token's (not yet fed)
+        committed = req.prefilled if req.ids is not None and req.prefilled < len(req.ids) else req.position()
+        keep = committed // ps if insert else 0
+        if keep > req.prefix_pages:
+            known = self.cache.insert(req.seq[: keep * ps], req.pages[:keep]) // ps
+            self.pool.free(req.pages[req.prefix_pages : known] + req.pages[keep:])
+        else:
+            self.pool.free(req.pages[req.prefix_pages :])
+        self.cache.unlock(req.last_node)
+        req.pages.clear()
+        req.prefix_pages, req.last_node = 0, None
+        self.pool.release(req.row, req.pages)
+
     def _decode_step(self) -> None:
+        if self.metrics:
+            self.metrics.observe_decode()
         self._retract_if_full()
         for req in self.running:  # every request's next cell first (there is room after retraction)
             if not self.pool.reserve(req.row, req.pages, req.position() + 1):
@@ -253,14 +371,14 @@ class Scheduler:
         """SGLang's check_decode_mem and retract_decode: free the pages of the requests sorted last
         (fewest output tokens, then longest prompt) until the others' next step fits. The last
         running request stays, as in SGLang; if it still does not fit, the prompt in prefill goes."""
-        if self._pages_next_step(self.running) <= len(self.pool.free_pages):
+        if self._pages_next_step(self.running) <= self._available_pages():
             return
         keep = retraction_order(self.running)
         retracted = []
-        while len(keep) > 1 and self._pages_next_step(keep) > len(self.pool.free_pages):
+        while len(keep) > 1 and self._pages_next_step(keep) > self._available_pages():
             retracted.append(keep.pop())
             self._retract(retracted[-1])
-        if self.prefilling is not None and self._pages_next_step(keep) > len(self.pool.free_pages):
+        if self.prefilling is not None and self._pages_next_step(keep) > self._available_pages():
             retracted.append(self.prefilling)
             self._retract(self.prefilling)
             self.prefilling = None
@@ -269,12 +387,12 @@ class Scheduler:
         if not retracted:
             return
         log.info("KV cache pool is full. Retract requests. #retracted_reqs: %d, #running-req: %d, #free_tokens: %d",
-                 len(retracted), len(self.running), self.pool.free_tokens())
+                 len(retracted), len(self.running), self.available_tokens())
         if self.metrics:
             self.metrics.count_retracted(retracted)
 
     def _retract(self, req: Req) -> None:
-        self.pool.release(req.row, req.pages)
+        self._release(req, insert=False)
         req.row, req.prefilled, req.ids = -1, 0, None
         req.retractions += 1
         with self.cond:
@@ -325,14 +443,14 @@ class Scheduler:
         else:
             req.emit(self._chunk(req, None, len(tokens)))
 
-    def _finish(self, req: Req, reason: dict, new: int = 0) -> None:
+    def _finish(self, req: Req, reason: dict, new: int = 0, insert: bool = True) -> None:
         req.timestamps["finished"] = time.perf_counter()
         event = self._chunk(req, reason, new)
         if self.metrics:
             self.metrics.observe_finished(req)
-        req.emit(event)
-        self.pool.release(req.row, req.pages)
+        self._release(req, insert)  # before the event: a flush the client sends next finds the pages back
         req.row = -1
+        req.emit(event)
 
     def _reap(self, req: Req) -> bool:
         """Drop finished requests and release the pages of those the client abandoned."""
@@ -349,7 +467,7 @@ class Scheduler:
             "finish_reason": finish_reason,
             "prompt_tokens": len(req.input_ids),
             "completion_tokens": len(req.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": req.cached_tokens,
             "e2e_latency": time.perf_counter() - req.received,
         }
         if self.spec and finish_reason is not None:
