@@ -39,6 +39,21 @@ prompt, the ones that sort last go first, until the rest fit; their pages are fr
 back to the waiting queue, behind the requests already there (SGLang's ``_add_request_to_queue``
 appends). A retracted request is prefilled again later over its prompt and the tokens it had
 generated, so its output goes on exactly as it would have (greedy decoding).
+
+The prefix cache (radix.py; off with --disable-radix-cache) is used where SGLang uses its RadixCache:
+admission matches the longest cached page-aligned prefix of at most len - 1 tokens (schedule_batch.py's
+``init_next_round_input``/``adjust_max_prefix_ids``), locks it, points the row at its pages and prefills
+the rest; each finished chunk and the finished prompt are inserted (``cache_unfinished_req``, the row then
+points at the tree's pages where the tree had them), a finished request's committed tokens too
+(``cache_finished_req``: duplicates and the page-unaligned tail freed, its lock dropped), a retracted one
+inserts nothing and keeps only what the tree owns (``release_kv_cache(is_insert=False)``). Room is counted
+as free plus evictable pages (scheduler.py's ``_get_token_info``), and the pool evicts before an allocation
+fails. ``cached_tokens`` is counted at a request's first admission only (a re-prefill after retraction adds
+none, SGLang's ``retracted_stain``). Two rules keep shared pages in place: NGRAM verification writes only at
+positions past the prompt, never in the tree's pages (a prefix is at most len - 1 tokens and whole pages);
+the defragmenter moves only the request's own pages, those after its cached prefix, and with
+--enable-kv-defrag a request's chunks are inserted only when its prefill ends, after the move (so a cold
+prompt is still moved whole; the cost: a prefill retracted midway keeps none of its chunks cached).
 """
 
 from __future__ import annotations
