@@ -103,6 +103,23 @@ def _analyze_load(a) -> int:
     return 0
 
 
+def _aggregate_prefix(a) -> int:
+    from .analysis.prefix import aggregate_prefix
+
+    df = aggregate_prefix(a.raw, a.out)
+    print(f"{len(df)} request rows, {int((df['status'] != 'ok').sum())} not ok -> {a.out}")
+    return 0
+
+
+def _analyze_prefix(a) -> int:
+    from .analysis.prefix_model import analyze_file
+
+    settings = json.loads(a.settings) if a.settings else None
+    doc = analyze_file(a.prefix, a.out, a.results, a.fits, settings)
+    print(f"{len(doc['configurations'])} configurations -> {a.out}")
+    return 0
+
+
 def _fit(a) -> int:
     from .analysis.fits import fit_file
 
@@ -149,6 +166,14 @@ def _plot_load(a) -> int:
     from .report.figures.load import plot_load
 
     for p in plot_load(a.load, a.metrics, a.style, a.outdir):
+        print(p)
+    return 0
+
+
+def _plot_prefix(a) -> int:
+    from .report.figures.prefix import plot_prefix
+
+    for p in plot_prefix(a.prefix, a.style, a.outdir):
         print(p)
     return 0
 
@@ -285,6 +310,22 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.set_defaults(func=_analyze_load)
 
+    s = sub.add_parser("aggregate-prefix", help="raw prefix.json files -> prefix.csv (a row per request of the hit-rate "
+                       "points and the growing conversations)")
+    s.add_argument("--out", required=True, help="data/prefix.csv")
+    s.add_argument("raw", nargs="+", help="data/raw/<configuration>/prefix.json (a missing or unreadable one is a failed row; "
+                   "'not configured' ones have none)")
+    s.set_defaults(func=_aggregate_prefix)
+
+    s = sub.add_parser("analyze-prefix", help="prefix.csv (+ results.csv, fits.json) -> prefix_fits.json: the prefix cache's "
+                       "cost model, the saving against cold, the cached-count check, the conversations against the model")
+    s.add_argument("--prefix", required=True, help="data/prefix.csv")
+    s.add_argument("--results", help="data/results.csv: the cold single-request trials (fitted with the hit-rate points)")
+    s.add_argument("--fits", help="data/fits.json: the cold prefill fit (the model is checked against it) and the bootstrap settings")
+    s.add_argument("--settings", help='bootstrap, confidence, seed as JSON (default: fits.json\'s), e.g. the config\'s analysis section')
+    s.add_argument("--out", required=True, help="data/prefix_fits.json")
+    s.set_defaults(func=_analyze_prefix)
+
     s = sub.add_parser("calibrate", help="measure copy bandwidth and matmul rate of the devices the servers compute on")
     s.add_argument("--plan", help="what to measure, as JSON (what the workflow passes)")
     s.add_argument("--configfile", help="or: the config file to plan from")
@@ -314,6 +355,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--outdir", required=True)
     s.set_defaults(func=_plot_load)
 
+    s = sub.add_parser("plot-prefix", help="prefix_fits.json -> the prefix cache's TTFT, saving and conversation figures")
+    s.add_argument("--prefix", required=True, help="data/prefix_fits.json")
+    s.add_argument("--style", required=True)
+    s.add_argument("--outdir", required=True)
+    s.set_defaults(func=_plot_prefix)
+
     s = sub.add_parser("plot-analysis", help="fits.json + planner.json -> roofline, residual, extrapolation and planner figures")
     s.add_argument("--results", required=True)
     s.add_argument("--fits", required=True)
@@ -340,6 +387,7 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--provenance", required=True, help="data/provenance.json")
         s.add_argument("--itl-depth", help="data/itl_depth.csv")
         s.add_argument("--planner", help="data/planner.json (the KV memory planner)")
+        s.add_argument("--prefix", help="data/prefix_fits.json (the prefix cache's analysis)")
         s.add_argument("--load", help="data/load.json (the load workloads' analysis)")
         s.add_argument("--load-metrics", help="data/load_metrics.csv (the servers' /metrics through the load workloads)")
         s.add_argument("--config-json", help="the validated configuration as JSON (what the workflow passes)")

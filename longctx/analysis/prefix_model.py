@@ -151,7 +151,9 @@ def _interval(d: np.ndarray | None, level: float) -> tuple[float | None, float |
 
 
 def _check_counts(rows: pd.DataFrame) -> dict:
-    """The cached-count check of rows (requests): how many of each outcome, and the mismatches with both numbers."""
+    """The cached-count check of rows (requests) that succeeded (a failed one has no count to check): how many of
+    each outcome, and the mismatches with both numbers."""
+    rows = rows[rows["status"].eq("ok")]
     checks = rows["cached_check"].fillna("unreported")
     out = {k: int((checks == k).sum()) for k in CHECKS}
     out["n"] = int(len(rows))

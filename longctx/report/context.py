@@ -4,7 +4,8 @@ a plan's Results section (longctx.report.markdown).
 `ReportInputs` names what a report is made from (the data files, the baseline, the configuration);
 `context` reads them into what the report shows: the medians, the fits with their intervals
 (fits.json), the memory planner (planner.json), the load workloads where they were measured (load.json
-and load_metrics.csv, longctx.report.load), one diagnosis (longctx.report.diagnosis) and one headline
+and load_metrics.csv, longctx.report.load), the prefix cache where it was (prefix_fits.json,
+longctx.report.prefix), one diagnosis (longctx.report.diagnosis) and one headline
 table (longctx.report.headline). `version_of` makes this build's version record and
 `with_version` adds it, with the comparison to the previous version (longctx.report.versions).
 `render_text` and `render` fill a template in a dialect's Jinja environment; an error names the
@@ -31,7 +32,7 @@ from ..analysis import bands
 from ..analysis.tables import concurrency_table, medians
 from ..measure.provenance import git_info, package_versions
 from ..specs.hardware import TABLE_PATH
-from . import load as loadview, versions, wording
+from . import load as loadview, prefix as prefixview, versions, wording
 from .diagnosis import bound_words, diagnose
 from .headline import choose_baseline, headline
 
@@ -43,7 +44,7 @@ __all__ = ["DATA_FILES", "ReportError", "ReportInputs", "command_lines", "contex
 # this order; a section file not named here (a new analysis) comes after the named ones that precede
 # "comparison". Files named appendix_* make the appendix, in APPENDIX_ORDER, then by name.
 BODY_ORDER = ("diagnosis", "prefill", "decode", "intervals", "roofline", "hardware", "speculative", "telemetry", "planner", "needle",
-              "concurrency", "load", "itl_depth", "comparison", "failures")
+              "concurrency", "load", "prefix", "itl_depth", "comparison", "failures")
 APPENDIX_ORDER = ("appendix_configuration", "appendix_servers", "appendix_model", "appendix_hardware", "appendix_results",
                   "appendix_versions")
 FRONT = ("summary",)
@@ -51,7 +52,7 @@ FRONT = ("summary",)
 SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|credential", re.I)
 # The data files a report reads: the fields of ReportInputs, in this order, are the keys of
 # rules/common.smk's REPORT_DATA and the options of `longctx render/markdown/plan-section`.
-DATA_FILES = ("results", "fits", "provenance", "itl_depth", "planner", "load", "load_metrics")
+DATA_FILES = ("results", "fits", "provenance", "itl_depth", "planner", "prefix", "load", "load_metrics")
 
 
 class ReportError(SystemExit):
@@ -72,6 +73,8 @@ class ReportInputs:
     """data/itl_depth.csv: inter-token latency against KV depth; None where it was not measured."""
     planner: str | Path | None = None
     """data/planner.json: the KV memory planner (longctx.analysis.memory); None: no planner."""
+    prefix: str | Path | None = None
+    """data/prefix_fits.json: the prefix cache's analysis (longctx.analysis.prefix_model); None or absent: no prefix section."""
     load: str | Path | None = None
     """data/load.json: the load workloads' analysis (longctx.analysis.load); None or absent: no load section."""
     load_metrics: str | Path | None = None
@@ -299,6 +302,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
     machines = {json.dumps(p["hardware"], sort_keys=True): p["hardware"] for p in prov["configurations"].values() if p.get("hardware")}
     epoch = source_date_epoch(prov)
     load = loadview.read(inputs.load)
+    prefix = prefixview.read(inputs.prefix)
     lengths = sorted(int(x) for x in df["length"].unique())
     out = {
         "longctx_version": __version__,
@@ -337,6 +341,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "needle": bool("needle" in med and med["needle"].notna().any()),
         # the load workloads (longctx.report.load.view): the load section and its figures where any was measured
         "load": loadview.view(load, loadview.read_metrics(inputs.load_metrics), order),
+        # the prefix cache's hit rates and conversations (longctx.report.prefix.view): its section where measured
+        "prefix": prefixview.view(prefix, order),
         "measured_at": datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if prov.get("configurations") else None,
         "source_date_epoch": epoch,
         "config_yaml": yaml.safe_dump(mask(config), sort_keys=False, width=88).splitlines() if config else [],
@@ -346,7 +352,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "comparison": None,
     }
     # page one's answer and the diagnosis: the headline's speedups (with their intervals) are what it compares
-    out["diagnosis"] = diagnose(med, fits, planner, out["headline"], analysis.get("settings"), load)
+    out["diagnosis"] = diagnose(med, fits, planner, out["headline"], analysis.get("settings"), load, prefix)
     return out
 
 

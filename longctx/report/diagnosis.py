@@ -370,12 +370,12 @@ def _lengths(ls: list[int]) -> str:
 
 
 def diagnose(med: pd.DataFrame, fits: dict, planner: dict | None = None, headline: dict | None = None,
-             settings: dict | None = None, load: dict | None = None) -> dict:
+             settings: dict | None = None, load: dict | None = None, prefix: dict | None = None) -> dict:
     """{summary, configurations, planner}: page one's sentences across all configurations (longctx.report.summary:
     at most five), then every sentence of each configuration, grouped by configuration and without repeats
     (failures, partial lengths, what bounds decode and why, prefill, the fits that may not carry claims,
     speculative acceptance, regime changes, the extrapolation), then the memory planner's; load: load.json's
-    contents, for page one's frontier and interference sentences. Each sentence is
+    contents, for page one's frontier and interference sentences; prefix: prefix_fits.json's, for its sentence. Each sentence is
     {text, figure}: the figure that shows it (longctx.report.figures), or None."""
     from .summary import summary
 
@@ -409,7 +409,7 @@ def diagnose(med: pd.DataFrame, fits: dict, planner: dict | None = None, headlin
         rows = med[med["configuration"] == name]
         faults.append(_failed(name, rows) or f"{name}: no length was measured successfully.")
         groups.append({"name": name, "items": _items([("", faults[-1])], name)})
-    return {"summary": summary(med, fits, headline, settings or {}, faults, load),
+    return {"summary": summary(med, fits, headline, settings or {}, faults, load, prefix),
             "configurations": groups,
             "planner": _items(_planner(planner))}
 

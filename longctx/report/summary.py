@@ -15,7 +15,10 @@ after the third: the SLO frontier (the longest context meeting the SLOs at the h
 configuration's frontier has) and the interference probe (what the longest injected prompt does to the
 running streams, with the fitted stall per chunk). Then a fourth that only says no configuration falls
 off its model gives way, and the budget of five keeps the first ones in this order: prefill, decode,
-usability, frontier, interference, regime changes, the winners.
+usability, frontier, prefix cache, interference, regime changes, the winners. Where the prefix-cache
+workloads were measured (data/prefix_fits.json, longctx.report.prefix.sentence), their sentence says what
+the highest hit rate saves against cold at the longest length, how well the cost model predicts it and how
+often the server's cached count matched.
 
 The sentences take the longest length each configuration measured in full, as the diagnosis does.
 """
@@ -27,6 +30,7 @@ import math
 import pandas as pd
 
 from .load import slo_words, time_words
+from .prefix import sentence as prefix_sentence
 from .numbers import is_number, rounded
 
 USABLE = {"ttft_s": 10.0, "decode_tok_s": 10.0}
@@ -401,15 +405,17 @@ def _interference(load: dict | None) -> str | None:
 
 
 def summary(med: pd.DataFrame, fits: dict, headline: dict | None, settings: dict, faults: list[str] | None = None,
-            load: dict | None = None) -> list[dict]:
+            load: dict | None = None, prefix: dict | None = None) -> list[dict]:
     """Page one's sentences ({text, figure}), at most five: first what could not be measured at all (faults:
     the diagnosis' sentences of configurations with no length, or no usable time, measured), then the
     module's five, as many as fit; with load (load.json's contents), the frontier's and the interference
-    probe's sentences after the third, and the fourth only where it says something (see the module)."""
+    probe's sentences after the third, and the fourth only where it says something (see the module); with
+    prefix (prefix_fits.json's contents), the prefix cache's sentence between the frontier's and the
+    interference probe's."""
     crit = {**USABLE, **(settings.get("usable") or {})}
     per = _tops(med, fits)
     said = [(t, None) for t in faults or []]
-    loaded = [(_frontier(load), "frontier"), (_interference(load), "interference")]
+    loaded = [(_frontier(load), "frontier"), (prefix_sentence(prefix), "prefix_ttft"), (_interference(load), "interference")]
     loaded = [(t, f) for t, f in loaded if t]
     if per:
         cliffs = _cliffs(per, fits, med)

@@ -6,5 +6,7 @@ FIGURES = ("overview", "ttft", "decode_rate", "step_time", "acceptance", "itl_de
 ANALYSIS_FIGURES = ("roofline", "residuals", "extrapolation", "planner")
 # made by `longctx plot-load` (data/load.json and data/load_metrics.csv; longctx.report.figures.load)
 LOAD_FIGURES = ("load_latency", "interference", "load_metrics", "frontier")
+# made by `longctx plot-prefix` (data/prefix_fits.json; longctx.report.figures.prefix)
+PREFIX_FIGURES = ("prefix_ttft", "prefix_saving", "prefix_conversation")
 # the formats each figure is saved in (PDF for LaTeX, PNG for Markdown): the files the plot rules expect
 FORMATS = ("pdf", "png")
