@@ -56,12 +56,15 @@ class Engine:
 
     def consistent(self):
         """Every page is free or in the tree once no request runs (nothing leaked, nothing twice)."""
-        pages = list(self.pool.free_pages)
+        pages, tokens = list(self.pool.free_pages), 0
         stack = list(self.cache.root.children.values()) if self.cache else []
         while stack:
             node = stack.pop()
             pages += node.pages
+            tokens += len(node.key)
+            assert len(node.key) == len(node.pages) * self.pool.page_size and node.lock_ref == 0
             stack.extend(node.children.values())
+        assert self.cache is None or (self.cache.total_tokens() == self.cache.evictable_tokens() == tokens)
         return sorted(pages) == list(range(1, self.pool.num_pages)) and len(self.pool.free_rows) == 4
 
 

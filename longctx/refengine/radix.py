@@ -190,9 +190,5 @@ class RadixCache:
         return freed
 
     def total_tokens(self) -> int:
-        total, stack = 0, list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            total += len(node.key)
-            stack.extend(node.children.values())
-        return total
+        """Tokens in the tree (every node is locked or not): safe to read from another thread."""
+        return self._evictable + self._protected
