@@ -213,9 +213,10 @@ def test_analyze_file_points_savings_checks_and_conversations(tmp_path):
     assert p["predicted"]["low"] < p["predicted"]["value"] < p["predicted"]["high"] and abs(p["deviation"]) < 0.05
     # the mismatch, with both numbers, in the point and in the configuration's list
     assert p["check"] == {"ok": 3, "mismatch": 1, "unreported": 0, "n": 4,
-                          "mismatches": [{"trial": 3, "turn": None, "expected": E, "server": 8192}]}
+                          "mismatches": [{"trial": 3, "turn": None, "expected": E, "expected_low": None, "server": 8192}]}
     assert c["checks"]["mismatches"] == [{"kind": "hit_rate", "length": 16384, "hit_rate": 0.9, "conversation": None,
-                                          "cache": True, "trial": 3, "turn": None, "expected": E, "server": 8192}]
+                                          "cache": True, "trial": 3, "turn": None, "expected": E, "expected_low": None,
+                                          "server": 8192}]
     # the failed request has no count to check: 35 ok trials (one mismatched) and 10 turns
     assert c["checks"]["ok"] == 9 * 4 - 2 + 10 and c["checks"]["n"] == 9 * 4 - 1 + 10 and c["checks"]["unreported"] == 0
     lost = next(p for p in c["points"] if p["length"] == 1024 and p["hit_rate"] == 0.5)

@@ -4,7 +4,8 @@ issue 19) -> data/prefix.csv, one row per request.
 A hit-rate point's requests are its trials (role "trial") and the request that put the shared prefix in the
 cache first (role "warm", not a trial: no cached-count check, and the analysis leaves it out); a conversation's requests are its turns
 (role "turn"). Each row keeps what the server should have cached (expected_cached: the prefix rounded down to
-the cache's granularity, at most L - 1, 0 with the cache off), what it says it cached (cached_tokens, empty
+the cache's granularity, at most L - 1, 0 with the cache off; expected_cached_low, where the measurement gives
+one, the least it may cache, the check then passing anywhere from it to expected_cached), what it says it cached (cached_tokens, empty
 where it does not say) and the check of the two (cached_check: ok, mismatch or unreported), and new_tokens:
 the prompt less the cached tokens, the server's count where it reports one, else the expected one (what the
 cost model of longctx.analysis.prefix_model prefills).
@@ -27,7 +28,7 @@ from .aggregate import read_raw
 COLUMNS = [
     "configuration", "kind", "point", "role", "cache", "granularity", "length", "hit_rate", "prefix_tokens",
     "turn_tokens", "output_tokens", "max_context", "trial", "turn", "previous_tokens", "status", "reason",
-    "point_status", "point_reason", "prompt_tokens", "expected_cached", "cached_tokens", "cached_check", "new_tokens",
+    "point_status", "point_reason", "prompt_tokens", "expected_cached", "expected_cached_low", "cached_tokens", "cached_check", "new_tokens",
     "ttft_s", "server_ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "completion_tokens", "itl_median_s", "itl_max_s",
     "tokens_estimated",
 ]
@@ -60,7 +61,8 @@ def request_row(base: dict, r: dict, prompt_default: int | None, expected: int |
     expected = _int(r.get("expected_cached")) if r.get("expected_cached") is not None else expected
     used = cached if cached is not None else expected
     return {**base, **{k: r.get(k) for k in RECORD_FIELDS}, "status": r.get("status") or "failed",
-            "reason": r.get("reason"), "prompt_tokens": prompt, "expected_cached": expected, "cached_tokens": cached,
+            "reason": r.get("reason"), "prompt_tokens": prompt, "expected_cached": expected,
+            "expected_cached_low": _int(r.get("expected_cached_low")), "cached_tokens": cached,
             "cached_check": cached_check(expected, cached, r.get("cached_check")),
             "new_tokens": prompt - used if prompt is not None and used is not None else None}
 

@@ -158,7 +158,8 @@ def _check_counts(rows: pd.DataFrame) -> dict:
     out = {k: int((checks == k).sum()) for k in CHECKS}
     out["n"] = int(len(rows))
     out["mismatches"] = [{"trial": _opt_int(r.get("trial")), "turn": _opt_int(r.get("turn")),
-                          "expected": _opt_int(r.get("expected_cached")), "server": _opt_int(r.get("cached_tokens"))}
+                          "expected": _opt_int(r.get("expected_cached")), "expected_low": _opt_int(r.get("expected_cached_low")),
+                          "server": _opt_int(r.get("cached_tokens"))}
                          for r in rows[checks == "mismatch"].to_dict("records")]
     return out
 
@@ -330,7 +331,8 @@ def _configuration(name: str, g: pd.DataFrame, cold_rows: pd.DataFrame, cold_fit
                       "conversation": _opt_int(r.get("point")) if r["kind"] == "conversation" else None,
                       "cache": bool(r["cache"]) if r.get("cache") in (True, False) else None,
                       "trial": _opt_int(r.get("trial")), "turn": _opt_int(r.get("turn")),
-                      "expected": _opt_int(r.get("expected_cached")), "server": _opt_int(r.get("cached_tokens"))})
+                      "expected": _opt_int(r.get("expected_cached")), "expected_low": _opt_int(r.get("expected_cached_low")),
+                      "server": _opt_int(r.get("cached_tokens"))})
     out["checks"] = {**{k: checks[k] for k in (*CHECKS, "n")}, "mismatches": where}
     return out
 
