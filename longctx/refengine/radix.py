@@ -26,6 +26,8 @@ import heapq
 import itertools
 from typing import Callable
 
+import numpy as np
+
 
 class Node:
     __slots__ = ("children", "parent", "key", "pages", "lock_ref", "last_access")
@@ -62,11 +64,12 @@ class RadixCache:
         return key[: self.page_size]
 
     def _match_len(self, a: tuple[int, ...], b: tuple[int, ...]) -> int:
-        """Tokens of a and b that agree from the start, in whole pages."""
-        ps, n, i = self.page_size, min(len(a), len(b)), 0
-        while i < n and a[i : i + ps] == b[i : i + ps]:
-            i += ps
-        return i
+        """Tokens of a and b that agree from the start, in whole pages (both are whole pages long)."""
+        n = min(len(a), len(b))
+        if a[:n] == b[:n]:
+            return n
+        first_diff = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        return first_diff // self.page_size * self.page_size
 
     def _split(self, child: Node, at: int) -> Node:
         """Put a new node holding child's first ``at`` tokens between child and its parent; return it."""
@@ -80,7 +83,7 @@ class RadixCache:
 
     def _aligned(self, tokens) -> tuple[int, ...]:
         n = len(tokens) // self.page_size * self.page_size
-        return tuple(int(t) for t in tokens[:n])
+        return tuple(np.asarray(tokens[:n], dtype=np.int64).tolist())
 
     def match(self, tokens) -> tuple[list[int], Node]:
         """Pages of the longest cached page-aligned prefix of ``tokens`` and the node where it ends."""
