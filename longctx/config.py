@@ -112,6 +112,12 @@ def requests_of(config: dict[str, Any]) -> list[tuple[str, int, int]]:
             bg = load["interference"]
             out.append(("load.interference.background_length", bg["background_length"],
                         bg["steady_tokens"] + bg["tail_tokens"] + 1))
+    prefix = config.get("prefix") or {}
+    if prefix:
+        out += [("prefix.lengths", n, prefix["output_tokens"]) for n in prefix["lengths"]]
+        conv = prefix["conversation"]
+        if conv["max_context"]:
+            out.append(("prefix.conversation.max_context", conv["max_context"], conv["output_tokens"]))
     depth = proto["itl_depth"]
     if depth["length"]:
         out.append(("protocol.itl_depth.length", depth["length"], depth["output_tokens"]))
@@ -128,6 +134,17 @@ def load_of(config: dict[str, Any], name: str) -> dict[str, Any] | None:
     if not (load["lengths"] and levels) and not load["interference"]["lengths"]:
         return None
     return load
+
+
+def prefix_of(config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The reused-context workloads configuration `name` measures (config key prefix), or None: it measures
+    none (configurations.<name>.prefix false, or neither prefix.lengths with a hit rate nor a conversation)."""
+    prefix = config["prefix"]
+    if not config["configurations"][name].get("prefix", True):
+        return None
+    if not (prefix["lengths"] and prefix["hit_rates"]) and not prefix["conversation"]["max_context"]:
+        return None
+    return prefix
 
 
 def _check_context(name: str, conf: dict, config: dict, adapter) -> None:
@@ -219,6 +236,7 @@ def configuration_spec(config: dict[str, Any], name: str) -> ConfigurationSpec:
         )
     conf = {k: v for k, v in config["configurations"][name].items() if k not in SCHEDULING_KEYS}
     conf["load"] = load_of(config, name)
+    conf["prefix"] = prefix_of(config, name)
     kernel = conf["kernel"]
     return ConfigurationSpec.from_dict({
         "name": name,

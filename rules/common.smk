@@ -80,13 +80,18 @@ ITL_DEPTH = bool(CFG["protocol"]["itl_depth"]["length"])
 
 def raw_files(configurations=CONFIGURATIONS, load=True):
     """What a bench job writes: a file per length, the ITL-against-depth request when configured, and
-    (with load) load.json: the load workloads, or a record that the configuration measures none."""
-    names = [str(n) for n in LENGTHS] + (["itl_depth"] if ITL_DEPTH else []) + (["load"] if load else [])
+    (with load) load.json and prefix.json: the load and the reused-context workloads, or a record that the
+    configuration measures none."""
+    names = [str(n) for n in LENGTHS] + (["itl_depth"] if ITL_DEPTH else []) + (["load", "prefix"] if load else [])
     return expand("data/raw/{configuration}/{name}.json", configuration=configurations, name=names)
 
 
 def load_files():
     return expand("data/raw/{configuration}/load.json", configuration=CONFIGURATIONS)
+
+
+def prefix_files():
+    return expand("data/raw/{configuration}/prefix.json", configuration=CONFIGURATIONS)
 
 
 def kernel_build(wildcards):

@@ -112,8 +112,9 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
     recovered from its copy there, and provenance.json lists it under the configuration's `recovered`."""
     rows: list[dict] = []
     prov: dict = {"configurations": {}}
-    # a configuration's load.json holds its load workloads (longctx.analysis.load reads it), not a length
-    paths = [p for p in map(Path, raw_files) if p.stem != "load"]
+    # a configuration's load.json and prefix.json hold its load and reused-context workloads (longctx.analysis.load
+    # and .prefix read them), not a length
+    paths = [p for p in map(Path, raw_files) if p.stem not in ("load", "prefix")]
     depth_rows = [r for p in sorted(paths) if p.stem == "itl_depth" for r in itl_depth_rows(p)]
     if out_itl_depth:
         pd.DataFrame(depth_rows, columns=ITL_DEPTH_COLUMNS).to_csv(out_itl_depth, index=False)

@@ -97,6 +97,8 @@ class EngineAdapter(ABC):
     metric_names: dict[str, tuple[str, ...]] = {}
     metrics_path = "/metrics"
     chunked_prefill_flag: str | None = "chunked-prefill-size"  # the flag that sets the tokens of one prefill chunk
+    prefix_cache_off_flag: str | None = "disable-radix-cache"  # the flag that turns the prefix cache off (SGLang's)
+    cached_tokens_flag: str | None = None  # the flag without which the server reports no cached count (vLLM's)
 
     def api(self, spec: ConfigurationSpec) -> Api:
         return SGLANG
@@ -115,6 +117,8 @@ class EngineAdapter(ABC):
         load = spec.load or {}
         if self.metrics_flag and load.get("metrics", {}).get("enabled") and arg_value(args, self.metrics_flag) is None:
             args[self.metrics_flag] = True
+        if self.cached_tokens_flag and spec.prefix and arg_value(args, self.cached_tokens_flag) is None:
+            args[self.cached_tokens_flag] = True  # the reused-context workloads check every request's cached count
         return args
 
     @staticmethod
@@ -266,6 +270,19 @@ class EngineAdapter(ABC):
             return int(value) if value is not None and int(value) > 0 else None
         except (TypeError, ValueError):
             return None
+
+    def prefix_cache(self, args: dict[str, Any], server_info: dict) -> bool | None:
+        """Whether the server's prefix cache is on (None: not known): SGLang's radix cache (and ours) is,
+        unless --disable-radix-cache."""
+        if self.prefix_cache_off_flag is None:
+            return None
+        return not self.setting(args, server_info, self.prefix_cache_off_flag)
+
+    def cache_granularity(self, spec: ConfigurationSpec, server_info: dict) -> int | None:
+        """Tokens the prefix cache matches by (None: not known): SGLang's page size (--page-size, default 1;
+        its radix cache matches whole pages)."""
+        value = self.setting(spec.args, server_info, "page-size")
+        return int(value) if value else 1
 
     def context_length(self, args: dict[str, Any], server_info: dict) -> int | None:
         """The most tokens (prompt and output) one request may hold: the engine's context_length_flag,

@@ -52,6 +52,8 @@ class ConfigurationSpec:
     # config key load, where this configuration measures the load workloads (longctx.measure.load); None
     # where it measures none, left out of to_dict then (the spec_hash of a configuration without load stays)
     load: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+    # config key prefix, where this configuration measures the reused-context workloads (longctx.measure.prefix)
+    prefix: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a plain dictionary (a deep copy): what spec_hash and resume_key digest."""

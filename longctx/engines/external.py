@@ -18,6 +18,11 @@ class ExternalAdapter(EngineAdapter):
     # whatever it is, it may serve SGLang's or vLLM's metrics: each name is looked for in both
     metric_names = {k: SGLANG_METRICS.get(k, ()) + VLLM_METRICS.get(k, ()) for k in sorted({*SGLANG_METRICS, *VLLM_METRICS})}
     chunked_prefill_flag = None  # its flags are not ours to know
+    prefix_cache_off_flag = None
+
+    def cache_granularity(self, spec: ConfigurationSpec, server_info: dict) -> int | None:
+        """Its page or block size is not ours to know: config key prefix.granularity says it, or nothing does."""
+        return (spec.prefix or {}).get("granularity")
     devices = ("cpu", "gpu", "remote")  # what configurations.<name>.device may say (config/schema.yaml)
 
     def api(self, spec: ConfigurationSpec):

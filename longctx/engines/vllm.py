@@ -86,9 +86,19 @@ class VLLMAdapter(EngineAdapter):
     preflight_script = _PREFLIGHT
     tp_size_flags = ("tensor-parallel-size",)  # and -tp, which a config key (written --<key>) cannot spell
     context_length_flag = "max-model-len"
+    prefix_cache_off_flag = None  # vLLM's flag is a pair (prefix_cache below)
+    cached_tokens_flag = "enable-prompt-tokens-details"  # usage.prompt_tokens_details.cached_tokens only with it
 
     def api(self, spec: ConfigurationSpec):
         return OPENAI
+
+    def prefix_cache(self, args: dict, server_info: dict) -> bool | None:
+        """vLLM (V1) caches prefixes unless --no-enable-prefix-caching (or enable-prefix-caching: false)."""
+        return not arg_value(args, "no-enable-prefix-caching") and arg_value(args, "enable-prefix-caching") is not False
+
+    def cache_granularity(self, spec: ConfigurationSpec, server_info: dict) -> int | None:
+        """vLLM's prefix cache hashes whole KV blocks: its block size (kv_block_size), where it is known."""
+        return self.kv_block_size(spec)[0]
 
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
         from ..core.errors import ConfigError

@@ -612,6 +612,10 @@ class StreamRecord:
     error: str | None = None
     tokens_estimated: bool = False  # OpenAI streams: the events counted did not match the server's count (or it gave none)
     event_text: list[bool] = field(default_factory=list)  # OpenAI streams: whether each counted event carried text
+    # what was generated, where the stream says (a conversation's next turn carries it): SGLang's output_ids
+    # (cumulative or, with incremental streaming, deltas) or the token_ids of OpenAI chunks; the text of OpenAI chunks
+    output_ids: list[int] | None = None
+    output_text: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -670,7 +674,14 @@ class StreamRecord:
 def _sglang_event(rec: "StreamRecord", obj: dict) -> int | None:
     """Cumulative completion tokens after an SGLang event (None: no token information)."""
     rec.meta = obj.get("meta_info", {})
-    return rec.meta.get("completion_tokens")
+    total = rec.meta.get("completion_tokens")
+    ids = obj.get("output_ids")
+    if isinstance(ids, list):  # the whole output so far (SGLang's default), or this event's tokens (incremental)
+        if rec.output_ids is None or (total is not None and len(ids) == total):
+            rec.output_ids = list(ids)
+        else:
+            rec.output_ids.extend(ids)
+    return total
 
 
 # Which OpenAI stream events are tokens (the prompt probe decides, from the server's own count):
@@ -692,6 +703,12 @@ def _openai_event(rec: "StreamRecord", obj: dict, seen: int, rule: str) -> int |
     if choice.get("finish_reason"):
         rec.meta["finish_reason"] = {"type": choice["finish_reason"]}
     has_text = bool(choice.get("text") or choice.get("token_ids"))
+    if choice.get("text"):
+        rec.output_text.append(choice["text"])
+    if isinstance(choice.get("token_ids"), list):
+        if rec.output_ids is None:
+            rec.output_ids = []
+        rec.output_ids.extend(choice["token_ids"])
     if rule == "text" and not has_text:
         return None
     rec.event_text.append(has_text)
@@ -802,10 +819,10 @@ def _failure(exc: Exception, timeout_s: float) -> str:
 
 
 def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: float, api: str = "sglang",
-                    events: str = "every") -> StreamRecord:
+                    events: str = "every", record: StreamRecord | None = None) -> StreamRecord:
     """POST a streaming request (SGLang /generate or OpenAI /v1/completions) and time every event;
-    `events` says which OpenAI events are tokens (EVENT_RULES)."""
-    rec = StreamRecord()
+    `events` says which OpenAI events are tokens (EVENT_RULES); `record` is filled where given."""
+    rec = record if record is not None else StreamRecord()
     try:
         parser, timeout = _begin(rec, timeout_s, api, events)
         with client.stream("POST", url, content=body, headers=_HEADERS, timeout=timeout) as resp:

@@ -37,11 +37,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..engines import EngineAdapter
 from ..specs.pool import observed_pool
 from .client import SEND_AT, StreamRecord, async_timed_client
-from .process import ServerError
+from .points import measure_points
 from .prompts import Prompter, check_counts
 
 log = logging.getLogger("longctx.measure.load")
-progress = logging.getLogger("longctx.progress")
 LOAD_FORMAT = "longctx.load/1"
 # Open loop: the schedule starts this long after its bodies are built; each request is started SEND_AHEAD_S
 # before its time (built, its connection taken) and its first byte held until then (client.SEND_AT)
@@ -400,21 +399,8 @@ def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, f
     except (TypeError, ValueError):
         context = None
     pool, _ = observed_pool(session.prov)
-    done: list[dict] = []
-    reuse = {point_key(p): p for p in kept or [] if p["status"] == "ok"}
-    for kind, length, level in points(load):
-        if (kind, length, level) in reuse:  # measured by an interrupted run of the same spec, kernel and engine
-            done.append({**reuse[(kind, length, level)], "resumed": True})
-            progress.info("%s: load %s L=%d level %g: measured before, reused", spec.name, kind, length, level)
-            keep(done)
-            continue
-        try:
-            session.up()
-        except ServerError as exc:  # no server for the rest: each point left is a failed one, with the reason
-            measured = {point_key(p) for p in done}
-            done += [failed_point(k, L, v, f"not measured: {exc}") for k, L, v in points(load) if (k, L, v) not in measured]
-            keep(done)
-            raise
+    def measure(item: tuple[str, int, float]) -> dict:
+        kind, length, level = item
         bg = 0
         if kind == "interference":
             # the streams and the injected prompt must fit the pool together: a server would hold the prompt
@@ -425,14 +411,10 @@ def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, f
             bg = background_tokens(inter, predict, length, min(limits) if limits else None)
             least = inter["steady_tokens"] + inter["tail_tokens"] + 16
             if limits and min(limits) < least:
-                point = failed_point(kind, length, level, (
+                return failed_point(kind, length, level, (
                     f"not sent: {inter['background']} streams of {inter['background_length']} tokens decoding {least} "
                     f"and a prompt of {length} do not fit the KV pool of {pool} tokens (or the context length of "
                     f"{context})"), background=inter["background"])
-                progress.error("%s: %s", spec.name, describe(point))
-                done.append(point)
-                keep(done)
-                continue
 
         def timeout(prompt: int, in_flight: int) -> float:
             expected = predict(prompt)
@@ -441,7 +423,7 @@ def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, f
                 one = max(one, spec.protocol["timeout_factor"] * (expected[0] + load["output_tokens"] * expected[1]))
             return one * max(1, in_flight)
 
-        async def measure() -> dict:
+        async def run() -> dict:
             async with new_client() as client:
                 flush = None
                 if spec.protocol["flush_cache"] and session.api.flush_path:
@@ -454,15 +436,7 @@ def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, f
                                   f"{run_id}/{spec.name}", load, timeout, flush, session.health_path)
                 return await run_point(ctx, kind, length, level, chunk, bg)
 
-        try:
-            point = asyncio.run(measure())
-        except Exception as exc:  # a bug or a surprise must not cost the points already measured
-            log.exception("%s: load %s L=%d failed", spec.name, kind, length)
-            point = failed_point(kind, length, level, f"{type(exc).__name__}: {exc}")
-        if point["status"] != "ok" and not session.healthy():
-            fault = session.fault(f"during load {kind} L={length}", "the next point")
-            point.update(status="failed", fault=fault, reason="; ".join(filter(None, [fault, point.get("reason")])))
-        progress.info("%s: %s", spec.name, describe(point))
-        done.append(point)
-        keep(done)
-    return done
+        return asyncio.run(run())
+
+    return measure_points(session, spec.name, points(load), point_key, measure, lambda item, why: failed_point(*item, why),
+                          describe, keep, kept)

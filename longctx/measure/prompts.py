@@ -131,11 +131,14 @@ class TextPrompts:
             raise PromptError(f"the tokenizer at {tokenizer.path} has too few tokens whose text encodes back to them "
                               f"({len(self.alphabet)} of {len(candidates)} tried)")
 
-    def text(self, n: int, seed: int, unique_key: str) -> str:
-        """A prefix drawn from unique_key (no two requests share it), then a body drawn from seed."""
+    def text(self, n: int, seed: int, unique_key: str, lead: int | None = None) -> str:
+        """A prefix drawn from unique_key (no two requests share it), then a body drawn from seed; with lead,
+        the first word is the alphabet's lead-th (longctx.measure.prefix: extensions that part at once)."""
         key = int.from_bytes(hashlib.sha256(unique_key.encode()).digest()[:8], "little")
         pick = self.alphabet
         prefix = np.random.default_rng(key).choice(pick, size=min(PREFIX_TOKENS, n)).tolist()
+        if lead is not None and prefix:
+            prefix[0] = pick[lead % len(pick)]
         rng = np.random.default_rng(seed)
         ids = prefix + rng.choice(pick, size=max(0, n - PREFIX_TOKENS)).tolist()
         count = -1
@@ -196,11 +199,40 @@ class Prompter:
     def body(self, length: int, unique_key: str, output_tokens: int) -> bytes:
         return request_body(self.api, self.prompt(length, unique_key), output_tokens, self.model)
 
-    def generate(self, client: httpx.Client, url: str, body: bytes, timeout_s: float, length: int) -> dict:
+    def generate(self, client: httpx.Client, url: str, body: bytes, timeout_s: float, length: int,
+                 record: StreamRecord | None = None) -> dict:
         """One timed request of `length` tokens: its summary, the counts completed where the server gave
         none (the prompt as built plus the tokens the server adds, the events as counted), with their
-        source (usage_source "server" or "client"); event counts the probe could not check are estimated."""
-        return self.completed(stream_generate(client, url, body, timeout_s, self.api, self.plan.events), length)
+        source (usage_source "server" or "client"); event counts the probe could not check are estimated.
+        `record` (a StreamRecord) is filled where given: what was generated stays on it."""
+        rec = stream_generate(client, url, body, timeout_s, self.api, self.plan.events, record=record)
+        return self.completed(rec, length)
+
+    # --- prompts that share a head (longctx.measure.prefix) ---
+
+    def head(self, tokens: int, key: str):
+        """The first `tokens` tokens of a prompt as the server counts them, shared by every prompt built on it
+        with `extend`: the tokens the server adds to every prompt (at most `tokens`) and ours after them."""
+        n = tokens - self.plan.added_tokens
+        if n <= 0:
+            return "" if self.plan.prompt == "text" else []
+        if self.plan.prompt == "text":
+            return self._text.text(n, self.proto["seed"], key)
+        return prompt_ids(n, self.proto["seed"], key, tuple(self.proto["token_id_range"]))
+
+    def extend(self, head, tokens: int, key: str, lead: int):
+        """head followed by `tokens` new tokens drawn from key, the first of them chosen by `lead`: two
+        extensions of one head with different leads part at their first new token (a prefix cache can match
+        nothing of one in the other beyond the head)."""
+        if self.plan.prompt == "text":
+            return head + self._text.text(tokens, self.proto["seed"], key, lead=lead)
+        low, high = self.proto["token_id_range"]
+        ids = prompt_ids(tokens, self.proto["seed"], key, (low, high))
+        ids[0] = low + lead % (high - low)
+        return [*head, *ids]
+
+    def body_of(self, prompt, output_tokens: int) -> bytes:
+        return request_body(self.api, prompt, output_tokens, self.model)
 
     async def agenerate(self, client: httpx.AsyncClient, url: str, body: bytes, timeout_s: float, length: int,
                         record: StreamRecord | None = None) -> dict:

@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import uuid
+from typing import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from ..specs.pool import observed_pool
 from .process import ExternalServer, ManagedServer, NoHealthPath, PortTaken, ServerError, free_port, pid_file, reap_stray
 from .telemetry import Sampler, summarize, telemetry_source
 from .load import LOAD_FORMAT, run_load
+from .prefix import PREFIX_FORMAT, cache_facts, run_prefix
 from .needle import probe as needle_probe
 from .progress import EVERY_S, Progress, fitted
 from .prompts import Prompter, PromptError, check_counts, probe as prompt_probe, tokenizer_path
@@ -461,10 +463,13 @@ class Session:
         self.down()
 
 
+FORMATS = {"load": LOAD_FORMAT, "prefix": PREFIX_FORMAT}
+
+
 def resume_key(spec: ConfigurationSpec, kernel: dict | None, version: str | None) -> str:
     """What a reused measurement must share with this run: the spec (lengths aside), the kernel
     build and the engine version."""
-    return digest({"spec": {k: v for k, v in spec.to_dict().items() if k not in ("lengths", "load")},
+    return digest({"spec": {k: v for k, v in spec.to_dict().items() if k not in ("lengths", "load", "prefix")},
                    "kernel": kernel and kernel["build_hash"], "version": version})
 
 
@@ -564,6 +569,8 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                                                    **measure_itl_depth(session, spec, run_id, history)})
         if spec.load:
             _measure_load(session, spec, run_id, history, common, prov, key, outdir, resume_dir)
+        if spec.prefix:
+            _measure_prefix(session, spec, run_id, history, common, prov, key, outdir, resume_dir)
         tracker.finish()
     except ServerError as exc:
         failure = str(exc)
@@ -575,12 +582,15 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     if spec.protocol["itl_depth"]["length"] and not (outdir / "itl_depth.json").exists():
         write_json(outdir / "itl_depth.json", {**common, "status": "failed", "reason": f"not measured: {failure}",
                                                "length": spec.protocol["itl_depth"]["length"], "itl_s": [], "depth": []})
-    if not spec.load:  # the workflow's output all the same: the analysis reads that there is nothing
-        write_json(outdir / "load.json", {**common, "format": LOAD_FORMAT, "status": "not configured",
-                                          "reason": None, "workloads": []})
-    elif not (outdir / "load.json").exists():
-        write_json(outdir / "load.json", {**common, "format": LOAD_FORMAT, "status": "failed",
-                                          "reason": f"not measured: {failure}", "workloads": []})
+    # the workflow's outputs all the same: the analysis reads that there is nothing, or why not
+    for what, settings, empty in (("load", spec.load, {"workloads": []}),
+                                  ("prefix", spec.prefix, {"points": [], "conversations": []})):
+        if not settings:
+            write_json(outdir / f"{what}.json", {**common, "format": FORMATS[what], "status": "not configured",
+                                                 "reason": None, **empty})
+        elif not (outdir / f"{what}.json").exists():
+            write_json(outdir / f"{what}.json", {**common, "format": FORMATS[what], "status": "failed",
+                                                 "reason": f"not measured: {failure}", **empty})
     for length in spec.lengths:
         if length not in statuses:
             reason = f"not measured: {failure}"
@@ -591,38 +601,80 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     return sum(status == "failed" for status in statuses.values())
 
 
+def _workloads_file(what: str, settings: dict, key: str, common: dict, prov: dict, outdir: Path,
+                    resume_dir: Path | None, fields: Callable[[list[dict]], dict],
+                    stored: Callable[[dict], list[dict]]) -> tuple[list[dict] | None, Callable[[list[dict]], None]]:
+    """The points an interrupted run of the same key measured (from resume_dir/<what>.json), and keep(points):
+    <what>.json written with every point done so far (and kept in resume_dir), its fields(points) beside the
+    status; the workloads after the lengths (load, prefix) write theirs so."""
+    file_key = digest({"resume_key": key, what: settings})
+    kept = None
+    if resume_dir is not None:
+        try:
+            before = json.loads((resume_dir / f"{what}.json").read_text())
+            kept = stored(before) if before.get(f"{what}_key") == file_key else None
+        except (OSError, json.JSONDecodeError, KeyError):
+            kept = None
+
+    def keep(points: list[dict]) -> None:
+        bad = [p for p in points if p["status"] != "ok"]
+        status = "ok" if points and not bad else ("partial" if len(bad) < len(points) else "failed")
+        reason = "; ".join(f"{p['kind']} {describe_key(p)}: {p['reason']}" for p in bad) or None
+        doc = {**common, "format": FORMATS[what], "provenance": copy.deepcopy(prov), what: settings,
+               f"{what}_key": file_key, "status": status,
+               "reason": reason if points else f"not measured: the run stopped before its first {what} point",
+               **fields(points), "finished_at": provenance.now_iso()}
+        if resume_dir:
+            write_json(resume_dir / f"{what}.json", doc)
+        write_json(outdir / f"{what}.json", doc)
+
+    keep([])
+    return kept, keep
+
+
+def describe_key(point: dict) -> str:
+    if point["kind"] == "conversation":
+        return "with the cache" if point.get("cache") else "flushed before every turn"
+    return f"L={point['length']}" + (f" h={point['hit_rate']:g}" if point["kind"] == "hit_rate" else "")
+
+
 def _measure_load(session: Session, spec: ConfigurationSpec, run_id: str, history: list, common: dict, prov: dict,
                   key: str, outdir: Path, resume_dir: Path | None) -> None:
     """The load workloads (longctx.measure.load) after the lengths, on the same server: load.json is
     written after every point (and kept in resume_dir); the points of an interrupted run under the same
     key are reused."""
-    load_key = digest({"resume_key": key, "load": spec.load})
-    kept = None
-    if resume_dir is not None:
-        try:
-            before = json.loads((resume_dir / "load.json").read_text())
-            kept = before["workloads"] if before.get("load_key") == load_key else None
-        except (OSError, json.JSONDecodeError, KeyError):
-            kept = None
+    kept, keep = _workloads_file("load", spec.load, key, common, prov, outdir, resume_dir,
+                                 lambda points: {"workloads": points}, lambda doc: doc["workloads"])
 
     def predict(length: int) -> tuple[float, float] | None:
         p = fitted(history, [length])
         return (float(p[0][0]), float(p[1][0])) if p is not None else None
 
-    def keep(points: list[dict]) -> None:
-        bad = [p for p in points if p["status"] != "ok"]
-        status = "ok" if points and not bad else ("partial" if len(bad) < len(points) else "failed")
-        reason = "; ".join(f"{p['kind']} L={p['length']}: {p['reason']}" for p in bad) or None
-        doc = {**common, "format": LOAD_FORMAT, "provenance": copy.deepcopy(prov), "load": spec.load,
-               "load_key": load_key, "status": status,
-               "reason": reason if points else "not measured: the run stopped before its first load point",
-               "workloads": points, "finished_at": provenance.now_iso()}
-        if resume_dir:
-            write_json(resume_dir / "load.json", doc)
-        write_json(outdir / "load.json", doc)
-
-    keep([])
     run_load(session, spec, run_id, predict, keep, kept)
+
+
+def _measure_prefix(session: Session, spec: ConfigurationSpec, run_id: str, history: list, common: dict, prov: dict,
+                    key: str, outdir: Path, resume_dir: Path | None) -> None:
+    """The reused-context workloads (longctx.measure.prefix) after the load ones, on the same server:
+    prefix.json as load.json is written."""
+    facts: dict = {}
+
+    def fields(points: list[dict]) -> dict:
+        if not facts and session.prov.get("server_info") is not None:
+            facts.update(cache_facts(session, spec))
+        return {**facts, "points": [p for p in points if p["kind"] == "hit_rate"],
+                "conversations": [p for p in points if p["kind"] == "conversation"]}
+
+    kept, keep = _workloads_file("prefix", spec.prefix, key, common, prov, outdir, resume_dir, fields,
+                                 lambda doc: doc["points"] + doc["conversations"])
+
+    def timeout(length: int, output_tokens: int) -> float:
+        return request_timeout({**spec.protocol, "output_tokens": output_tokens}, history, length)
+
+    def flush() -> str | None:
+        return _flush(session.client, session.base, session.api, spec.protocol["request_timeout_s"])
+
+    run_prefix(session, spec, run_id, timeout, flush, keep, kept)
 
 
 def _samples(length: int, result: dict) -> list[tuple[int, float, float | None]]:

@@ -1,0 +1,51 @@
+"""The loop the sweep's workloads after the lengths share (longctx.measure.load, longctx.measure.prefix):
+each point measured on the sweep's server in turn, one measured by an interrupted run under the same key
+reused, every point kept as soon as it is done, a point the server died or hung in failed with the
+server's fault (the server restarted for the next), and no point ever dropped: the ones a server that
+cannot come up leaves are failed rows with the reason."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Hashable
+
+from .process import ServerError
+
+log = logging.getLogger("longctx.measure.points")
+progress = logging.getLogger("longctx.progress")
+
+
+def measure_points(session, name: str, todo: list[Hashable], key: Callable[[dict], Hashable],
+                   measure: Callable[[Hashable], dict], failed: Callable[[Hashable, str], dict],
+                   describe: Callable[[dict], str], keep: Callable[[list[dict]], None],
+                   kept: list[dict] | None = None) -> list[dict]:
+    """Measure every point of `todo` (hashable descriptions; key(point) gives a measured point's) on
+    session (longctx.measure.sweep.Session) with measure(item); failed(item, reason) is the record of one
+    that was not measured or whose measurement raised; keep(points) is called after each point."""
+    done: list[dict] = []
+    reuse = {key(p): p for p in kept or [] if p["status"] == "ok"}
+    for item in todo:
+        if item in reuse:  # measured by an interrupted run of the same spec, kernel and engine
+            done.append({**reuse[item], "resumed": True})
+            progress.info("%s: %s: measured before, reused", name, describe(reuse[item]))
+            keep(done)
+            continue
+        try:
+            session.up()
+        except ServerError as exc:  # no server for the rest: each point left is a failed one, with the reason
+            measured = {key(p) for p in done}
+            done += [failed(k, f"not measured: {exc}") for k in todo if k not in measured]
+            keep(done)
+            raise
+        try:
+            point = measure(item)
+        except Exception as exc:  # a bug or a surprise must not cost the points already measured
+            log.exception("%s: %s failed", name, item)
+            point = failed(item, f"{type(exc).__name__}: {exc}")
+        if point["status"] != "ok" and not session.healthy():
+            fault = session.fault(f"during {describe(point).split(':')[0]}", "the next point")
+            point.update(status="failed", fault=fault, reason="; ".join(filter(None, [fault, point.get("reason")])))
+        progress.info("%s: %s", name, describe(point))
+        done.append(point)
+        keep(done)
+    return done
