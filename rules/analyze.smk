@@ -90,3 +90,37 @@ rule analyze_load:
         "longctx analyze-load --requests {input.requests} --interference {input.interference} "
         "--metrics {input.metrics} --fits {input.fits} --provenance {input.provenance} --planner {input.planner} "
         "--settings {params.settings:q} --out {output} > {log} 2>&1"
+
+
+# The reused-context workloads (longctx.analysis.prefix): a row per request, then the cost model
+# TTFT = a + b (L - P) + c (L^2 - P^2) fitted over hit rates and cold trials, the saving against cold,
+# every cached-count check and the conversation's turns against the model.
+rule aggregate_prefix:
+    input:
+        prefix_files(),
+    output:
+        "data/prefix.csv",
+    log:
+        "data/logs/aggregate_prefix.log",
+    conda:
+        ENV
+    shell:
+        "longctx aggregate-prefix --out {output} {input} > {log} 2>&1"
+
+
+rule analyze_prefix:
+    input:
+        prefix="data/prefix.csv",
+        results="data/results.csv",
+        fits="data/fits.json",
+    output:
+        "data/prefix_fits.json",
+    log:
+        "data/logs/analyze_prefix.log",
+    params:
+        settings=lambda w: canonical_json(CFG["analysis"]),
+    conda:
+        ENV
+    shell:
+        "longctx analyze-prefix --prefix {input.prefix} --results {input.results} --fits {input.fits} "
+        "--settings {params.settings:q} --out {output} > {log} 2>&1"

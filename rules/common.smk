@@ -8,7 +8,7 @@ import re
 from longctx import config as lcfg
 from longctx.core.hashing import canonical_json, digest
 from longctx.measure.calibration import plan as calibration_plan
-from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, LOAD_FIGURES
+from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, LOAD_FIGURES, PREFIX_FIGURES
 from longctx.measure.resources import bench_resources
 
 CFG = lcfg.validate(config)
@@ -40,7 +40,7 @@ os.environ[lcfg.CONFIG_SOURCES_VAR] = canonical_json({"configfiles": [str(f) for
 # `longctx render/markdown/plan-section` (--results, --fits, --provenance, --itl-depth, --planner).
 REPORT_DATA = dict(results="data/results.csv", fits="data/fits.json", provenance="data/provenance.json",
                    itl_depth="data/itl_depth.csv", planner="data/planner.json", load="data/load.json",
-                   load_metrics="data/load_metrics.csv")
+                   load_metrics="data/load_metrics.csv", prefix="data/prefix_fits.json")
 # ... and the baseline and configuration those rules pass (their params).
 REPORT_PARAMS = dict(baseline=BASELINE, config=REPORT_CONFIG)
 
@@ -52,6 +52,9 @@ localrules:
     aggregate_load,
     analyze_load,
     plot_load_figures,
+    aggregate_prefix,
+    analyze_prefix,
+    plot_prefix_figures,
     fit_models,
     plan_memory,
     plot_figures,

@@ -55,6 +55,22 @@ rule plot_load_figures:
         "--outdir {params.outdir} > {log} 2>&1"
 
 
+rule plot_prefix_figures:
+    input:
+        prefix="data/prefix_fits.json",
+        style="templates/plot.mplstyle",
+    output:
+        expand("report/figures/{figure}.{ext}", figure=PREFIX_FIGURES, ext=FORMATS),
+    log:
+        "data/logs/plot_prefix_figures.log",
+    params:
+        outdir=lambda w, output: os.path.dirname(output[0]),
+    conda:
+        ENV
+    shell:
+        "longctx plot-prefix --prefix {input.prefix} --style {input.style} --outdir {params.outdir} > {log} 2>&1"
+
+
 # The .tex and its version record (number, hash, previous version, the medians it keeps); the
 # version is assigned from report/versions/log.json, which build_pdf appends to.
 rule render_report:
@@ -81,7 +97,7 @@ rule build_pdf:
         tex="report/longctx.tex",
         version="report/version.json",
         provenance="data/provenance.json",
-        figures=expand("report/figures/{figure}.pdf", figure=FIGURES + ANALYSIS_FIGURES + LOAD_FIGURES),
+        figures=expand("report/figures/{figure}.pdf", figure=FIGURES + ANALYSIS_FIGURES + LOAD_FIGURES + PREFIX_FIGURES),
     output:
         "report/longctx.pdf",
     log:
@@ -100,7 +116,7 @@ rule render_markdown:
         partials=MARKDOWN_PARTIALS,
         version="report/version.json",
         pdf="report/longctx.pdf",
-        figures=expand("report/figures/{figure}.png", figure=FIGURES + ANALYSIS_FIGURES + LOAD_FIGURES),
+        figures=expand("report/figures/{figure}.png", figure=FIGURES + ANALYSIS_FIGURES + LOAD_FIGURES + PREFIX_FIGURES),
     output:
         "report/longctx.md",
     log:

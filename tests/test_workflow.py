@@ -58,7 +58,7 @@ def test_two_builds_from_the_same_data_are_byte_identical(workflow, tmp_path):
     data = {k: workflow / "data" / f for k, f in (("results", "results.csv"), ("fits", "fits.json"),
                                                    ("provenance", "provenance.json"), ("itl_depth", "itl_depth.csv"),
                                                    ("planner", "planner.json"), ("load", "load.json"),
-                                                   ("load_metrics", "load_metrics.csv"))}
+                                                   ("load_metrics", "load_metrics.csv"), ("prefix", "prefix_fits.json"))}
     cfg = lcfg.redacted(lcfg.load(workflow / "tiny.yaml"))  # as the workflow passes it: env values hidden
     record = report.render_report(workflow / "templates" / "longctx.tex.j2", out / "longctx.tex", out / "version.json",
                                   ReportInputs(**data, baseline=lcfg.report_baseline(cfg), config=cfg))
@@ -155,6 +155,7 @@ def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream
             "build_kernel": 1, "bench_configuration": len(configurations), "aggregate_results": 1, "fit_models": 1,
             "plan_memory": 1, "plot_figures": 1, "plot_analysis_figures": 1, "render_report": 1, "build_pdf": 1,
             "aggregate_load": 1, "analyze_load": 1, "plot_load_figures": 1,
+            "aggregate_prefix": 1, "analyze_prefix": 1, "plot_prefix_figures": 1,
             **({"bench_kernel": 1} if "page16" in configurations else {}),  # the native kernel, timed alone
         }
     finally:
@@ -173,7 +174,8 @@ def test_the_studys_deployment_config_plans_its_jobs_without_a_gpu(workflow):
     assert jobs == {"build_kernel": 1, "bench_kernel": 1, "bench_configuration": 3, "calibrate_hardware": 1,
                     "aggregate_results": 1, "fit_models": 1, "plan_memory": 1, "plot_figures": 1,
                     "plot_analysis_figures": 1, "render_report": 1, "build_pdf": 1, "aggregate_load": 1,
-                    "analyze_load": 1, "plot_load_figures": 1}
+                    "analyze_load": 1, "plot_load_figures": 1, "aggregate_prefix": 1, "analyze_prefix": 1,
+                    "plot_prefix_figures": 1}
     for configuration in ("triton-page1", "sm120-kernel", "sm120-kernel-defrag"):
         assert f"data/raw/{configuration}/185000.json" in out
 
@@ -259,3 +261,26 @@ def test_the_load_workloads_are_measured_analysed_and_reported(workflow):
     assert "1,024-token prompt stalls 2 running streams" in " ".join(text.split())
     md = (workflow / "report" / "longctx.md").read_text()
     assert "figures/frontier.png" in md and "figures/interference.png" in md
+
+
+def test_the_reused_context_workloads_are_measured_analysed_and_reported(workflow):
+    """tiny.yaml's prefix section on page1 (the others say prefix: false): both hit rates and both
+    conversations in prefix.json, every cached count as the engine's page size 1 makes it (by hand: 90% of
+    512 is 461 tokens; each turn finds the previous prompt and 7 of its 8 generated tokens), the model
+    fitted, the section and its figures in the PDF and the twin."""
+    raw = json.loads((workflow / "data" / "raw" / "page1" / "prefix.json").read_text())
+    assert raw["status"] == "ok" and (raw["granularity"], raw["cache"]) == (1, True)
+    assert [[r["cached_tokens"] for r in p["requests"]] for p in raw["points"]] == [[0, 0], [461, 461]]
+    with_cache, control = raw["conversations"]
+    assert [t["prompt_tokens"] for t in with_cache["turns"]] == [96, 200, 304]
+    assert [t["cached_tokens"] for t in with_cache["turns"]] == [0, 103, 207]
+    assert [t["cached_tokens"] for t in control["turns"]] == [0, 0, 0]
+    assert json.loads((workflow / "data" / "raw" / "page16" / "prefix.json").read_text())["status"] == "not configured"
+    fits = json.loads((workflow / "data" / "prefix_fits.json").read_text())["configurations"]
+    assert set(fits) == {"page1"} and fits["page1"]["checks"]["ok"] == fits["page1"]["checks"]["n"] == 10
+    assert fits["page1"]["model"]["n"] == 12  # 4 hit-rate trials and the 8 cold trials of page1
+    text = " ".join(pdftotext(workflow / "report" / "longctx.pdf").split())
+    for title in ("Prefix cache and growing conversations", "Growing conversations", "cached count"):
+        assert title in text, title
+    md = (workflow / "report" / "longctx.md").read_text()
+    assert all(f"figures/{f}.png" in md for f in ("prefix_ttft", "prefix_saving", "prefix_conversation"))

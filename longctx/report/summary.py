@@ -15,7 +15,7 @@ after the third: the SLO frontier (the longest context meeting the SLOs at the h
 configuration's frontier has) and the interference probe (what the longest injected prompt does to the
 running streams, with the fitted stall per chunk). Then a fourth that only says no configuration falls
 off its model gives way, and the budget of five keeps the first ones in this order: prefill, decode,
-usability, frontier, prefix cache, interference, regime changes, the winners. Where the prefix-cache
+usability, frontier, interference, prefix cache, regime changes, the winners. Where the prefix-cache
 workloads were measured (data/prefix_fits.json, longctx.report.prefix.sentence), their sentence says what
 the highest hit rate saves against cold at the longest length, how well the cost model predicts it and how
 often the server's cached count matched.
@@ -410,12 +410,11 @@ def summary(med: pd.DataFrame, fits: dict, headline: dict | None, settings: dict
     the diagnosis' sentences of configurations with no length, or no usable time, measured), then the
     module's five, as many as fit; with load (load.json's contents), the frontier's and the interference
     probe's sentences after the third, and the fourth only where it says something (see the module); with
-    prefix (prefix_fits.json's contents), the prefix cache's sentence between the frontier's and the
-    interference probe's."""
+    prefix (prefix_fits.json's contents), the prefix cache's sentence after the interference probe's."""
     crit = {**USABLE, **(settings.get("usable") or {})}
     per = _tops(med, fits)
     said = [(t, None) for t in faults or []]
-    loaded = [(_frontier(load), "frontier"), (prefix_sentence(prefix), "prefix_ttft"), (_interference(load), "interference")]
+    loaded = [(_frontier(load), "frontier"), (_interference(load), "interference"), (prefix_sentence(prefix), "prefix_ttft")]
     loaded = [(t, f) for t, f in loaded if t]
     if per:
         cliffs = _cliffs(per, fits, med)
