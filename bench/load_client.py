@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,8 +73,48 @@ async def _point(base: str, kind: str, length: int, level: float, requests: int,
         return await ld.open_loop(ctx, length, float(level))
 
 
+# The machine's own share of a schedule lag: a process that only sleeps 1 ms at a time, beside the open loop,
+# wakes late by the same stalls (a busy or virtualised machine: the hypervisor's steal time, /proc/stat)
+JITTER_PROBE = ("import sys, time\nover = []\nend = time.perf_counter() + float(sys.argv[1])\n"
+                "while time.perf_counter() < end:\n    t = time.perf_counter(); time.sleep(0.001)\n"
+                "    over.append(time.perf_counter() - t - 0.001)\n"
+                "over.sort(); print(over[len(over) // 2], over[int(0.99 * len(over))], over[-1])")
+
+
+def _steal_s() -> float | None:
+    """CPU seconds the hypervisor took from this machine's CPUs since boot (None: not a Linux /proc)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def machine_jitter(seconds: float):
+    """Yields a dict filled on exit with the sleeping probe's lateness (p50, p99, max, ms) and the share of
+    the CPUs' time stolen by the hypervisor meanwhile."""
+    out: dict = {}
+    probe = subprocess.Popen([sys.executable, "-c", JITTER_PROBE, f"{seconds:.3f}"], stdout=subprocess.PIPE, text=True)
+    steal0, t0 = _steal_s(), time.perf_counter()
+    try:
+        yield out
+    finally:
+        text = probe.communicate(timeout=seconds + 30)[0].split()
+        elapsed, steal1 = time.perf_counter() - t0, _steal_s()
+        if len(text) == 3:
+            out.update(zip(("jitter_p50_ms", "jitter_p99_ms", "jitter_max_ms"), (float(x) * 1e3 for x in text)))
+        if steal0 is not None and steal1 is not None:
+            out["steal_share"] = (steal1 - steal0) / (elapsed * (os.cpu_count() or 1))
+
+
 def measure(base: str, kind: str, level: float, requests: int, length: int = 64, output_tokens: int = 32) -> dict:
-    point = asyncio.run(_point(base, kind, length, level, requests, output_tokens))
+    if kind == "open":  # the schedule's span, and the last requests' decoding
+        with machine_jitter(requests / level + 1.0) as machine:
+            point = asyncio.run(_point(base, kind, length, level, requests, output_tokens))
+    else:
+        machine = {}
+        point = asyncio.run(_point(base, kind, length, level, requests, output_tokens))
     reqs = point["requests"]
     err = stream_errors(reqs)
     lags = sorted(r["schedule_lag_s"] for r in reqs if r.get("schedule_lag_s") is not None)
@@ -88,6 +131,7 @@ def measure(base: str, kind: str, level: float, requests: int, length: int = 64,
             row.update(wave_ttft_error_ms=wave["ttft_error_s"]["p50"] * 1e3,
                        steady_ttft_error_ms=steady["ttft_error_s"]["p50"] * 1e3,
                        steady_ttft_error_p99_ms=steady["ttft_error_s"]["p99"] * 1e3)
+    row.update(machine)
     if lags:
         row.update(lag_p50_ms=statistics.median(lags) * 1e3, lag_p99_ms=lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1e3,
                    lag_max_ms=lags[-1] * 1e3)
@@ -105,6 +149,9 @@ def line(row: dict) -> str:
                      f"of the rest {row['steady_ttft_error_ms']:.3f} ms (p99 {row['steady_ttft_error_p99_ms']:.3f})")
     if row.get("lag_p99_ms") is not None:
         parts.append(f"schedule lag p50 {row['lag_p50_ms']:.3f} ms, p99 {row['lag_p99_ms']:.3f}, max {row['lag_max_ms']:.3f}")
+    if row.get("jitter_p99_ms") is not None:
+        parts.append(f"a process that only sleeps wakes late by p99 {row['jitter_p99_ms']:.3f} ms meanwhile"
+                     + (f" (hypervisor steal {100 * row['steal_share']:.1f}% of the CPUs)" if "steal_share" in row else ""))
     return "  " + ", ".join(parts)
 
 
@@ -175,6 +222,10 @@ def main() -> None:
     if at50:
         print(f"  50 arrivals/s: schedule lag p99 {at50['lag_p99_ms']:.3f} ms [goal <= 2 ms]: "
               f"{'met' if at50['lag_p99_ms'] <= GOALS['lag_p99_ms'] else 'NOT met'}")
+        if at50.get("jitter_p99_ms") is not None:  # what the machine itself allowed meanwhile
+            print(f"    the machine's own: a process that only sleeps 1 ms woke late by p99 {at50['jitter_p99_ms']:.3f} ms "
+                  f"(max {at50['jitter_max_ms']:.3f})" + (f"; the hypervisor stole {100 * at50['steal_share']:.1f}% of "
+                  "the CPUs' time" if "steal_share" in at50 else ""))
     sustained = [r["level"] for r in stub if r["kind"] == "open" and meets(r)]
     print(f"  highest arrival rate tried at which the client keeps all three: "
           f"{max(sustained):g}/s" if sustained else "  no rate tried kept all three")

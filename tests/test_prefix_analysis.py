@@ -206,7 +206,7 @@ def test_analyze_file_points_savings_checks_and_conversations(tmp_path):
     truth_hit, truth_cold = ttft(16384, E), ttft(16384, 0)
     assert p["expected_cached"] == E and p["ttft"]["value"] == pytest.approx(truth_hit, rel=0.05)
     assert p["ttft"]["low"] < p["ttft"]["value"] < p["ttft"]["high"]
-    assert p["cold"]["basis"] == "measured" and p["cold"]["value"] == pytest.approx(truth_cold, rel=0.03)
+    assert p["cold"]["basis"] == "hit rate 0" and p["cold"]["value"] == pytest.approx(truth_cold, rel=0.03)
     assert p["saving"]["ratio"] == pytest.approx(truth_cold / truth_hit, rel=0.08)
     assert p["saving"]["low"] < p["saving"]["ratio"] < p["saving"]["high"]
     assert p["saving_predicted"]["ratio"] == pytest.approx(truth_cold / truth_hit, rel=0.05)

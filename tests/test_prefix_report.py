@@ -85,7 +85,7 @@ def test_the_hit_rate_table_prints_medians_predictions_and_savings_with_interval
     assert float(row[7]) == pytest.approx(100 * p["deviation"], abs=0.06)
     # the measured cold median (results.csv has 16,000) and both savings, each with its interval
     saving = md_rows(built["md"], "configuration | L | h (%) | cold (s)")
-    assert [r[:3] for r in saving] == [r[:3] for r in rows] and saving[5][4] == "measured"
+    assert [r[:3] for r in saving] == [r[:3] for r in rows] and saving[5][4] == "hit rate 0"
     assert re.fullmatch(r"[\d.]+ \[[\d.]+, [\d.]+\]", saving[5][5]) and re.fullmatch(r"[\d.]+ \[[\d.]+, [\d.]+\]", saving[5][6])
     assert saving[5][5].startswith(f"{p['saving']['ratio']:.3g} [")
     truth = (0.02 + 2e-5 * 16000 + 4e-10 * 16000**2) / (0.02 + 2e-5 * 1600 + 4e-10 * (16000**2 - 14400**2))

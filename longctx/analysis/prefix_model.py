@@ -13,8 +13,8 @@ Per configuration:
   ratio, and whether each lies inside the other's interval); `curves`: the model against L at each hit rate
   measured, P as the server should cache it (the hit rate's prefix rounded down to the granularity).
 - `points`: per (L, h): the median TTFT with a bootstrap interval (trials resampled), the model's prediction
-  with its interval and the deviation, the cold TTFT at L (measured in results.csv, else the hit-rate axis'
-  own h = 0 point, else the cold fit's prediction: `cold.basis` says which), the saving against cold measured
+  with its interval and the deviation, the cold TTFT at L (the hit-rate axis' own h = 0 point, the cold control
+  measured the same way, else the sweep's in results.csv, else the cold fit's prediction: `cold.basis` says which), the saving against cold measured
   (cold / hit, the two medians bootstrapped apart) and predicted (model(L, 0) / model(L, P)), and the
   cached-count check (ok / mismatch / unreported, every mismatch with both numbers).
 - `conversations`: per turn the measured TTFT against the model's prediction (with its interval) at its
@@ -170,7 +170,7 @@ def _opt_int(x) -> int | None:
 
 
 class _Cold:
-    """The cold TTFT of a configuration at L: measured (results.csv), else its own h = 0 point, else the cold fit."""
+    """The cold TTFT of a configuration at L: its own h = 0 point, else measured (results.csv), else the cold fit."""
 
     def __init__(self, cold_rows: pd.DataFrame, zero: dict[int, np.ndarray], fit: dict | None, st: dict, name: str):
         self.rows, self.zero, self.fit, self.st, self.name = cold_rows, zero, fit, st, name
@@ -178,10 +178,13 @@ class _Cold:
     def at(self, L: int) -> tuple[dict | None, np.ndarray | None, str | None]:
         """({value, low, high}, bootstrap draws of the median or None, basis)."""
         st = self.st
-        values = _num(self.rows[self.rows["length"] == L], "ttft_s") if len(self.rows) else np.array([])
-        basis = "measured"
-        if not np.isfinite(values).any() and L in self.zero:
-            values, basis = self.zero[L], "hit rate 0"
+        # the hit-rate axis' own h = 0 point first: the cold control measured the same way, on the same server
+        # minutes apart, where the sweep's lengths were measured earlier (a machine that slowed or sped up
+        # between the two would otherwise show as a saving at h = 0)
+        values, basis = (self.zero[L], "hit rate 0") if L in self.zero else (np.array([]), "measured")
+        if not np.isfinite(values).any():
+            values = _num(self.rows[self.rows["length"] == L], "ttft_s") if len(self.rows) else np.array([])
+            basis = "measured"
         values = values[np.isfinite(values) & (values > 0)]
         if values.size:
             draws = _median_draws(values, st["bootstrap"], rng_for(st["seed"], self.name, "cold", L))

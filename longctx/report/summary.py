@@ -31,7 +31,7 @@ import pandas as pd
 
 from .load import slo_words, time_words
 from .prefix import sentence as prefix_sentence
-from .numbers import is_number, rounded
+from .numbers import is_number, rounded, sig
 
 USABLE = {"ttft_s": 10.0, "decode_tok_s": 10.0}
 CLASS = {"bandwidth": "bandwidth-bound", "compute": "compute-bound", "latency": "latency-bound (on neither roof)",
@@ -64,7 +64,8 @@ def _time(x: float) -> str:
 
 
 def _pcts(x: float) -> str:
-    return f"{x:.2g}%"
+    """Two significant digits, never in exponent form (110%, not 1.1e+02%)."""
+    return f"{sig(x, 2)}%"
 
 
 def _whole_pct(x: float) -> str:
