@@ -60,6 +60,9 @@ def vllm_config(model_dir: str, hf_config: bool = True, **args) -> dict:
         "protocol": {"warmup": 1, "trials": 2, "output_tokens": 8, "request_timeout_s": 120, "token_id_range": [3, 1024]},
         "server": {"startup_timeout_s": 300},
         "calibration": {"copy_mib": 16, "matmul_size": 256, "repeats": 3},  # as tests/configs/tiny.yaml: seconds, not 20
+        # reused context: vLLM's own cached counts (usage.prompt_tokens_details) against longctx's expected ones
+        "prefix": {"lengths": [640], "hit_rates": [0.0, 0.5], "trials": 2, "output_tokens": 4,
+                   "conversation": {"max_context": 600, "turn_tokens": 160, "output_tokens": 8, "control": False}},
         "model": model,
         "configurations": {"vllm-cpu": {
             "engine": "vllm", "python": VLLM_PYTHON,
@@ -153,6 +156,27 @@ def test_every_stage_runs_against_vllm(vllm_workflow):
     pid = prov["server_pid"]
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+
+
+def test_vllms_own_cached_counts_are_the_ones_longctx_expects(vllm_workflow):
+    """Third-party truth: vLLM's prefix cache hashes whole KV blocks (128 tokens on its CPU build) and reports
+    usage.prompt_tokens_details.cached_tokens (longctx turned --enable-prompt-tokens-details on). By hand: a
+    prefix of 50% of 640 tokens is 320, 2 whole blocks: 256; a conversation of 160-token turns sends 160,
+    328 and 496 tokens (8 generated tokens each turn, which vLLM returns as text: longctx sends 8 of its own
+    in their place), so the cache holds the previous prompt: 160 -> 128, 328 -> 256."""
+    raw = json.loads((vllm_workflow / "data" / "raw" / "vllm-cpu" / "prefix.json").read_text())
+    assert raw["status"] == "ok", raw["reason"]
+    assert (raw["granularity"], raw["cache"]) == (VLLM_CPU_BLOCK, True)
+    cold, half = raw["points"]
+    assert [r["cached_tokens"] for r in cold["requests"]] == [0, 0]
+    assert [r["cached_tokens"] for r in half["requests"]] == [256, 256] and half["expected_cached"] == 256
+    (conv,) = raw["conversations"]
+    assert [t["prompt_tokens"] for t in conv["turns"]] == [160, 328, 496]
+    assert [t["cached_tokens"] for t in conv["turns"]] == [0, 128, 256]
+    assert all(r["cached_check"] == "ok" for r in cold["requests"] + half["requests"] + conv["turns"])
+    assert conv["turns"][1]["generated"] == "substituted"
+    fits = json.loads((vllm_workflow / "data" / "prefix_fits.json").read_text())["configurations"]["vllm-cpu"]
+    assert fits["checks"]["ok"] == fits["checks"]["n"] == 7
 
 
 def _vllm_pool(work: Path) -> tuple[int, str]:

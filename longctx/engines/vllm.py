@@ -174,7 +174,7 @@ class VLLMAdapter(EngineAdapter):
         return ["vllm", "serve"]
 
     def engine_argv(self, spec: ConfigurationSpec) -> list[str]:
-        args = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in spec.args.items()}
+        args = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in self.served_args(spec).items()}
         return args_to_argv(args) + list(spec.extra_args or [])
 
     def launch_command(self, spec: ConfigurationSpec, host: str, port: int, version: str | None) -> list[str]:
