@@ -23,14 +23,13 @@ and their fit; the server's KV gauge against what the client knows is resident; 
 from __future__ import annotations
 
 import json
-import math
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ..core.numbers import finite
+from ..core.numbers import finite, json_plain
 from ..specs.pool import observed_pool
 from .fits import SETTINGS
 from .load import CLIENT_HIGH, CLIENT_LOW, INTERFERENCE_COLUMNS, METRICS_COLUMNS, REQUEST_COLUMNS
@@ -276,26 +275,12 @@ def analyze_load(requests: pd.DataFrame, interference_df: pd.DataFrame, metrics:
     return out
 
 
-def _clean(x):
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, np.bool_):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x
-
-
 def analyze_file(requests_csv, interference_csv, metrics_csv, out_json, fits_json=None, provenance_json=None,
                  planner_json=None, settings: dict | None = None) -> dict:
     def doc(p):
         return json.loads(Path(p).read_text()) if p and Path(p).exists() else None
 
-    result = _clean(analyze_load(pd.read_csv(requests_csv), pd.read_csv(interference_csv), pd.read_csv(metrics_csv),
+    result = json_plain(analyze_load(pd.read_csv(requests_csv), pd.read_csv(interference_csv), pd.read_csv(metrics_csv),
                                  doc(fits_json), doc(provenance_json), doc(planner_json), settings))
     Path(out_json).parent.mkdir(parents=True, exist_ok=True)
     Path(out_json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")

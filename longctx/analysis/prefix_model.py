@@ -27,14 +27,13 @@ Bootstrap, confidence and seed are fits.json's settings (--settings overrides th
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ..core.fitting import LEVEL, BasisFit
-from ..core.numbers import finite, is_number
+from ..core.numbers import finite, is_number, json_plain
 from .fits import SETTINGS
 from .load_summary import percentiles, rng_for
 from .prefix import CHECKS, COLUMNS
@@ -355,25 +354,11 @@ def analyze_prefix(prefix: pd.DataFrame, results: pd.DataFrame | None, fits: dic
     return out
 
 
-def _clean(x):
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, np.bool_):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x
-
-
 def analyze_file(prefix_csv, out_json, results_csv=None, fits_json=None, settings: dict | None = None) -> dict:
     """data/prefix.csv (+ results.csv, fits.json) -> data/prefix_fits.json."""
     results = pd.read_csv(results_csv) if results_csv and Path(results_csv).exists() else None
     fits = json.loads(Path(fits_json).read_text()) if fits_json and Path(fits_json).exists() else None
-    result = _clean(analyze_prefix(pd.read_csv(prefix_csv), results, fits, settings))
+    result = json_plain(analyze_prefix(pd.read_csv(prefix_csv), results, fits, settings))
     Path(out_json).parent.mkdir(parents=True, exist_ok=True)
     Path(out_json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     return result

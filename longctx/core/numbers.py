@@ -22,3 +22,21 @@ def finite(x) -> float | None:
     except (TypeError, ValueError):
         return None
     return v if math.isfinite(v) else None
+
+
+def json_plain(x):
+    """x with numpy's scalars as Python's and non-finite floats as None, dict keys as strings: what
+    json.dumps writes as strict JSON (the analyses' outputs)."""
+    import numpy as np
+
+    if isinstance(x, dict):
+        return {str(k): json_plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_plain(v) for v in x]
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x
