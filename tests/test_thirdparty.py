@@ -60,6 +60,9 @@ def vllm_config(model_dir: str, hf_config: bool = True, **args) -> dict:
         "protocol": {"warmup": 1, "trials": 2, "output_tokens": 8, "request_timeout_s": 120, "token_id_range": [3, 1024]},
         "server": {"startup_timeout_s": 300},
         "calibration": {"copy_mib": 16, "matmul_size": 256, "repeats": 3},  # as tests/configs/tiny.yaml: seconds, not 20
+        # under load: vLLM's own /metrics (running, waiting, KV usage) scraped through a closed loop of 2 in flight
+        "load": {"lengths": [256], "output_tokens": 24, "closed": {"concurrency": [2], "requests": 4},
+                 "metrics": {"interval_s": 0.05}},
         # reused context: vLLM's own cached counts (usage.prompt_tokens_details) against longctx's expected ones
         "prefix": {"lengths": [640], "hit_rates": [0.0, 0.5], "trials": 2, "output_tokens": 4,
                    "conversation": {"max_context": 600, "turn_tokens": 160, "output_tokens": 8, "control": False}},
@@ -177,6 +180,21 @@ def test_vllms_own_cached_counts_are_the_ones_longctx_expects(vllm_workflow):
     assert conv["turns"][1]["generated"] == "substituted"
     fits = json.loads((vllm_workflow / "data" / "prefix_fits.json").read_text())["configurations"]["vllm-cpu"]
     assert fits["checks"]["ok"] == fits["checks"]["n"] == 7
+
+
+def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vllm_workflow):
+    """Third-party truth: vLLM's Prometheus gauges (vllm:num_requests_running, vllm:kv_cache_usage_perc) read
+    through a closed loop of 2 requests in flight: it says it ran 2 at once, and its KV usage (a fraction of
+    its pool, in 128-token blocks) times the pool it logged lies within longctx's band of what is resident."""
+    load = json.loads((vllm_workflow / "data" / "load.json").read_text())["configurations"]["vllm-cpu"]
+    (closed,) = load["closed"]
+    assert closed["ok"] == closed["n"] == 4
+    series = pd.read_csv(vllm_workflow / "data" / "load_metrics.csv")
+    running = series[series["name"] == "running"]["value"]
+    assert running.max() == 2, series["name"].unique()
+    assert (series["name"] == "token_usage").any()
+    rec = load["reconciliation"]
+    assert rec["checked"] > 0 and rec["gauge"] == "token_usage x pool_tokens" and rec["flagged"] == [], rec
 
 
 def _vllm_pool(work: Path) -> tuple[int, str]:

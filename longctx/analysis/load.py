@@ -72,8 +72,11 @@ def first_token_s(r: dict) -> float | None:
 
 
 def page_size(provenance: dict) -> int:
-    """The KV page (block) size the server ran with: its args, else its info; 1 where neither says."""
+    """The KV page (block) size the server ran with: its args, else the block size the adapter recorded with
+    the pool's budget (vLLM's: its platform's default where no flag sets it), else its info; 1 where none says."""
     value = arg_value(provenance.get("args") or {}, "page-size", "block-size")
+    if value is None:
+        value = (((provenance.get("kv_pool") or {}).get("budget")) or {}).get("block_size")
     if value is None:
         value = (provenance.get("server_info") or {}).get("page_size")
     try:

@@ -152,7 +152,7 @@ class PrefixRun:
             status, reason = "failed", "; ".join(filter(None, [f"the warm-up request failed: {warm['reason']}", reason]))
         return {"kind": "hit_rate", "length": length, "hit_rate": h, "prefix_tokens": n_prefix,
                 "expected_cached": trials[-1]["expected_cached"] if trials else None, "status": status, "reason": reason,
-                "warm": warm, "requests": trials}
+                "flush_error": flush_error, "warm": warm, "requests": trials}
 
     def conversation(self, cache: bool) -> dict:
         conv, p = self.cfg["conversation"], self.session.prompter
