@@ -225,3 +225,25 @@ def test_a_length_beyond_what_the_server_reports_is_not_sent(tmp_path):
     assert raw["reason"] == "not sent: 8190 prompt and 9 output tokens exceed the context length of 8192 tokens the server reports"
     assert all(len(r["prompt"]) < 8000 for r in seen)
     assert json.loads((tmp_path / "raw" / "64.json").read_text())["status"] == "ok"
+
+
+@pytest.mark.parametrize("behaviour", ["text-only", "bos"])
+def test_a_conversation_in_text_carries_the_generated_text_and_every_turn_is_counted_exactly(tmp_path, behaviour):
+    """A text-only server (one that adds a BOS too): each turn sends the conversation so far as text, the
+    text the server generated included, and the server's own count of every turn (its tokenizer) is the
+    length longctx sent; these servers keep no prefix cache and report no cached count ("unreported")."""
+    with openai_server(behaviour, tmp_path) as (base, seen):
+        config = lcfg.validate({**external(base, str(tmp_path / behaviour), lengths=(64,)), "prefix": {
+            "conversation": {"max_context": 200, "turn_tokens": 40, "output_tokens": 9, "control": False}}})
+        assert run_configuration(lcfg.configuration_spec(config, "ext"), tmp_path / "raw", tmp_path / "x.log") == 0
+    (conv,) = json.loads((tmp_path / "raw" / "prefix.json").read_text())["conversations"]
+    turns = conv["turns"]
+    assert conv["status"] == "ok" and len(turns) >= 3, conv["reason"]
+    assert all(t["status"] == "ok" and t["cached_check"] == "unreported" for t in turns)
+    assert [t["generated"] for t in turns] == [None] + ["text"] * (len(turns) - 1)
+    sent = [r["prompt"] for r in seen if r["max_tokens"] == 9 and isinstance(r["prompt"], str)][-len(turns):]
+    for before, after in zip(sent, sent[1:]):  # each turn's text starts with the whole previous one
+        assert after.startswith(before) and len(after) > len(before)
+    # each turn: the previous turn's tokens as the server counted them, its generated text, and 40 new tokens
+    for prev, turn in zip(turns, turns[1:]):
+        assert turn["previous_tokens"] >= prev["prompt_tokens"] and turn["prompt_tokens"] == turn["previous_tokens"] + 40

@@ -179,6 +179,8 @@ class PrefixRun:
             out = summary.get("completion_tokens") or m
             prompt, generated = self._carry(prompt, rec, out, f"{key}/turn{len(turns) - 1}/output")
             carried = length + out
+            if generated == "text":  # generated text, encoded with the rest, may not come to `out` tokens more
+                carried = p.count(prompt)
             # exact where the ids were carried; else the cache matches the prompt (text: less a word at the seam,
             # where the generated text may merge with it) and, by chance, some of the rest
             low = length + {"ids": out - 1, "text": -2}.get(generated, 0)

@@ -231,6 +231,12 @@ class Prompter:
         ids[0] = low + lead % (high - low)
         return [*head, *ids]
 
+    def count(self, prompt) -> int:
+        """Tokens of a prompt as the server counts them: the ones it adds, and ours (text encoded with the
+        tokenizer the prompts are built with)."""
+        ours = len(self._text.tokenizer.encode(prompt)) if isinstance(prompt, str) else len(prompt)
+        return self.plan.added_tokens + ours
+
     def body_of(self, prompt, output_tokens: int) -> bytes:
         return request_body(self.api, prompt, output_tokens, self.model)
 
