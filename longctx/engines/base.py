@@ -99,6 +99,9 @@ class EngineAdapter(ABC):
     chunked_prefill_flag: str | None = "chunked-prefill-size"  # the flag that sets the tokens of one prefill chunk
     prefix_cache_off_flag: str | None = "disable-radix-cache"  # the flag that turns the prefix cache off (SGLang's)
     cached_tokens_flag: str | None = None  # the flag without which the server reports no cached count (vLLM's)
+    # what an OpenAI request adds for the generated token ids to come back in the stream (vLLM's; SGLang's
+    # /generate streams them anyway): a conversation then carries them exactly
+    output_ids_request: dict | None = None
 
     def api(self, spec: ConfigurationSpec) -> Api:
         return SGLANG

@@ -88,6 +88,7 @@ class VLLMAdapter(EngineAdapter):
     context_length_flag = "max-model-len"
     prefix_cache_off_flag = None  # vLLM's flag is a pair (prefix_cache below)
     cached_tokens_flag = "enable-prompt-tokens-details"  # usage.prompt_tokens_details.cached_tokens only with it
+    output_ids_request = {"return_token_ids": True}  # each chunk's token_ids (vllm/entrypoints/openai/completion)
 
     def api(self, spec: ConfigurationSpec):
         return OPENAI

@@ -51,20 +51,22 @@ def sglang_body(prompt: list[int] | str, max_new_tokens: int, rid: str | None = 
     return json.dumps(body).encode()
 
 
-def openai_body(prompt: list[int] | str, max_new_tokens: int, model: str, stream: bool = True) -> bytes:
+def openai_body(prompt: list[int] | str, max_new_tokens: int, model: str, stream: bool = True,
+                extra: dict | None = None) -> bytes:
     """/v1/completions with a token-id or text prompt; usage in the last chunk where the server honours
-    stream_options (vLLM, SGLang, llama.cpp)."""
+    stream_options (vLLM, SGLang, llama.cpp); `extra`: fields a given engine takes beside (the adapter's)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": stream}
+            "stream": stream, **(extra or {})}
     if stream:
         body["stream_options"] = {"include_usage": True}
     return json.dumps(body).encode()
 
 
-def request_body(api: str, prompt: list[int] | str, max_new_tokens: int, model: str, stream: bool = True) -> bytes:
+def request_body(api: str, prompt: list[int] | str, max_new_tokens: int, model: str, stream: bool = True,
+                 extra: dict | None = None) -> bytes:
     if api == "sglang":
         return sglang_body(prompt, max_new_tokens, stream=stream)
-    return openai_body(prompt, max_new_tokens, model, stream=stream)
+    return openai_body(prompt, max_new_tokens, model, stream=stream, extra=extra)
 
 
 def normalize_spec_fields(meta: dict) -> dict:

@@ -116,9 +116,11 @@ class PrefixRun:
         return self.session.prompter.plan.added_tokens
 
     def _send(self, prompt, length: int, output_tokens: int, record: StreamRecord | None = None) -> dict:
+        """One request; with `record`, its generated ids asked for where the engine needs asking (a conversation)."""
         s = self.session
-        summary = s.prompter.generate(s.client, s.base + s.api.generate_path, s.prompter.body_of(prompt, output_tokens),
-                                      self.timeout(length, output_tokens), length, record=record)
+        body = s.prompter.body_of(prompt, output_tokens, extra=s.adapter.output_ids_request if record else None)
+        summary = s.prompter.generate(s.client, s.base + s.api.generate_path, body, self.timeout(length, output_tokens),
+                                      length, record=record)
         check_counts(summary, length, output_tokens)
         summary.pop("itl_s", None)
         return summary

@@ -237,8 +237,8 @@ class Prompter:
         ours = len(self._text.tokenizer.encode(prompt)) if isinstance(prompt, str) else len(prompt)
         return self.plan.added_tokens + ours
 
-    def body_of(self, prompt, output_tokens: int) -> bytes:
-        return request_body(self.api, prompt, output_tokens, self.model)
+    def body_of(self, prompt, output_tokens: int, extra: dict | None = None) -> bytes:
+        return request_body(self.api, prompt, output_tokens, self.model, extra=extra)
 
     async def agenerate(self, client: httpx.AsyncClient, url: str, body: bytes, timeout_s: float, length: int,
                         record: StreamRecord | None = None) -> dict:
