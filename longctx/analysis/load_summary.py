@@ -48,7 +48,10 @@ def rng_for(seed: int, *keys) -> np.random.Generator:
     return np.random.default_rng([int(seed), *(zlib.crc32(str(k).encode()) for k in keys)])
 
 
-def _interval(draws: np.ndarray, level: float) -> tuple[float | None, float | None]:
+def interval(draws: np.ndarray | None, level: float) -> tuple[float | None, float | None]:
+    """The central `level` interval of bootstrap draws (None, None: no draws, or fewer than 10 finite)."""
+    if draws is None:
+        return None, None
     d = draws[np.isfinite(draws)]
     if d.size < 10:
         return None, None
@@ -67,7 +70,7 @@ def percentiles(values, n_boot: int, level: float, rng: np.random.Generator, qs:
     if n_boot and v.size >= 2:
         draws = np.quantile(v[rng.integers(0, v.size, size=(n_boot, v.size))], list(qs.values()), axis=1)
     for i, (name, q) in enumerate(qs.items()):
-        lo, hi = _interval(draws[i], level) if draws is not None else (None, None)
+        lo, hi = interval(draws[i], level) if draws is not None else (None, None)
         out[name] = {"value": float(np.quantile(v, q)) if v.size else None, "low": lo, "high": hi}
     return out
 
@@ -92,7 +95,7 @@ def pooled_percentiles(lists: list[list[float]], n_boot: int, level: float, rng:
         draws.append(np.nanquantile(m[idx].reshape(idx.shape[0], -1), list(QUANTILES.values()), axis=1))
     d = np.concatenate(draws, axis=1)
     for i, name in enumerate(QUANTILES):
-        out[name]["low"], out[name]["high"] = _interval(d[i], level)
+        out[name]["low"], out[name]["high"] = interval(d[i], level)
     return out
 
 
@@ -171,7 +174,7 @@ def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
         i = rng.integers(0, len(x), len(x))
         if len(np.unique(x[i])) >= 2:
             draws.append(_ols(x[i], y[i])[1])
-    lo, hi = _interval(np.asarray(draws, float), level) if draws else (None, None)
+    lo, hi = interval(np.asarray(draws, float), level) if draws else (None, None)
     basis = "chunks" if chunk else "linear"
     return {"points": points, "fit": {"basis": basis, "chunk": chunk, "a_s": a, "slope_s": k, "low": lo, "high": hi,
                                       "r2": r2, "n": len(x), "per_chunk_s": k if chunk else None,
@@ -194,7 +197,7 @@ def _share(ok: pd.DataFrame, n_boot: int, level: float, rng) -> dict:
     for _ in range(n_boot):
         i = rng.integers(0, len(x), len(x))
         draws.append(float((x[i] * y[i]).sum() / (x[i] ** 2).sum()))
-    lo, hi = _interval(np.asarray(draws, float), level) if draws else (None, None)
+    lo, hi = interval(np.asarray(draws, float), level) if draws else (None, None)
     return {"share": float((x * y).sum() / (x**2).sum()), "share_low": lo, "share_high": hi}
 
 

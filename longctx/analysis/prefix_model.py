@@ -35,7 +35,7 @@ import pandas as pd
 from ..core.fitting import LEVEL, BasisFit
 from ..core.numbers import finite, is_number, json_plain
 from .fits import SETTINGS
-from .load_summary import percentiles, rng_for
+from .load_summary import interval, percentiles, rng_for
 from .prefix import CHECKS, COLUMNS
 from .tables import ok_rows
 
@@ -138,16 +138,6 @@ def _median_draws(values: np.ndarray, n_boot: int, rng) -> np.ndarray | None:
     return np.median(v[rng.integers(0, v.size, size=(n_boot, v.size))], axis=1)
 
 
-def _interval(d: np.ndarray | None, level: float) -> tuple[float | None, float | None]:
-    if d is None:
-        return None, None
-    d = d[np.isfinite(d)]
-    if d.size < 10:
-        return None, None
-    tail = (1 - level) / 2
-    lo, hi = np.quantile(d, [tail, 1 - tail])
-    return float(lo), float(hi)
-
 
 def _check_counts(rows: pd.DataFrame) -> dict:
     """The cached-count check of rows (requests) that succeeded (a failed one has no count to check): how many of
@@ -187,7 +177,7 @@ class _Cold:
         values = values[np.isfinite(values) & (values > 0)]
         if values.size:
             draws = _median_draws(values, st["bootstrap"], rng_for(st["seed"], self.name, "cold", L))
-            lo, hi = _interval(draws, st["confidence"])
+            lo, hi = interval(draws, st["confidence"])
             return {"value": float(np.median(values)), "low": lo, "high": hi}, draws, basis
         f = self.fit
         if f and all(is_number(f.get(k)) for k in NAMES):
@@ -233,13 +223,13 @@ def _point(g: pd.DataFrame, fit: PrefixFit | None, cold: _Cold, st: dict, key: t
     lo = hi = None
     if measured is not None and draws is not None and c_draws is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
-            lo, hi = _interval(c_draws / draws, st["confidence"])
+            lo, hi = interval(c_draws / draws, st["confidence"])
     out["saving"] = {"ratio": measured, "low": lo, "high": hi,
                      "seconds": c["value"] - out["ttft"]["value"] if measured is not None else None}
     if fit:
         d_hit, d_cold = fit.predict_draws(L, P), fit.predict_draws(L, 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
-            plo, phi = _interval(d_cold[:, 0] / d_hit[:, 0], st["confidence"]) if d_hit is not None else (None, None)
+            plo, phi = interval(d_cold[:, 0] / d_hit[:, 0], st["confidence"]) if d_hit is not None else (None, None)
         value = _ratio(float(fit.predict(L, 0.0)[0]), float(fit.predict(L, P)[0]))
         out["saving_predicted"] = {"ratio": value, "low": plo, "high": phi,
                                    "seconds": float(fit.predict(L, 0.0)[0] - fit.predict(L, P)[0])}
