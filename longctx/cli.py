@@ -15,9 +15,29 @@ from .core.hashing import digest
 LOG_FORMAT = "[%(asctime)s] %(name)s: %(message)s"
 
 
-def _bench(a) -> int:
+def _job_spec(a):
+    """The configuration spec a workflow job runs: --spec, or --configuration in the config files (--configfile,
+    or as the workflow merged them, LONGCTX_CONFIG_SOURCES), checked against --spec-hash."""
     from . import config as cfg
     from .engines import ConfigurationSpec
+
+    sources = json.loads(os.environ.get(cfg.CONFIG_SOURCES_VAR) or "{}")
+    files = a.configfile or sources.get("configfiles")
+    if a.spec:
+        spec = ConfigurationSpec.from_json(a.spec)
+    elif files and a.configuration:
+        overrides = json.loads(a.config_overrides) if a.config_overrides else sources.get("overrides")
+        spec = cfg.configuration_spec(cfg.load(files, overrides), a.configuration)
+        if a.spec_hash and digest(spec.to_dict()) != a.spec_hash:
+            raise ConfigError(f"configuration {a.configuration!r} in {', '.join(files)} is not the one the workflow "
+                              "planned this job for (the file changed since): run the workflow again")
+    else:
+        raise ConfigError(f"{a.command} needs --spec, or --configuration with --configfile (or {cfg.CONFIG_SOURCES_VAR}, "
+                          "as the workflow sets it)")
+    return spec
+
+
+def _bench(a) -> int:
     from .measure.sweep import run_configuration
 
     if a.log:  # everything to the file; the console gets the progress lines (measure.progress) and errors
@@ -32,22 +52,19 @@ def _bench(a) -> int:
         console.addFilter(lambda r: r.name == "longctx.progress" or r.levelno >= logging.ERROR)
         root.addHandler(to_file)
         root.addHandler(console)
-    sources = json.loads(os.environ.get(cfg.CONFIG_SOURCES_VAR) or "{}")
-    files = a.configfile or sources.get("configfiles")
-    if a.spec:
-        spec = ConfigurationSpec.from_json(a.spec)
-    elif files and a.configuration:
-        overrides = json.loads(a.config_overrides) if a.config_overrides else sources.get("overrides")
-        spec = cfg.configuration_spec(cfg.load(files, overrides), a.configuration)
-        if a.spec_hash and digest(spec.to_dict()) != a.spec_hash:
-            raise ConfigError(f"configuration {a.configuration!r} in {', '.join(files)} is not the one the workflow "
-                              "planned this job for (the file changed since): run the workflow again")
-    else:
-        raise ConfigError(f"bench needs --spec, or --configuration with --configfile (or {cfg.CONFIG_SOURCES_VAR}, "
-                          "as the workflow sets it)")
+    spec = _job_spec(a)
     failed = run_configuration(spec, a.outdir or f"data/raw/{spec.name}", a.server_log or f"data/logs/server/{spec.name}.log",
                                a.resume_dir, **({} if a.progress_every is None else {"progress_every_s": a.progress_every}))
     print(f"{spec.name}: {len(spec.lengths) - failed} of {len(spec.lengths)} lengths measured")
+    return 0
+
+
+def _import(a) -> int:
+    from .measure.imports import import_configuration
+
+    spec = _job_spec(a)
+    lengths = import_configuration(spec, a.outdir or f"data/raw/{spec.name}")
+    print(f"{spec.name}: {len(lengths)} lengths imported ({', '.join(map(str, lengths))})")
     return 0
 
 
@@ -262,6 +279,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--progress-every", type=float, default=None, metavar="SECONDS",
                    help="at most one warm-up or trial line this often on the console (default 10; a length's line always)")
     s.set_defaults(func=_bench)
+
+    s = sub.add_parser("import", help="an imported configuration's result files (another tool's) as raw files, one per length")
+    s.add_argument("--spec", help="the configuration spec as JSON")
+    s.add_argument("--configfile", action="append", help="or: the config files, merged in order (or LONGCTX_CONFIG_SOURCES) ...")
+    s.add_argument("--config-overrides", help="... --config values as JSON ...")
+    s.add_argument("--configuration", help="... and the configuration's name")
+    s.add_argument("--spec-hash", help="the spec's hash as the workflow planned it: a changed config file is refused")
+    s.add_argument("--outdir", help="where <length>.json go (default data/raw/<configuration>)")
+    s.set_defaults(func=_import)
 
     s = sub.add_parser("build-kernel", help="build and check one attention kernel")
     s.add_argument("--name", required=True)

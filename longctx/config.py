@@ -14,6 +14,7 @@ from jsonschema import Draft202012Validator, validators
 
 from .core.errors import ConfigError
 from .engines import ConfigurationSpec, get_adapter
+from .engines.imported import IMPORTED_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = ROOT / "config" / "schema.yaml"
@@ -94,6 +95,11 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
         if "device" in conf and adapter.managed:
             raise ConfigError(f"config key 'configurations.{name}.device' is for external servers; a {conf['engine']} "
                               "server's device comes from its flags and installation (remove the key)")
+        if adapter.measures:
+            given = [k for k in IMPORTED_KEYS if k in conf]
+            if given:
+                raise ConfigError(f"config key 'configurations.{name}.{given[0]}' is for imported results (engine: imported); "
+                                  f"a {conf['engine']} server is measured (remove the key)")
         adapter.check_spec(name, conf, config)
         adapter.check_args(name, conf["args"])
         _check_context(name, conf, config, adapter)
@@ -234,7 +240,8 @@ def configuration_spec(config: dict[str, Any], name: str) -> ConfigurationSpec:
         raise ConfigError(
             f"configuration {name!r} is not in the config; allowed values: {', '.join(config['configurations'])}"
         )
-    conf = {k: v for k, v in config["configurations"][name].items() if k not in SCHEDULING_KEYS}
+    conf = {k: v for k, v in config["configurations"][name].items() if k not in SCHEDULING_KEYS + IMPORTED_KEYS}
+    imported = {k: v for k, v in config["configurations"][name].items() if k in IMPORTED_KEYS}
     conf["load"] = load_of(config, name)
     conf["prefix"] = prefix_of(config, name)
     kernel = conf["kernel"]
@@ -242,11 +249,12 @@ def configuration_spec(config: dict[str, Any], name: str) -> ConfigurationSpec:
         "name": name,
         **conf,
         "kernel_build": kernel_build_dir(kernel) if kernel else None,
+        "imported": imported or None,
         "lengths": list(config["lengths"]),
         "protocol": config["protocol"],
         "server": config["server"],
         "telemetry": config["telemetry"],
-        "model": config["model"],
+        "model": merge(config["model"], imported["model"]) if imported.get("model") else config["model"],
     })
 
 

@@ -13,6 +13,8 @@ rule bench_configuration:
         spec_hash=bench_spec_hash,
         outdir=lambda w, output: os.path.dirname(output[0]),
         resume=f"{PARTIAL}/{{configuration}}",
+    wildcard_constraints:
+        configuration="|".join(re.escape(c) for c in MEASURED) or "(?!)",
     threads: workflow.cores
     resources:
         gpu=bench_resource("gpu"),
@@ -23,6 +25,31 @@ rule bench_configuration:
     shell:
         "longctx bench --configuration {wildcards.configuration} --spec-hash {params.spec_hash} "
         "--outdir {params.outdir} --server-log {log.server} --resume-dir {params.resume} --log {log.bench}"
+
+
+# An imported configuration's result files (another tool's, longctx.measure.imports) as raw files, one per
+# length they hold: a rule per configuration, since each has its own lengths; a changed file reruns it.
+for _name in IMPORTED:
+
+    rule:
+        name:
+            f"import_results_{_name}"
+        input:
+            IMPORTED_FILES[_name],
+        output:
+            raw_files(_name),
+        log:
+            f"data/logs/import/{_name}.log",
+        params:
+            configuration=_name,
+            spec_hash=lambda w, _n=_name: digest(lcfg.configuration_spec(CFG, _n).to_dict()),
+            outdir=f"data/raw/{_name}",
+        localrule: True
+        conda:
+            ENV
+        shell:
+            "longctx import --configuration {params.configuration} --spec-hash {params.spec_hash} "
+            "--outdir {params.outdir} > {log} 2>&1"
 
 
 # Measured ceilings of the devices of this machine that the servers compute on (managed servers, and

@@ -10,10 +10,19 @@ from longctx.core.hashing import canonical_json, digest
 from longctx.measure.calibration import plan as calibration_plan
 from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, LOAD_FIGURES, PREFIX_FIGURES
 from longctx.measure.resources import bench_resources
+from longctx.measure import imports
+from longctx.engines import get_adapter
 
 CFG = lcfg.validate(config)
 CONFIGURATIONS = sorted(CFG["configurations"])
 LENGTHS = CFG["lengths"]
+# Configurations whose results another tool measured (engine: imported; longctx.measure.imports): their
+# result files are inputs of their import rule, and their lengths are the ones those files hold (read
+# when the workflow is parsed: a changed file can change them). The others are measured (bench_configuration).
+IMPORTED = [c for c in CONFIGURATIONS if not get_adapter(CFG["configurations"][c]["engine"]).measures]
+MEASURED = [c for c in CONFIGURATIONS if c not in IMPORTED]
+IMPORTED_FILES = {c: [str(p) for p in imports.files_of(CFG["configurations"][c], c)] for c in IMPORTED}
+CONFIGURATION_LENGTHS = {c: imports.lengths_of(lcfg.configuration_spec(CFG, c)) for c in IMPORTED}
 # Where each bench job keeps a copy of every length it measured (resumed from; aggregation recovers
 # an unreadable raw file from it).
 PARTIAL = "data/partial"
@@ -82,11 +91,14 @@ ITL_DEPTH = bool(CFG["protocol"]["itl_depth"]["length"])
 
 
 def raw_files(configurations=CONFIGURATIONS, load=True):
-    """What a bench job writes: a file per length, the ITL-against-depth request when configured, and
-    (with load) load.json and prefix.json: the load and the reused-context workloads, or a record that the
-    configuration measures none."""
-    names = [str(n) for n in LENGTHS] + (["itl_depth"] if ITL_DEPTH else []) + (["load", "prefix"] if load else [])
-    return expand("data/raw/{configuration}/{name}.json", configuration=configurations, name=names)
+    """What a bench (or import) job writes: a file per length (an imported configuration's own lengths), the
+    ITL-against-depth request when configured, and (with load) load.json and prefix.json: the load and the
+    reused-context workloads, or a record that the configuration measures none."""
+    out = []
+    for c in [configurations] if isinstance(configurations, str) else configurations:
+        names = [str(n) for n in CONFIGURATION_LENGTHS.get(c, LENGTHS)] + (["itl_depth"] if ITL_DEPTH else [])
+        out += [f"data/raw/{c}/{n}.json" for n in names + (["load", "prefix"] if load else [])]
+    return out
 
 
 def load_files():

@@ -284,3 +284,49 @@ def test_the_reused_context_workloads_are_measured_analysed_and_reported(workflo
         assert title in text, title
     md = (workflow / "report" / "longctx.md").read_text()
     assert all(f"figures/{f}.png" in md for f in ("prefix_ttft", "prefix_saving", "prefix_conversation"))
+
+
+def test_imported_results_beside_measured_ones_give_one_report_and_a_changed_file_reruns_only_them(workflow, tmp_path):
+    """tests/configs/imported.yaml beside tiny.yaml: the files vLLM's own `vllm bench serve` wrote against a server
+    configured as page1 (tests/data/imports/vllm-bench) are imported; nothing is measured again, and the one PDF
+    holds both, the tool's figures as it wrote them. A changed file reruns its import and what is downstream, only."""
+    work = tmp_path / "wf"
+    shutil.copytree(workflow, work, symlinks=True)  # the tiny run's data and Snakemake's records, times kept
+    shutil.copytree(ROOT / "tests" / "data" / "imports", work / "imports")
+    shutil.copy(ROOT / "tests" / "configs" / "imported.yaml", work / "imported.yaml")
+    configs = ("--configfile", "tiny.yaml", "imported.yaml")
+    before = json.loads((work / "report" / "version.json").read_text())["n"]
+    out = snakemake(work, "--cores", "1", *configs)
+    ran = set(re.findall(r"^(?:local)?rule (\S+):", out, re.M))
+    assert "import_results_vllm-bench" in ran and not ran & {"bench_configuration", "calibrate_hardware", "build_kernel"}, ran
+    df = pd.read_csv(work / "data" / "results.csv")
+    mine = df[df["configuration"] == "vllm-bench"]
+    assert sorted(mine["length"].unique()) == [64, 128, 256, 512, 2100]
+    for length in (64, 128, 256, 512):
+        doc = json.loads((work / "imports" / "vllm-bench" / f"vllm-bench-{length}.json").read_text())
+        rows = mine[mine["length"] == length]
+        assert (rows["status"] == "ok").all() and list(rows["ttft_s"]) == pytest.approx(doc["ttfts"], rel=1e-12)
+        assert list(rows["prompt_tokens"]) == doc["input_lens"] and (rows["concurrency"] == 1).all()
+    failed = mine[mine["length"] == 2100]
+    assert len(failed) == 3 and (failed["status"] == "failed").all() and (failed["reason"] == "Bad Request").all()
+    assert len(df[df["configuration"] == "page1"]) == 4 * 6  # the measured rows as they were
+    text = " ".join(pdftotext(work / "report" / "longctx.pdf").split())
+    assert json.loads((work / "report" / "version.json").read_text())["n"] == before + 1
+    assert "Imported results" in text and "vllm-bench: vllm bench serve" in text
+    assert "0.32.0 (config key tool_version)" in text
+    sha = json.loads((work / "data" / "provenance.json").read_text())["configurations"]["vllm-bench"]["imported"]["files"][0]["sha256"]
+    assert sha[:12] in text
+    assert "Lacks each request's prompt length as the server counted it" in text
+    assert "Bad Request" in text  # the tool's failures, in the failures table
+    fits = json.loads((work / "data" / "fits.json").read_text())["configurations"]
+    assert "prefill" in fits["vllm-bench"] and "decode" in fits["vllm-bench"]
+    md = (work / "report" / "longctx.md").read_text()
+    assert "## Imported results" in md and sha[:12] in md
+    # a changed file: its import reruns, and what reads it; no measurement
+    path = work / "imports" / "vllm-bench" / "vllm-bench-64.json"
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "label": "relabelled"}))
+    out = snakemake(work, "-n", *configs)
+    jobs = {m[1] for m in re.finditer(r"^(\S+)\s+(\d+)$", out.split("Job stats:")[-1], re.M)} - {"total"}
+    assert "import_results_vllm-bench" in jobs and {"render_report", "build_pdf"} <= jobs, out[-2000:]
+    assert not jobs & {"bench_configuration", "calibrate_hardware", "build_kernel", "bench_kernel"}, jobs

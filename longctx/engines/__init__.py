@@ -5,11 +5,12 @@ from __future__ import annotations
 from .base import EngineAdapter
 from .configuration import ConfigurationSpec
 from .external import ExternalAdapter
+from .imported import ImportedAdapter
 from .reference import ReferenceAdapter
 from .sglang import SGLangAdapter
 from .vllm import VLLMAdapter
 
-_ADAPTERS: dict[str, EngineAdapter] = {a.name: a for a in (ReferenceAdapter(), SGLangAdapter(), VLLMAdapter(), ExternalAdapter())}
+_ADAPTERS: dict[str, EngineAdapter] = {a.name: a for a in (ReferenceAdapter(), SGLangAdapter(), VLLMAdapter(), ExternalAdapter(), ImportedAdapter())}
 ENGINES = tuple(_ADAPTERS)
 
 

@@ -86,6 +86,7 @@ class EngineAdapter(ABC):
     name: str
     title: str  # the engine as messages name it
     managed = True  # longctx starts and stops the server (on this machine)
+    measures = True  # a bench job measures it (False: its raw files are imported from another tool's results)
     managed_args: frozenset[str] = frozenset()  # flags longctx sets itself
     package: str | None = None  # distribution whose version is the engine's version
     preflight_script: str | None = None  # Python that runs the engine's own parser over sys.argv[1:]

@@ -29,7 +29,7 @@ class ConfigurationSpec:
     the config's plain dicts."""
 
     name: str  # the key of configurations
-    engine: str  # reference | sglang | vllm | external (longctx.engines.get_adapter)
+    engine: str  # reference | sglang | vllm | external | imported (longctx.engines.get_adapter)
     lengths: list[int]  # prompt lengths in tokens, in the order measured
     protocol: dict[str, Any]  # config key protocol: warm-up, trials, output tokens, needle, itl_depth, timeouts
     server: dict[str, Any]  # config key server: host, start-up and stop timeouts, restarts
@@ -54,6 +54,9 @@ class ConfigurationSpec:
     load: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
     # config key prefix, where this configuration measures the reused-context workloads (longctx.measure.prefix)
     prefix: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+    # engine imported: the result files and what the config says of the runs they hold (format, files,
+    # tool_version, bins, hardware, kv_pool_tokens, context_length); None for a configuration that is measured
+    imported: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a plain dictionary (a deep copy): what spec_hash and resume_key digest."""

@@ -46,6 +46,8 @@ def plan(config: dict) -> dict:
     for name in sorted(config["configurations"]):
         conf = config["configurations"][name]
         adapter = get_adapter(conf["engine"])
+        if not adapter.measures:  # imported results: no server, here or elsewhere, to calibrate for
+            continue
         spec = configuration_spec(config, name)
         device = adapter.device(spec)
         if device == "remote":

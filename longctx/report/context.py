@@ -236,6 +236,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "engine": p.get("engine"),
             "engine_version": wording.engine_version(p),
             "engine_text": wording.engine_text(p),
+            "imported": wording.imported(p),
             "managed": wording.managed(p),
             "installed_version": p.get("installed_version"),
             "description": ((config or {}).get("configurations", {}).get(name) or {}).get("description") or None,
@@ -299,7 +300,9 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         engines.setdefault(c["engine_text"] + (f", on {c['device_text']}" if c["device"] else ""), []).append(c["name"])
     failures = failure_rows(df)
     cache_flush = flushes(prov["configurations"], names)
-    machines = {json.dumps(p["hardware"], sort_keys=True): p["hardware"] for p in prov["configurations"].values() if p.get("hardware")}
+    # the machines that measured (an imported configuration's hardware is the config's word for another one)
+    machines = {json.dumps(p["hardware"], sort_keys=True): p["hardware"] for p in prov["configurations"].values()
+                if p.get("hardware") and p["hardware"].get("source") != "config"}
     epoch = source_date_epoch(prov)
     load = loadview.read(inputs.load)
     prefix = prefixview.read(inputs.prefix)
@@ -308,7 +311,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "longctx_version": __version__,
         "git": git_info(),
         "packages": package_versions(),
-        "hardware": first.get("hardware", {}),
+        "hardware": next(iter(machines.values()), {}),
         "machines": list(machines.values()),
         "model": {"name": None, "kv_bytes_per_token": None, "architecture": None, **first.get("model", {})},
         "protocol": first.get("protocol", {}),
@@ -326,8 +329,9 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "cache_flush": cache_flush,
         "measured": bool((med["ttft_s"] > 0).any()),  # False: no length of any configuration has a usable TTFT
         "telemetry": telemetry,
-        "devices": {"gpu": "gpu" in devices, "cpu": "cpu" in devices, "remote": "remote" in devices,
-                    "remote_names": [c["name"] for c in configs if c["device"] == "remote"]},
+        "devices": {"gpu": "gpu" in devices, "cpu": "cpu" in devices, "remote": "remote" in devices or any(c["imported"] for c in configs),
+                    "remote_names": [c["name"] for c in configs if c["device"] == "remote" or c["imported"]]},
+        "imported": [c for c in configs if c["imported"]],
         "mla": any(c["attention"] == "mla" for c in configs),
         "tensor_parallel": any((c["tp_size"] or 1) > 1 for c in configs),
         "served": served,

@@ -72,8 +72,33 @@ def engine_version(entry: dict) -> str | None:
     return str(v) if v else None
 
 
+def imported(entry: dict) -> dict | None:
+    """Where an imported configuration's rows came from (the provenance's `imported`, longctx.measure.imports):
+    the tool and its version, each file with its hash, what the format lacks, how its lengths were grouped
+    (per length: each run's placement) and the requests placed at none; None for a measured configuration."""
+    imp = entry.get("imported")
+    if not imp:
+        return None
+    version = imp.get("tool_version")
+    return {
+        "tool": imp["tool"], "format": imp["format"],
+        "version_text": f"{version} ({imp['version_source']})" if version else f"version not recorded: {imp['version_source']}",
+        "files": [{"path": f["path"], "sha256": f["sha256"], "short": f["sha256"][:12], "runs": len(f["runs"]),
+                   "requests": sum(r["requests"] for r in f["runs"]), "failed": sum(r["failed"] for r in f["runs"])}
+                  for f in imp["files"]],
+        "lacks": [{"key": k, "what": v["what"], "why": v["why"]} for k, v in imp["lacks"].items()],
+        "notes": sorted({n for f in imp["files"] for r in f["runs"] for n in r["notes"]}),
+        "unplaced": imp.get("unplaced") or [],
+        "models": imp.get("models") or [],
+        "grouping": [{"length": int(k), "how": v} for k, v in sorted((imp.get("grouping") or {}).items(), key=lambda kv: int(kv[0]))],
+    }
+
+
 def engine_text(entry: dict) -> str:
-    """'reference 0.1.0', 'external (OpenAI API), version not reported', ..."""
+    """'reference 0.1.0', 'external (OpenAI API), version not reported', 'imported vllm bench serve results', ..."""
+    if entry.get("imported"):
+        imp = entry["imported"]
+        return f"imported {imp['tool']} results" + (f" ({imp['tool']} {imp['tool_version']})" if imp.get("tool_version") else "")
     name = entry.get("engine") or "not recorded"
     api = entry.get("api")
     if api and managed(entry) is False:

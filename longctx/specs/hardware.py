@@ -110,7 +110,11 @@ def ceilings(device: str, hardware: dict, calibration: dict | None, dtype: str) 
         out["device_name"] = hardware.get("cpu")
         out["datasheet_missing"] = "CPUs have no datasheet entry: only the measured ceilings apply"
     m = (calibration or {}).get("devices", {}).get("cuda" if device == "gpu" else "cpu")
-    if m and m.get("status") == "ok":
+    if hardware.get("source") == "config":  # another machine's, named in the config (imported results)
+        out["measured_missing"] = "the results were measured on another machine (named in the config), not calibrated here"
+        if device == "cpu":
+            out["datasheet_missing"] = "CPUs have no datasheet entry, and the machine that measured was not calibrated here"
+    elif m and m.get("status") == "ok":
         out["measured"] = {"name": m.get("name"), "bandwidth_Bps": m["copy_Bps"], "read_Bps": m.get("read_Bps"),
                            "flops": m["matmul_flops"], "flops_dtype": m.get("dtype")}
     elif m:

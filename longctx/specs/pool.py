@@ -49,6 +49,9 @@ def observed_pool(entry: dict) -> tuple[int | None, str | None]:
     "CPU/GPU KV cache size: N tokens", SGLang's "KV Cache is allocated. #tokens: N", the line in
     kv_pool.log.line); (None, None) where neither was recorded."""
     pool = entry.get("kv_pool") or {}
+    given = pool.get("given") or {}
+    if given.get("tokens"):  # imported results: the config says what the server allocated
+        return int(given["tokens"]), f"the config ({given.get('key', 'kv_pool_tokens')})"
     if pool.get("tokens"):
         return int(pool["tokens"]), "the server's info"
     log = pool.get("log") or {}
