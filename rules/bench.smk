@@ -43,7 +43,7 @@ for _name in IMPORTED:
         params:
             configuration=_name,
             spec_hash=lambda w, _n=_name: digest(lcfg.configuration_spec(CFG, _n).to_dict()),
-            outdir=f"data/raw/{_name}",
+            outdir=lambda w, output: os.path.dirname(output[0]),
         localrule: True
         conda:
             ENV

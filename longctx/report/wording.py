@@ -87,7 +87,7 @@ def imported(entry: dict) -> dict | None:
                    "requests": sum(r["requests"] for r in f["runs"]), "failed": sum(r["failed"] for r in f["runs"])}
                   for f in imp["files"]],
         "lacks": [{"key": k, "what": v["what"], "why": v["why"]} for k, v in imp["lacks"].items()],
-        "notes": sorted({n for f in imp["files"] for r in f["runs"] for n in r["notes"]}),
+        "notes": (imp.get("notes") or []) + sorted({n for f in imp["files"] for r in f["runs"] for n in r["notes"]}),
         "unplaced": imp.get("unplaced") or [],
         "models": imp.get("models") or [],
         "grouping": [{"length": int(k), "how": v} for k, v in sorted((imp.get("grouping") or {}).items(), key=lambda kv: int(kv[0]))],

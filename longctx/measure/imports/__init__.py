@@ -177,6 +177,8 @@ def concurrency(run: Run) -> tuple[int, str]:
         return run.concurrency, f"the tool's limit of {run.concurrency} in flight" + (f" ({seen} seen at once)" if seen else "")
     if seen:
         return seen, f"{seen} in flight at once at most, in the tool's times"
+    if not any(r.ok for r in run.requests):
+        return 1, "not recorded, and no request succeeded: none was timed in flight beside another"
     return len(run.requests), "not recorded: taken as all of the run's requests at once"
 
 
@@ -230,8 +232,11 @@ def imported_provenance(spec: ConfigurationSpec, runs: list[Run], paths: list[Pa
     for r in runs:
         for key, why in r.lacks.items():
             lacks.setdefault(key, why)
+    cached = [q for r in runs for q in r.requests if q.ok and q.cached_tokens]
+    notes = [f"{len(cached)} of {sum(q.ok for r in runs for q in r.requests)} successful requests were served partly from "
+             "the server's prefix cache (its cached count is above 0): their TTFT is not a cold prefill's"] if cached else []
     return {
-        "format": imp["format"], "tool": tool,
+        "format": imp["format"], "tool": tool, "notes": notes,
         "tool_version": imp.get("tool_version") or (", ".join(versions) if versions else None),
         "version_source": ("config key tool_version" if imp.get("tool_version") else
                            "the files" if versions else (runs[0].version_source if runs else "no run was read")),
