@@ -119,3 +119,30 @@ def test_the_raw_files_of_an_import_are_the_sweeps_with_the_provenance_of_every_
         assert json.loads((tmp_path / f"{what}.json").read_text())["status"] == "not configured"
     assert raw["provenance"]["kv_pool"]["given"]["tokens"] == 4096
     assert raw["provenance"]["hardware"] == {"source": "config", "gpus": [{"name": "NVIDIA H200"}], "cpu": None}
+
+
+@pytest.mark.parametrize("fmt, files, lengths, failed, tool", [
+    # lengths and failures as each directory's README says the files were made
+    ("vllm-bench", "vllm-bench/*.json", [64, 128, 256, 512, 2100], {2100: 3}, "vllm bench serve"),
+    # a run of 4 prompts drawn around 296 tokens (290-300, within 5%: one length), 2 of them over the 300-token context
+    ("aiperf", "aiperf/*/profile_export.jsonl", [64, 128, 256, 296, 400], {296: 2, 400: 3}, "AIPerf"),
+    # prompts drawn around 2,040 tokens (one of them, 2,053 tokens, over the 2,048-token context) and a run cut short
+    ("guidellm", "guidellm/*.json", [64, 128, 256, 512, 2032], {512: 1, 2032: 1}, "GuideLLM"),
+    # the fourth run draws 221, 252 and 368 tokens: bins [128, 256) and [256, 512); the 368-token one failed
+    ("sglang-bench", "sglang-bench/*.jsonl", [64, 128, 236, 256, 368], {368: 1}, "sglang bench_serving"),
+])
+def test_every_formats_files_import_into_the_lengths_they_hold(fmt, files, lengths, failed, tool, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    config = lcfg.validate(tiny_with({"x": {"engine": "imported", "format": fmt, "files": [f"tests/data/imports/{files}"]}}))
+    spec = lcfg.configuration_spec(config, "x")
+    assert imports.import_configuration(spec, tmp_path) == lengths == imports.lengths_of(spec)
+    lost = {}
+    for n in lengths:
+        raw = json.loads((tmp_path / f"{n}.json").read_text())
+        rows = raw["trials"] + [r for b in raw["batches"] for r in b["requests"]]
+        lost.update({n: k for k in [sum(r["status"] != "ok" for r in rows)] if k})
+        assert all(r["reason"] for r in rows if r["status"] != "ok")
+    assert lost == failed
+    prov = raw["provenance"]["imported"]
+    assert prov["tool"] == tool and prov["lacks"] and "cache_busting" in prov["lacks"]
+    assert all(len(f["sha256"]) == 64 for f in prov["files"])
