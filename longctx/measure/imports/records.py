@@ -37,7 +37,9 @@ class Request:
     # the tool's own time per output token, only where the file has neither itl_s nor token_times_s
     tpot_s: float | None = None
     start_s: float | None = None  # when it was sent, seconds on the tool's clock (for order and overlap)
-    prompt_tokens_source: str = "tool"  # "tool": the tool's tokenizer or its dataset; "server": the server's usage
+    # "tool": the tool's tokenizer or its dataset; "server": the server's usage; "tool or server": the tool keeps the
+    # server's usage where the server gave one, its own count otherwise, and the file does not say which
+    prompt_tokens_source: str = "tool"
     completion_tokens_source: str = "tool"
     cached_tokens: int | None = None  # the server's cached count, where the file holds it
 
