@@ -330,3 +330,18 @@ def test_imported_results_beside_measured_ones_give_one_report_and_a_changed_fil
     jobs = {m[1] for m in re.finditer(r"^(\S+)\s+(\d+)$", out.split("Job stats:")[-1], re.M)} - {"total"}
     assert "import_results_vllm-bench" in jobs and {"render_report", "build_pdf"} <= jobs, out[-2000:]
     assert not jobs & {"bench_configuration", "calibrate_hardware", "build_kernel", "bench_kernel"}, jobs
+
+
+def test_every_report_has_the_prediction_check(workflow):
+    """How well the models fitted to the first half of the lengths predicted the longest, per configuration, in the
+    PDF and its twin, with the figures fits.json holds."""
+    fits = json.loads((workflow / "data" / "fits.json").read_text())["configurations"]
+    text = " ".join(pdftotext(workflow / "report" / "longctx.pdf").split())
+    md = " ".join((workflow / "report" / "longctx.md").read_text().split())
+    assert "Prediction check" in text and "## Prediction check" in md
+    for name, fit in fits.items():
+        h = fit["prediction"]["prefill"]["headline"]
+        assert (h["fitted_up_to"], h["length"]) == (256, 512)  # tiny.yaml's 4 lengths: 3 fitted, the longest predicted
+        said = f"{h['length']:,}'s TTFT within {abs(h['deviation']):.0%}"
+        assert said in text and said in md, name
+    assert (workflow / "report" / "figures" / "prediction.pdf").exists()

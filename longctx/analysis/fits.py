@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from ..core.fitting import LEVEL, Fit, decode_summary, prefill_summary, regime_change
+from ..core.fitting import LEVEL, Fit, decode_summary, holdout, prefill_summary, regime_change
 from ..core.numbers import is_number
 from . import bounds, kernel_records
 from ..specs.pool import observed_pool
@@ -73,6 +73,36 @@ def _pct(x, ref):
     return 100.0 * x / ref if x is not None and ref else None
 
 
+# what each fit predicts, and the column it is measured by
+PREDICTED = {"prefill": "ttft_s", "decode": "step_s"}
+
+
+def prediction_check(rows: dict[str, pd.DataFrame | None], n_boot: int, level: float, seed: int) -> dict:
+    """How well the models fitted to the shorter lengths predicted the longer ones measured (the rows the
+    regime detection looks at, partial lengths left out under exclude): per model, every cut
+    (longctx.core.fitting.holdout, from as many lengths as the model has coefficients), and the headline:
+    the model fitted to the first half of the lengths (at least as many as it needs) predicting the
+    longest. A decode step's deviation is also given as the decode rate's (rate = tokens per step / step:
+    measured rate / predicted rate - 1 = predicted step / measured step - 1)."""
+    out: dict = {}
+    for kind, g in rows.items():
+        if g is None or g["length"].nunique() <= FIT_LENGTHS[kind]:
+            continue
+        cuts = holdout(kind, g["length"], g[PREDICTED[kind]], n_boot, level, seed, min_lengths=FIT_LENGTHS[kind])
+        n = g["length"].nunique()
+        half = max(FIT_LENGTHS[kind], -(-n // 2))
+        head = next((c for c in cuts if c["lengths_fitted"] == half), None)
+        out[kind] = {"cuts": cuts, "headline": None if head is None else {
+            "fitted_up_to": head["fitted_up_to"], "lengths_fitted": half, "lengths": n, **head["predictions"][-1]}}
+        if kind == "decode":
+            for c in cuts:
+                for r in c["predictions"]:
+                    r["rate_deviation"] = r["predicted"] / r["measured"] - 1 if r["measured"] > 0 else None
+            if head is not None:
+                out[kind]["headline"]["rate_deviation"] = head["predictions"][-1]["rate_deviation"]
+    return out
+
+
 def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration: dict | None, st: dict,
                            partial: dict[int, dict] | None = None) -> dict:
     from ..specs import hardware
@@ -118,6 +148,8 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
         out["decode"] = decode_summary(fits["decode"], kv)
         out["decode"]["regime_change"] = regime_change("decode", d_regime["length"], d_regime["step_s"],
                                                        st["regime_tolerance"], min(n_boot, 400), level, seed)
+    out["prediction"] = prediction_check({"prefill": p_regime if "prefill" in fits else None,
+                                          "decode": d_regime if "decode" in fits else None}, min(n_boot, 400), level, seed)
     if out.get("decode"):
         out["decode"].update(bw_pct_datasheet=None, bw_pct_measured=None, on_estimated_counts=d_estimated,
                              on_partial_lengths=d_partial)

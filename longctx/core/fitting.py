@@ -190,24 +190,41 @@ def _medians_by_length(L: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
     return lengths, np.array([np.median(y[L == x]) for x in lengths])
 
 
-def regime_change(kind: str, lengths, y, tolerance: float, n_boot: int = 400, level: float = LEVEL, seed: int = 0) -> dict | None:
-    """The first length from which the model fitted to the shorter lengths stops fitting: at that
-    length and every longer one the median lies outside the fit's interval and more than
-    `tolerance` (relative) away from its prediction, on the same side. None when the model holds."""
+def holdout(kind: str, lengths, y, n_boot: int = 400, level: float = LEVEL, seed: int = 0,
+            min_lengths: int | None = None) -> list[dict]:
+    """The model fitted to the lengths up to each cut, set against every longer length: for each cut from
+    min_lengths fitted lengths (default: as many as the model has coefficients) to all but the last, the
+    fit's prediction of each longer length's median, the fit's interval there, the median measured, and
+    the relative deviation (measured / predicted - 1)."""
     L, y = np.asarray(lengths, float), np.asarray(y, float)
     distinct = np.unique(L)
-    p = len(Fit.KINDS[kind])
-    for k in range(p + 1, len(distinct)):
+    out = []
+    for k in range(min_lengths or len(Fit.KINDS[kind]), len(distinct)):
         inside = L <= distinct[k - 1]
         fit = Fit(kind, L[inside], y[inside], n_boot, level, seed)
         later, med = _medians_by_length(L[~inside], y[~inside])
         pred = fit.predict(later)
-        dev = med / pred - 1
         lo, hi = fit.curve_interval(later)
-        outside = np.ones(len(later), bool) if lo is None else (med < lo) | (med > hi)
-        if (np.abs(dev) > tolerance).all() and outside.all() and (np.sign(dev) == np.sign(dev[0])).all():
-            return {"fitted_up_to": int(distinct[k - 1]), "from_length": int(later[0]), "deviation": float(dev[0]),
-                    "deviations": {int(x): float(d) for x, d in zip(later, dev)},
+        out.append({"fitted_up_to": int(distinct[k - 1]), "lengths_fitted": k, "predictions": [
+            {"length": int(x), "measured": float(m), "predicted": float(q), "deviation": float(m / q - 1) if q > 0 else None,
+             "lo": None if lo is None else float(lo[i]), "hi": None if hi is None else float(hi[i]),
+             "inside": None if lo is None else bool(lo[i] <= m <= hi[i])}
+            for i, (x, m, q) in enumerate(zip(later, med, pred))]})
+    return out
+
+
+def regime_change(kind: str, lengths, y, tolerance: float, n_boot: int = 400, level: float = LEVEL, seed: int = 0) -> dict | None:
+    """The first length from which the model fitted to the shorter lengths stops fitting: at that
+    length and every longer one the median lies outside the fit's interval and more than
+    `tolerance` (relative) away from its prediction, on the same side. None when the model holds.
+    (The cuts start one length past the model's coefficients: a fit with a residual.)"""
+    for cut in holdout(kind, lengths, y, n_boot, level, seed, min_lengths=len(Fit.KINDS[kind]) + 1):
+        rows = cut["predictions"]
+        dev = np.array([r["deviation"] if r["deviation"] is not None else np.nan for r in rows])
+        outside = all(r["inside"] is not True for r in rows)
+        if (np.abs(dev) > tolerance).all() and outside and (np.sign(dev) == np.sign(dev[0])).all():
+            return {"fitted_up_to": cut["fitted_up_to"], "from_length": rows[0]["length"], "deviation": float(dev[0]),
+                    "deviations": {r["length"]: float(d) for r, d in zip(rows, dev)},
                     "direction": "slower" if dev[0] > 0 else "faster", "tolerance": tolerance}
     return None
 

@@ -373,3 +373,49 @@ def partial_lengths(med, analysis: dict) -> dict:
         f", but for {_join(fell)}, which stand{'s' if len(fell) == 1 else ''} on {'it' if n == 1 else 'them'}: "
         "too few other lengths were measured." if fell else ".")
     return out
+
+
+PREDICTED_WORDS = {"prefill": "TTFT", "decode": "decode rate"}
+
+
+def _miss(kind: str, h: dict, fit: dict) -> str:
+    """Where a prediction fell: inside its interval, or outside it and by how much, tied to the regime change
+    the fits detected (longctx.core.fitting.regime_change) where there is one at or before that length."""
+    dev = h["deviation"] if kind == "prefill" else h["rate_deviation"]
+    if h["inside"] is not False:
+        return "inside its interval"
+    if kind == "prefill":
+        how = f"{abs(dev):.0%} {'slower' if dev > 0 else 'faster'} than predicted"
+    else:
+        how = f"{abs(dev):.0%} {'faster' if dev > 0 else 'slower'} than predicted"
+    rc = (fit.get(kind) or {}).get("regime_change")
+    if rc and rc["from_length"] <= h["length"]:
+        return f"outside its interval, {how}: the regime change detected from {rc['from_length']:,} tokens"
+    return f"outside its interval, {how}, with no regime change detected (a length off the model, not a trend)"
+
+
+def prediction(fit: dict) -> dict | None:
+    """The prediction check of one configuration (fits.json's `prediction`: the models fitted to the first half of
+    the lengths against the longest) in one sentence, and the rows of that cut's predictions of every longer length."""
+    check = fit.get("prediction") or {}
+    check = {k: check[k] for k in ("prefill", "decode") if k in check}
+    heads = {k: v["headline"] for k, v in check.items() if v.get("headline")}
+    if not heads:
+        return None
+    parts = []
+    for kind, h in heads.items():
+        dev = h["deviation"] if kind == "prefill" else h["rate_deviation"]
+        parts.append((kind, h, f"{h['length']:,}'s {PREDICTED_WORDS[kind]} within {abs(dev):.0%} ({_miss(kind, h, fit)})"))
+    cuts = {h["fitted_up_to"] for h in heads.values()}
+    if len(cuts) == 1:
+        sentence = f"fitted up to {cuts.pop():,} tokens, the models predicted " + " and ".join(p for _, _, p in parts)
+    else:
+        sentence = "; ".join(f"fitted up to {h['fitted_up_to']:,} tokens, the {kind} model predicted {p}" for kind, h, p in parts)
+    rows = []
+    for kind, v in check.items():
+        cut = next((c for c in v["cuts"] if v.get("headline") and c["lengths_fitted"] == v["headline"]["lengths_fitted"]), None)
+        for r in (cut or {}).get("predictions", []):
+            rows.append({"kind": kind, "quantity": "TTFT (ms)" if kind == "prefill" else "step (ms)", "fitted_up_to": cut["fitted_up_to"],
+                         **r, "shown_deviation": r["deviation"] if kind == "prefill" else r["rate_deviation"]})
+    return {"sentence": sentence[0].upper() + sentence[1:] + ".", "rows": rows,
+            "missed": [k for k, h in heads.items() if h["inside"] is False]}

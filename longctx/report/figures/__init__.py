@@ -3,7 +3,7 @@
 # overview: page one's TTFT and decode rate side by side
 FIGURES = ("overview", "ttft", "decode_rate", "step_time", "acceptance", "itl_depth")
 # made by `longctx plot-analysis` (the plot_analysis_figures rule)
-ANALYSIS_FIGURES = ("roofline", "residuals", "extrapolation", "planner")
+ANALYSIS_FIGURES = ("roofline", "residuals", "extrapolation", "planner", "prediction")
 # made by `longctx plot-load` (data/load.json and data/load_metrics.csv; longctx.report.figures.load)
 LOAD_FIGURES = ("load_latency", "interference", "load_metrics", "frontier")
 # made by `longctx plot-prefix` (data/prefix_fits.json; longctx.report.figures.prefix)

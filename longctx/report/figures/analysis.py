@@ -197,6 +197,53 @@ def plot_planner(planner: dict, sty: dict, outdir: Path) -> None:
     save(fig, outdir, "planner")
 
 
+def plot_prediction(fits: dict, sty: dict, outdir: Path) -> None:
+    """Per configuration: how far the model fitted up to each cut missed the longest length measured (measured /
+    predicted - 1, TTFT and decode rate), with the fit's interval there; a hollow marker lies outside it."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, kind, title in ((axes[0], "prefill", "TTFT"), (axes[1], "decode", "decode rate")):
+        any_ = False
+        for name, fit in fits.items():
+            check = (fit.get("prediction") or {}).get(kind)
+            if not check:
+                continue
+            s, xs, ys, lo, hi, inside = sty[name], [], [], [], [], []
+            for cut in check["cuts"]:
+                r = cut["predictions"][-1]  # the longest length
+                if kind == "prefill":  # measured / predicted - 1, the interval's ends as the same ratio
+                    dev, ends = r["deviation"], [r["measured"] / b - 1 if b else None for b in (r["hi"], r["lo"])]
+                else:  # the rate: predicted step / measured step - 1
+                    dev, ends = r["rate_deviation"], [b / r["measured"] - 1 if b is not None else None for b in (r["lo"], r["hi"])]
+                if dev is None:
+                    continue
+                xs.append(cut["fitted_up_to"])
+                ys.append(100 * dev)
+                lo.append(100 * (dev - ends[0]) if ends[0] is not None else 0)
+                hi.append(100 * (ends[1] - dev) if ends[1] is not None else 0)
+                inside.append(r["inside"] is not False)
+            if not xs:
+                continue
+            ax.errorbar(xs, ys, yerr=[np.maximum(lo, 0), np.maximum(hi, 0)], color=s["color"], linestyle="-", linewidth=0.8,
+                        capsize=2, marker="none", label=f"{name} (to {length_label(check['cuts'][0]['predictions'][-1]['length'])})")
+            for x, y, ok_ in zip(xs, ys, inside):
+                ax.plot([x], [y], marker=s["marker"], color=s["color"], markerfacecolor=s["color"] if ok_ else "white", markersize=5)
+            any_ = True
+        ax.axhline(0, color="0.3", linewidth=0.8)
+        ax.set(xscale="log", xlabel="fitted up to L (tokens)", ylabel="measured / predicted - 1 (%)",
+               title=f"Prediction of the longest length's {title}")
+        cuts = sorted({c["fitted_up_to"] for f in fits.values() for c in ((f.get("prediction") or {}).get(kind) or {}).get("cuts", [])})
+        if cuts:
+            ax.set_xticks(cuts, [length_label(x) for x in cuts])
+            ax.minorticks_off()
+            ax.set_xlim(cuts[0] / 1.3, cuts[-1] * 1.3)
+        if any_:
+            ax.legend(fontsize=6)
+        else:
+            ax.text(0.5, 0.5, "too few lengths to check a prediction", transform=ax.transAxes, ha="center", va="center")
+    fig.tight_layout()
+    save(fig, outdir, "prediction")
+
+
 def plot_analysis(results_csv: str | Path, fits_json: str | Path, planner_json: str | Path, style: str | Path,
                   outdir: str | Path) -> list[Path]:
     plt.style.use(str(style))
@@ -213,4 +260,5 @@ def plot_analysis(results_csv: str | Path, fits_json: str | Path, planner_json: 
     plot_residuals(ok, fits, sty, outdir)
     plot_extrapolation(ok, fits, sty, outdir)
     plot_planner(planner, sty, outdir)
+    plot_prediction(fits, sty, outdir)
     return outputs(outdir, ANALYSIS_FIGURES)
