@@ -49,6 +49,13 @@ def _key(path) -> str:
 
 
 def _describe(error) -> str:
+    if error.validator == "oneOf" and error.context:  # the branch of the instance's own type (lengths: a list, or adaptive)
+        from jsonschema.exceptions import best_match
+
+        branches = [i for i, sub in enumerate(error.schema["oneOf"])
+                    if sub.get("type") == {list: "array", dict: "object"}.get(type(error.instance))]
+        own = [e for e in error.context if e.relative_schema_path and e.relative_schema_path[0] in branches]
+        return _describe(best_match(own or error.context))
     key = _key(error.absolute_path)
     schema = error.schema
     if error.validator == "additionalProperties" and schema.get("properties"):
@@ -75,7 +82,11 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(_describe(e) for e in errors))
     lengths = config["lengths"]
-    if sorted(set(lengths)) != lengths:
+    if isinstance(lengths, dict):
+        a = lengths["adaptive"]
+        if a["max"] <= a["min"]:
+            raise ConfigError(f"config key 'lengths.adaptive.max': must exceed min ({a['min']}), got {a['max']}")
+    elif sorted(set(lengths)) != lengths:
         raise ConfigError(f"config key 'lengths': must be strictly increasing, got {lengths}")
     low, high = config["protocol"]["token_id_range"]
     if high <= low:
@@ -106,10 +117,32 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def adaptive_of(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The adaptive sweep's settings (config key lengths.adaptive), or None for a fixed sweep."""
+    lengths = config["lengths"]
+    return lengths["adaptive"] if isinstance(lengths, dict) else None
+
+
+def grid(settings: dict[str, Any]) -> list[int]:
+    """The lengths an adaptive sweep may choose (config key lengths.adaptive): min, min x ratio, ... below max, and max."""
+    lo, hi, r = int(settings["min"]), int(settings["max"]), float(settings["ratio"])
+    out, x = [], float(lo)
+    while x < hi * (1 - 1e-9):
+        out.append(int(round(x)))
+        x *= r
+    return sorted(set(out)) + [hi]
+
+
+def length_grid(config: dict[str, Any]) -> list[int]:
+    """The lengths a sweep may measure: the fixed sweep's, or the adaptive sweep's grid (min to max by ratio)."""
+    a = adaptive_of(config)
+    return grid(a) if a else list(config["lengths"])
+
+
 def requests_of(config: dict[str, Any]) -> list[tuple[str, int, int]]:
     """(what, prompt tokens, output tokens) of every request a sweep sends: each length, and the ITL-depth one."""
     proto = config["protocol"]
-    out = [("lengths", n, proto["output_tokens"]) for n in config["lengths"]]
+    out = [("lengths", n, proto["output_tokens"]) for n in length_grid(config)]
     load = config.get("load") or {}
     if load:
         out += [("load.lengths", n, load["output_tokens"]) for n in load["lengths"]]
@@ -250,7 +283,8 @@ def configuration_spec(config: dict[str, Any], name: str) -> ConfigurationSpec:
         **conf,
         "kernel_build": kernel_build_dir(kernel) if kernel else None,
         "imported": imported or None,
-        "lengths": list(config["lengths"]),
+        "lengths": length_grid(config),
+        "adaptive": adaptive_of(config),
         "protocol": config["protocol"],
         "server": config["server"],
         "telemetry": config["telemetry"],

@@ -15,7 +15,10 @@ from longctx.engines import get_adapter
 
 CFG = lcfg.validate(config)
 CONFIGURATIONS = sorted(CFG["configurations"])
-LENGTHS = CFG["lengths"]
+# the lengths every measured configuration's bench job writes a file for: the fixed sweep's, or the adaptive
+# sweep's grid (lengths.adaptive; the lengths it does not choose are files that say so, and sweep.json its path)
+LENGTHS = lcfg.length_grid(CFG)
+ADAPTIVE = lcfg.adaptive_of(CFG) is not None
 # Configurations whose results another tool measured (engine: imported; longctx.measure.imports): their
 # result files are inputs of their import rule, and their lengths are the ones those files hold (read
 # when the workflow is parsed: a changed file can change them). The others are measured (bench_configuration).
@@ -97,6 +100,7 @@ def raw_files(configurations=CONFIGURATIONS, load=True):
     out = []
     for c in [configurations] if isinstance(configurations, str) else configurations:
         names = [str(n) for n in CONFIGURATION_LENGTHS.get(c, LENGTHS)] + (["itl_depth"] if ITL_DEPTH else [])
+        names += ["sweep"] if ADAPTIVE and c not in IMPORTED else []
         out += [f"data/raw/{c}/{n}.json" for n in names + (["load", "prefix"] if load else [])]
     return out
 

@@ -345,3 +345,66 @@ def test_every_report_has_the_prediction_check(workflow):
         said = f"{h['length']:,}'s TTFT within {abs(h['deviation']):.0%}"
         assert said in text and said in md, name
     assert (workflow / "report" / "figures" / "prediction.pdf").exists()
+
+
+@pytest.fixture(scope="module")
+def adaptive_workflow(tmp_path_factory):
+    """tests/configs/adaptive.yaml (the adaptive sweep on page1) through the whole workflow."""
+    from .conftest import copy_workflow
+
+    work = copy_workflow(tmp_path_factory.mktemp("adaptive"))
+    shutil.copy(ROOT / "tests" / "configs" / "adaptive.yaml", work / "adaptive.yaml")
+    snakemake(work, "--cores", "1", "--configfile", "adaptive.yaml")
+    return work
+
+
+def test_the_adaptive_sweep_chooses_confirms_at_max_and_is_reported(adaptive_workflow):
+    work = adaptive_workflow
+    raw = work / "data" / "raw" / "page1"
+    sweep = json.loads((raw / "sweep.json").read_text())
+    path = sweep["path"]
+    assert [(p["length"], p["trials"]) for p in path[:3]] == [(64, 3), (128, 3), (256, 3)]
+    assert all(p["reason"] and p["spent_s"] > 0 for p in path)
+    confirm = [p for p in path if p["phase"] == "confirm"]
+    assert len(confirm) == 1 and confirm[0]["length"] == 512 and confirm[0]["trials"] == 1
+    assert sweep["outcome"]["checks"] and sweep["spent_s"] <= 60 + confirm[0]["spent_s"]
+    # one raw file per grid length: each holds every trial the sweep chose there, or says it was not chosen
+    df = pd.read_csv(work / "data" / "results.csv")
+    for L in (64, 128, 256, 512):
+        rec = json.loads((raw / f"{L}.json").read_text())
+        chose = sum(p["trials"] for p in path if p["length"] == L)
+        assert len(rec["trials"]) == chose and len(df[df["length"] == L]) == chose
+        assert rec["status"] == ("not chosen" if not chose else "ok")
+    # no length counts as partial for having fewer trials than protocol.trials: the sweep chose them
+    fits = json.loads((work / "data" / "fits.json").read_text())["configurations"]["page1"]
+    assert fits["partial_lengths"]["lengths"] == []
+    text = " ".join(pdftotext(work / "report" / "longctx.pdf").split())
+    assert "Adaptive sweep" in text and " ".join(path[3]["reason"].split())[:60] in text
+    md = (work / "report" / "longctx.md").read_text()
+    assert "## Adaptive sweep" in md
+
+
+def test_the_adaptive_sweep_resumes_without_measuring_again_and_a_kernel_edit_reruns_it(adaptive_workflow, tmp_path):
+    work = tmp_path / "wf"
+    shutil.copytree(adaptive_workflow, work, symlinks=True)
+    before = json.loads((work / "data" / "raw" / "page1" / "sweep.json").read_text())["path"]
+    # the measurements lost (as if interrupted before they were written out), their copies in data/partial kept
+    shutil.rmtree(work / "data" / "raw" / "page1")
+    out = snakemake(work, "data/raw/page1/sweep.json", "--cores", "1", "--configfile", "adaptive.yaml")
+    assert "longctx bench: page1: sweep done" in out, out[-2000:]  # the bench job ran again
+    after = json.loads((work / "data" / "raw" / "page1" / "sweep.json").read_text())["path"]
+    assert [(p["length"], p["trials"], p["reason"]) for p in after] == [(p["length"], p["trials"], p["reason"]) for p in before]
+    server_log = work / "data" / "logs" / "server" / "page1.log"  # Snakemake touches a log the job left unwritten
+    assert not server_log.exists() or not server_log.read_text()  # every trial reused: no server started
+    # the sweep stands (what reads it is newer work to do); a kernel edit reruns the sweep
+    assert not {"bench_configuration", "build_kernel", "calibrate_hardware"} & set(planned(work))
+    source = work / "kernels" / "reference" / "paged_mla_decode.py"
+    source.write_text(source.read_text() + "\n# edited\n")
+    jobs = planned(work)
+    assert jobs.get("build_kernel") == 1 and jobs.get("bench_configuration") == 1 and "calibrate_hardware" not in jobs
+
+
+def planned(cwd) -> dict[str, int]:
+    out = snakemake(cwd, "-n", "--configfile", "adaptive.yaml")
+    stats = out.split("Job stats:")[-1] if "Job stats:" in out else ""
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\S+)\s+(\d+)$", stats, re.M) if m[1] != "total"}

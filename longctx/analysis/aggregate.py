@@ -114,12 +114,15 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
     prov: dict = {"configurations": {}}
     # a configuration's load.json and prefix.json hold its load and reused-context workloads (longctx.analysis.load
     # and .prefix read them), not a length
-    paths = [p for p in map(Path, raw_files) if p.stem not in ("load", "prefix")]
+    paths = [p for p in map(Path, raw_files) if p.stem not in ("load", "prefix", "sweep")]
+    sweeps = {p.parent.name: p for p in map(Path, raw_files) if p.stem == "sweep"}
     depth_rows = [r for p in sorted(paths) if p.stem == "itl_depth" for r in itl_depth_rows(p)]
     if out_itl_depth:
         pd.DataFrame(depth_rows, columns=ITL_DEPTH_COLUMNS).to_csv(out_itl_depth, index=False)
     for path in sorted((p for p in paths if p.stem != "itl_depth"), key=lambda p: (p.parent.name, int(p.stem))):
         r, raw = _rows(path, Path(partial_dir) if partial_dir else None)
+        if raw is not None and raw.get("status") == "not chosen":  # a grid length the adaptive sweep did not measure
+            continue
         rows += r
         if raw is None:
             continue
@@ -133,6 +136,11 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
         if raw.get("recovered_from"):
             entry.setdefault("recovered", []).append({"length": raw.get("length"), "from": raw["recovered_from"],
                                                       "because": raw["recovered_because"]})
+    for name, path in sorted(sweeps.items()):  # an adaptive sweep's path: every choice, with its reason and its time
+        sweep, problem = read_raw(path)
+        prov["configurations"].setdefault(name, {})["sweep"] = (
+            {k: sweep.get(k) for k in ("settings", "grid", "path", "outcome", "spent_s", "predicted_s", "at_max", "reason")}
+            if sweep else {"reason": f"unreadable {path}: {problem}"})
     df = pd.DataFrame(rows, columns=COLUMNS).sort_values(["configuration", "length", "concurrency", "trial", "request"],
                                                          kind="stable")
     Path(out_csv).parent.mkdir(parents=True, exist_ok=True)

@@ -58,12 +58,20 @@ def partial_lengths(df: pd.DataFrame, provenance: dict | None = None) -> dict[st
     trial is a failed length, not a partial one."""
     df = single(df)
     asked = configured_trials(df, provenance)
+    chose = chosen_trials(provenance)
     out: dict[str, dict[int, dict]] = {}
     for (name, length), g in df.groupby(["configuration", "length"], sort=True):
         ok = int((g["status"] == "ok").sum())
-        if 0 < ok < asked[name]:
-            out.setdefault(name, {})[int(length)] = {"ok": ok, "trials": len(g), "configured": asked[name]}
+        want = len(g) if name in chose else asked[name]
+        if 0 < ok < want:
+            out.setdefault(name, {})[int(length)] = {"ok": ok, "trials": len(g), "configured": want}
     return out
+
+
+def chosen_trials(provenance: dict | None) -> set[str]:
+    """The configurations whose sweep chose each length's trials itself (an adaptive sweep: provenance `sweep`):
+    a length's trials are those it recorded, not protocol.trials."""
+    return {n for n, e in ((provenance or {}).get("configurations") or {}).items() if (e or {}).get("sweep")}
 
 
 def medians(df: pd.DataFrame, provenance: dict | None = None) -> pd.DataFrame:
@@ -79,7 +87,8 @@ def medians(df: pd.DataFrame, provenance: dict | None = None) -> pd.DataFrame:
             *(c for c in df.columns if c.startswith(("prefill_", "decode_")) and c.endswith("_mean"))]
     med = ok_rows(df).reindex(columns=["configuration", "length", *cols]).groupby(["configuration", "length"], sort=True)[cols].median()
     out = counts.join(med).reset_index()
-    out["configured"] = [asked[c] for c in out["configuration"]]
+    chose = chosen_trials(provenance)
+    out["configured"] = [t if c in chose else asked[c] for c, t in zip(out["configuration"], out["trials"])]
     out["partial"] = (out["ok"] > 0) & (out["ok"] < out["configured"])
     if "needle" in df:
         needle = df.groupby(["configuration", "length"])["needle"].first()

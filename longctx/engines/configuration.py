@@ -57,6 +57,9 @@ class ConfigurationSpec:
     # engine imported: the result files and what the config says of the runs they hold (format, files,
     # tool_version, bins, hardware, kv_pool_tokens, context_length); None for a configuration that is measured
     imported: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+    # config key lengths.adaptive: the sweep chooses its lengths (from `lengths`, the grid) while it runs
+    # (longctx.measure.adaptive); None for a fixed sweep, left out of to_dict then
+    adaptive: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a plain dictionary (a deep copy): what spec_hash and resume_key digest."""

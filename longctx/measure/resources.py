@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import math
 
-from ..config import configuration_spec
+from ..config import configuration_spec, length_grid
 from ..engines import get_adapter
 
 
 def longest_context(config: dict) -> int:
     """The most tokens one request of the job holds: the longest length, or the ITL-against-depth request."""
     depth = config["protocol"]["itl_depth"]
-    longest = max(config["lengths"])
+    longest = max(length_grid(config))
     if depth["length"]:
         longest = max(longest, depth["length"] + depth["output_tokens"])
     return longest
@@ -32,8 +32,8 @@ def request_tokens(config: dict) -> tuple[int, int]:
     proto = config["protocol"]
     per_length = proto["warmup"] + proto["trials"] + proto["trials"] * sum(proto["concurrency"])
     needle = proto["needle"]["enabled"]
-    prompt = sum(length * (per_length + needle) for length in config["lengths"])
-    output = len(config["lengths"]) * (per_length * proto["output_tokens"] + needle * proto["needle"]["output_tokens"])
+    prompt = sum(length * (per_length + needle) for length in length_grid(config))
+    output = len(length_grid(config)) * (per_length * proto["output_tokens"] + needle * proto["needle"]["output_tokens"])
     depth = proto["itl_depth"]
     if depth["length"]:
         prompt += depth["length"]

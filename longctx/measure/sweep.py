@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import uuid
 from typing import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -524,7 +525,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         kept_before = {i: kept for i, length in enumerate(spec.lengths) if (kept := _resumable(resume_dir, length, key))}
         for i, kept in kept_before.items():
             tracker.known(i, _samples(spec.lengths[i], kept))
-        for i, length in enumerate(spec.lengths):
+        for i, length in enumerate([] if spec.adaptive else spec.lengths):
             tracker.begin(i)
             kept = kept_before.get(i)
             if kept:
@@ -533,28 +534,8 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                 history += _samples(length, kept)
                 tracker.end(f"measured before (run {kept['run_id']}), reused", session.alive())
                 continue
-            session.up()
-            tracker.needle = spec.protocol["needle"]["enabled"] and not session.random_weights
             started = provenance.now_iso()
-            timeout_s = request_timeout(spec.protocol, history, length)
-            too_long = session.refuses(length, spec.protocol["output_tokens"])
-            try:
-                if too_long:  # nothing is sent: the server would refuse it, or evict to serve it
-                    raise LengthRefused(too_long)
-                result = measure_length(session, spec, length, run_id, timeout_s, tracker)
-                result["needle"] = _needle(session, spec, length, timeout_s)
-                history += _samples(length, result)
-            except LengthRefused as exc:
-                progress.error("%s L=%d: %s", name, length, exc)
-                result = {"status": "failed", "reason": str(exc), "warmup": [], "trials": []}
-            except Exception as exc:  # a bug or a surprise must not cost the lengths already measured
-                log.exception("%s L=%d: measurement failed", name, length)
-                result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "warmup": [], "trials": []}
-            if result["status"] != "ok" and not too_long and not session.healthy():
-                reason = session.fault(f"while measuring length {length}", "the next length")
-                # the fault is what the report names for the length, not the transport errors it caused
-                result.update(status="failed", fault=reason, reason="; ".join(filter(None, [reason, result.get("reason")])))
-                progress.error("%s L=%d: %s", name, length, reason)
+            result = _measure_at(session, spec, length, run_id, history, tracker)
             record = {**common, "provenance": copy.deepcopy(prov), "length": length, **result, "resume_key": key,
                       "started_at": started, "finished_at": provenance.now_iso()}
             if resume_dir:
@@ -562,6 +543,8 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
             write_json(outdir / f"{length}.json", record)
             statuses[length] = result["status"]
             tracker.end(_length_line(result), session.alive())
+        if spec.adaptive:
+            _sweep_adaptive(session, spec, run_id, common, prov, key, outdir, resume_dir, history, statuses, tracker)
         depth = spec.protocol["itl_depth"]
         if depth["length"]:
             session.up()
@@ -591,6 +574,15 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         elif not (outdir / f"{what}.json").exists():
             write_json(outdir / f"{what}.json", {**common, "format": FORMATS[what], "status": "failed",
                                                  "reason": f"not measured: {failure}", **empty})
+    if spec.adaptive and failure is None:  # the grid's other lengths: files the workflow expects, with no trial
+        for length in spec.lengths:
+            if length not in statuses:
+                write_json(outdir / f"{length}.json", {**common, "length": length, "status": "not chosen", "reason": None,
+                                                       "warmup": [], "trials": [], "finished_at": provenance.now_iso()})
+                statuses[length] = "not chosen"
+    if spec.adaptive and not (outdir / "sweep.json").exists():
+        write_json(outdir / "sweep.json", {**common, "kind": "adaptive", "path": [], "outcome": {},
+                                           "reason": f"not run: {failure}"})
     for length in spec.lengths:
         if length not in statuses:
             reason = f"not measured: {failure}"
@@ -693,11 +685,111 @@ def _length_line(result: dict) -> str:
     return line + (f" ({result['reason'][:200]})" if result.get("reason") and result["status"] != "ok" else "")
 
 
-def _resumable(resume_dir: Path | None, length: int, key: str) -> dict | None:
+def _measure_at(session: "Session", spec: ConfigurationSpec, length: int, run_id: str, history: list,
+                tracker: Progress, needle: bool = True) -> dict:
+    """One length's warm-up and trials (measure_length) and its needle probe, with the server brought up first;
+    a refused length, a surprise or the server's fault is the result's status and reason, never an exception.
+    The successful trials join history."""
+    name = spec.name
+    session.up()
+    tracker.needle = needle and spec.protocol["needle"]["enabled"] and not session.random_weights
+    timeout_s = request_timeout(spec.protocol, history, length)
+    too_long = session.refuses(length, spec.protocol["output_tokens"])
+    try:
+        if too_long:  # nothing is sent: the server would refuse it, or evict to serve it
+            raise LengthRefused(too_long)
+        result = measure_length(session, spec, length, run_id, timeout_s, tracker)
+        result["needle"] = _needle(session, spec, length, timeout_s) if needle else None
+        history += _samples(length, result)
+    except LengthRefused as exc:
+        progress.error("%s L=%d: %s", name, length, exc)
+        result = {"status": "failed", "reason": str(exc), "warmup": [], "trials": []}
+    except Exception as exc:  # a bug or a surprise must not cost the lengths already measured
+        log.exception("%s L=%d: measurement failed", name, length)
+        result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "warmup": [], "trials": []}
+    if result["status"] != "ok" and not too_long and not session.healthy():
+        reason = session.fault(f"while measuring length {length}", "the next length")
+        # the fault is what the report names for the length, not the transport errors it caused
+        result.update(status="failed", fault=reason, reason="; ".join(filter(None, [reason, result.get("reason")])))
+        progress.error("%s L=%d: %s", name, length, reason)
+    return result
+
+
+def _sweep_adaptive(session: "Session", spec: ConfigurationSpec, run_id: str, common: dict, prov: dict, key: str,
+                    outdir: Path, resume_dir: Path | None, history: list, statuses: dict, tracker: Progress) -> None:
+    """The adaptive sweep (longctx.measure.adaptive.Planner): each choice measured (warm-up before the first only,
+    no batches), its trials joining its length's raw file (a length chosen again gets more trials), each file kept
+    in resume_dir as it grows; then sweep.json, the path with every choice and its reason. On resume the planner
+    replays its choices over the trials kept (same trials, same fits, same choices) and measures from where the
+    interrupted run stopped."""
+    from dataclasses import replace
+
+    from .adaptive import Planner
+
+    planner = Planner(spec.adaptive, spec.protocol, seed=int(spec.protocol.get("seed") or 0))
+    kept = {L: list(r["trials"]) for L in spec.lengths if (r := _resumable_any(resume_dir, L, key))}
+    kept_time = {L: float(r.get("adaptive_seconds") or 0.0) for L in spec.lengths if (r := _resumable_any(resume_dir, L, key))}
+    records: dict[int, dict] = {}
+
+    def step(length: int, n: int) -> None:
+        ok_before = len(records.get(length, {}).get("trials") or [])
+        reused = kept.get(length, [])[ok_before:ok_before + n]
+        started = provenance.now_iso()
+        t0 = time.monotonic()
+        if len(reused) == n:  # measured before this interruption: the same trials
+            result = {"status": "ok" if all(t["status"] == "ok" for t in reused) else "partial", "reason": None,
+                      "warmup": [], "trials": [dict(t) for t in reused], "resumed": True}
+            history.extend(_samples(length, result))
+            seconds = kept_time.get(length, 0.0) * n / max(1, len(kept.get(length, [])))
+        else:
+            tracker.begin(spec.lengths.index(length))
+            sub = replace(spec, protocol={**spec.protocol, "trials": n, "warmup": planner.warmup(), "concurrency": []})
+            result = _measure_at(session, sub, length, run_id, history, tracker, needle=length not in records)
+            seconds = time.monotonic() - t0
+        rec = records.get(length)
+        trials = (rec["trials"] if rec else []) + result.get("trials", [])
+        for j, t in enumerate(trials):
+            t["trial"] = j
+        ok = [t for t in trials if t["status"] == "ok"]
+        reasons = sorted({t["reason"] for t in trials if t["status"] != "ok" and t.get("reason")} |
+                         ({result["reason"]} if result.get("reason") and not result.get("trials") else set()))
+        rec = {**common, "provenance": copy.deepcopy(prov), "length": length, **(rec or {}),
+               "status": "ok" if trials and len(ok) == len(trials) else ("partial" if ok else "failed"),
+               "reason": "; ".join(reasons) or None, "warmup": (rec or {}).get("warmup", []) + result.get("warmup", []),
+               "trials": trials, "batches": [], "needle": (rec or {}).get("needle") or result.get("needle"),
+               "resume_key": key, "started_at": (rec or {}).get("started_at") or started, "finished_at": provenance.now_iso(),
+               "adaptive_seconds": (rec or {}).get("adaptive_seconds", 0.0) + seconds}
+        if result.get("fault"):
+            rec["fault"] = result["fault"]
+        records[length] = rec
+        if resume_dir and not result.get("resumed"):
+            write_json(resume_dir / f"{length}.json", rec)
+        write_json(outdir / f"{length}.json", rec)
+        statuses[length] = rec["status"]
+        planner.record(length, n, _samples(length, result), seconds)
+        progress.info("%s L=%d: %d trial(s) (%s), %.1f s; %s", spec.name, length, n, planner.path[-1]["reason"][:120],
+                      seconds, _length_line(result))
+
+    while (choice := planner.next_step()) is not None:
+        step(choice[0], choice[1])
+    if planner.phase == "around":
+        for length, n, _ in planner.around():
+            step(length, n)
+    write_json(outdir / "sweep.json", {**common, "kind": "adaptive", **planner.summary(), "finished_at": provenance.now_iso()})
+
+
+def _resumable_any(resume_dir: Path | None, length: int, key: str) -> dict | None:
+    """A kept length of the same key, whatever its status (an adaptive sweep replays its trials)."""
     if resume_dir is None:
         return None
     try:
         kept = json.loads((resume_dir / f"{length}.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return kept if kept.get("resume_key") == key and kept.get("status") == "ok" else None
+    return kept if kept.get("resume_key") == key else None
+
+
+def _resumable(resume_dir: Path | None, length: int, key: str) -> dict | None:
+    """A kept length of the same key that succeeded (a fixed sweep reuses it whole)."""
+    kept = _resumable_any(resume_dir, length, key)
+    return kept if kept and kept.get("status") == "ok" else None

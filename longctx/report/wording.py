@@ -419,3 +419,23 @@ def prediction(fit: dict) -> dict | None:
                          **r, "shown_deviation": r["deviation"] if kind == "prefill" else r["rate_deviation"]})
     return {"sentence": sentence[0].upper() + sentence[1:] + ".", "rows": rows,
             "missed": [k for k, h in heads.items() if h["inside"] is False]}
+
+
+def sweep_confirmation(sweep: dict) -> str | None:
+    """An adaptive sweep's confirming measurement at max, in words: each model's measured median against its
+    prediction and the prediction's interval for that many trials (longctx.measure.adaptive)."""
+    out = sweep.get("outcome") or {}
+    checks = out.get("checks") or {}
+    if not checks:
+        return sweep.get("reason")
+
+    def ms(x):
+        return f"{x * 1e3:.3g}" if isinstance(x, (int, float)) else "--"
+
+    parts = [f"{'TTFT' if k == 'prefill' else 'decode step'} {ms(v.get('measured'))} ms measured against {ms(v.get('predicted'))} "
+             f"ms predicted, {'inside' if v.get('inside') else 'outside'} [{ms(v.get('prediction_lo'))}, {ms(v.get('prediction_hi'))}]"
+             for k, v in sorted(checks.items())]
+    text = f"The confirmation at {sweep['settings']['max']:,}: " + "; ".join(parts)
+    if out.get("around_skipped"):
+        text += f"; a length around the miss was not measured: {out['around_skipped']}"
+    return text

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""The adaptive sweep against the fixed one, on the reference engine (issue 21, item 4): the default config's first
+configuration measured twice, each time with its own server, by the fixed sweep of config/longctx.yaml's lengths
+and by the adaptive sweep for the same max (lengths: {adaptive: {min: the shortest, max: the longest}}); then,
+from each one's trials, the same fits' predictions of TTFT and the decode step at max with their bootstrap
+intervals (longctx.measure.adaptive.at_max), and the server time each took (the seconds its lengths' requests
+ran: warm-up, trials, needle).
+
+    python bench/adaptive_sweep.py [--config config/longctx.yaml] [--configuration NAME] [--target 0.1]
+
+Goal: the adaptive prediction at max inside the fixed sweep's interval, its interval no wider than the target,
+in at most half the fixed sweep's server time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from longctx import config as lcfg  # noqa: E402
+from longctx.measure.adaptive import _fits, at_max  # noqa: E402
+from longctx.measure.sweep import run_configuration  # noqa: E402
+
+
+def samples(outdir: Path, lengths: list[int]) -> tuple[list, float]:
+    """(length, TTFT, TPOT) of every successful trial, and the server seconds the lengths took."""
+    out, seconds = [], 0.0
+    for L in lengths:
+        raw = json.loads((outdir / f"{L}.json").read_text())
+        if raw.get("status") == "not chosen":
+            continue
+        out += [(L, t["ttft_s"], t.get("tpot_s")) for t in raw["trials"] if t["status"] == "ok"]
+        if "adaptive_seconds" in raw:
+            seconds += raw["adaptive_seconds"]
+        elif raw.get("started_at") and raw.get("finished_at"):
+            seconds += (datetime.fromisoformat(raw["finished_at"]) - datetime.fromisoformat(raw["started_at"])).total_seconds()
+    return out, seconds
+
+
+def run(config: dict, name: str, work: Path) -> tuple[dict, float, list[int]]:
+    spec = lcfg.configuration_spec(config, name)
+    failed = run_configuration(spec, work / "raw", work / "server.log")
+    if failed:
+        print(f"  {failed} length(s) failed: see {work}", file=sys.stderr)
+    got, seconds = samples(work / "raw", spec.lengths)
+    measured = sorted({s[0] for s in got})
+    return at_max(_fits(got, 1000, 0), max(spec.lengths)), seconds, measured
+
+
+def show(what: str, pred: dict, seconds: float, measured: list[int]) -> None:
+    print(f"{what}: {seconds:.1f} s of server time, lengths {measured}")
+    for kind in ("prefill", "decode"):
+        p = pred.get(kind)
+        if p:
+            print(f"  {'TTFT' if kind == 'prefill' else 'decode step'} at max: {p['predicted'] * 1e3:.2f} ms "
+                  f"[{p['lo'] * 1e3:.2f}, {p['hi'] * 1e3:.2f}] ({p['relative_interval']:.1%} wide)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "config" / "longctx.yaml"))
+    ap.add_argument("--configuration")
+    ap.add_argument("--target", type=float, default=0.1)
+    ap.add_argument("--budget", type=float, default=3600.0)
+    a = ap.parse_args()
+    raw = lcfg.read(a.config)
+    name = a.configuration or next(iter(raw["configurations"]))
+    raw["configurations"] = {name: {**raw["configurations"][name], "load": False, "prefix": False}}
+    raw["protocol"] = {**raw.get("protocol", {}), "itl_depth": {"length": None}, "needle": {"enabled": False}}
+    fixed = lcfg.validate(raw)
+    lengths = fixed["lengths"]
+    adaptive = lcfg.validate({**raw, "lengths": {"adaptive": {"min": lengths[0], "max": lengths[-1], "ratio": 2,
+                                                              "target_relative_interval": a.target, "budget_s": a.budget}}})
+    work = Path(tempfile.mkdtemp(prefix="longctx-adaptive-"))
+    print(f"configuration {name}; fixed lengths {lengths}; adaptive grid {lcfg.length_grid(adaptive)}; target {a.target:.0%}")
+    f_pred, f_s, f_len = run(fixed, name, work / "fixed")
+    show("fixed sweep", f_pred, f_s, f_len)
+    a_pred, a_s, a_len = run(adaptive, name, work / "adaptive")
+    show("adaptive sweep", a_pred, a_s, a_len)
+    sweep = json.loads((work / "adaptive" / "raw" / "sweep.json").read_text())
+    for step in sweep["path"]:
+        print(f"  step {step['step']}: {step['trials']} at {step['length']:,}, predicted {step['predicted_s'] or 0:.2f} s, "
+              f"took {step.get('spent_s', 0):.2f} s: {step['reason']}")
+    print(f"  confirmation at max: {'inside' if sweep['outcome'].get('inside') else 'outside'} the prediction")
+    ok = []
+    for kind in ("prefill", "decode"):
+        fp, ap_ = f_pred.get(kind), a_pred.get(kind)
+        if fp and ap_:
+            inside = fp["lo"] <= ap_["predicted"] <= fp["hi"]
+            narrow = ap_["relative_interval"] <= a.target
+            ok += [inside, narrow]
+            print(f"{kind}: adaptive prediction {'inside' if inside else 'OUTSIDE'} the fixed sweep's interval; its interval "
+                  f"{ap_['relative_interval']:.1%} {'within' if narrow else 'WIDER than'} the target")
+    half = a_s <= f_s / 2
+    print(f"server time: adaptive {a_s:.1f} s against fixed {f_s:.1f} s ({a_s / f_s:.0%}): "
+          f"{'within' if half else 'MORE than'} half")
+    print(f"goal {'met' if all(ok) and half else 'not met'} (work in {work})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""The adaptive sweep (config key lengths: {adaptive: ...}): lengths and trial counts chosen while the server is
+up, to predict TTFT and the decode rate at `max` within `target_relative_interval` for the least server time.
+
+After each length the scaling models (longctx.core.fitting.Fit: TTFT = a + bL + cL^2, TPOT = t0 + beta L) are
+refitted to every successful trial and predict `max` with their bootstrap intervals. The next (length, trials)
+is the candidate on the grid (min to max by `ratio`, max among them) that shrinks the two
+intervals at max most per second of predicted server time: the gain is the fall in each model's relative
+variance at max when n more trials at L join its design (the fit's relative residual variance times
+phi(max)^T (sum_i phi_i phi_i^T / y_i^2)^-1 phi(max) / y(max)^2, the weighted least-squares variance the fit's
+relative weighting gives, without its non-negativity), over the target squared; the cost is the fit's own
+prediction of the time: warm-up and trials, each TTFT(L) + output tokens x TPOT(L). The sweep stops when both
+intervals at max are within the target or the next choice and the confirmation would overrun `budget_s`, and
+always ends with a confirming measurement at max: inside both predictions, done; outside either, the lengths
+on the grid next below max are measured too (the miss is a finding: the models change before max).
+Every choice is logged with its reason (Planner.path), and the predicted and spent time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..config import grid
+from ..core.fitting import Fit
+
+__all__ = ["Planner", "at_max", "grid"]
+
+Sample = tuple[int, float, float | None]  # (length, TTFT, TPOT) of a successful trial
+KINDS = {"prefill": 3, "decode": 2}  # the lengths each model needs (its coefficients)
+
+
+def _fits(samples: list[Sample], n_boot: int, seed: int) -> dict[str, Fit]:
+    out = {}
+    L = np.array([s[0] for s in samples], float)
+    if len(set(L)) >= KINDS["prefill"]:
+        out["prefill"] = Fit("prefill", L, [s[1] for s in samples], n_boot, seed=seed)
+    dec = [(s[0], s[2]) for s in samples if s[2]]
+    if len({d[0] for d in dec}) >= KINDS["decode"]:
+        out["decode"] = Fit("decode", [d[0] for d in dec], [d[1] for d in dec], n_boot, seed=seed)
+    return out
+
+
+def at_max(fits: dict[str, Fit], length: int) -> dict[str, dict]:
+    """Each model's prediction at `length` with its bootstrap interval and the interval's width over the prediction."""
+    out = {}
+    for kind, f in fits.items():
+        pred = float(f.predict([length])[0])
+        draws = f.predict_draws([length])
+        ci = f.interval(draws[:, 0]) if draws is not None else None
+        rel = (ci[1] - ci[0]) / pred if ci and None not in ci and pred > 0 else math.inf
+        resid = f.y / f.pred - 1
+        noise = float(np.sqrt((resid**2).sum() / max(1, len(resid) - len(f.names))))
+        out[kind] = {"predicted": pred, "lo": ci[0] if ci else None, "hi": ci[1] if ci else None, "relative_interval": rel,
+                     "relative_noise": noise}
+    return out
+
+
+def _relative_variance(f: Fit, extra: list[tuple[int, int]], length: int) -> float:
+    """The fit's relative variance at `length` with n more observations at each (L, n) of extra (see the module)."""
+    X, y = f.X, f.y
+    pred = f.pred
+    rel = y / pred - 1
+    dof = max(1, len(y) - len(f.names))
+    s2 = float((rel**2).sum() / dof) or 1e-12
+    A = (X / pred[:, None]).T @ (X / pred[:, None])
+    for L, n in extra:
+        phi = f.design([L])[0]
+        p = float(phi @ f.coef) or 1e-12
+        A = A + n * np.outer(phi / p, phi / p)
+    phi = f.design([length])[0]
+    p = float(phi @ f.coef) or 1e-12
+    try:
+        return s2 * float((phi / p) @ np.linalg.pinv(A) @ (phi / p))
+    except np.linalg.LinAlgError:
+        return math.inf
+
+
+@dataclass
+class Planner:
+    """The adaptive sweep's decisions. next_step() says what to measure next (length, trials, reason) or None
+    when done; record(length, trials, samples, seconds) tells it what that measurement gave."""
+
+    settings: dict  # config key lengths.adaptive (defaults filled)
+    protocol: dict  # config key protocol (warm-up, output tokens)
+    n_boot: int = 200
+    seed: int = 0
+    samples: list[Sample] = field(default_factory=list)
+    measured: dict[int, int] = field(default_factory=dict)  # length -> trials measured
+    spent_s: float = 0.0
+    path: list[dict] = field(default_factory=list)
+    phase: str = "start"  # start | choose | confirm | around | done
+    outcome: dict = field(default_factory=dict)
+
+    @property
+    def max(self) -> int:
+        return int(self.settings["max"])
+
+    def cost(self, length: int, trials: int, fits: dict[str, Fit] | None = None) -> float | None:
+        """Predicted server seconds for `trials` trials at `length` (and the warm-up, before the first measurement)."""
+        fits = fits if fits is not None else _fits(self.samples, 0, self.seed)
+        if "prefill" not in fits:
+            return None
+        ttft = float(fits["prefill"].predict([length])[0])
+        tpot = float(fits["decode"].predict([length])[0]) if "decode" in fits else 0.0
+        return (trials + self.warmup()) * (ttft + self.protocol["output_tokens"] * tpot)
+
+    def warmup(self) -> int:
+        """Warm-up requests before the next measurement: the protocol's, before the first only (they take the
+        server's one-off costs; a sweep that buys certainty per second does not pay them at every length)."""
+        return 0 if self.measured else int(self.protocol["warmup"])
+
+    def _log(self, length: int, trials: int, reason: str, fits: dict[str, Fit]) -> tuple[int, int, str]:
+        self.path.append({"step": len(self.path) + 1, "length": length, "trials": trials, "reason": reason,
+                          "phase": self.phase, "predicted_s": self.cost(length, trials, fits), "spent_before_s": self.spent_s,
+                          "at_max": at_max(fits, self.max) if fits else {}})
+        return length, trials, reason
+
+    def next_step(self) -> tuple[int, int, str] | None:
+        st, g = self.settings, grid(self.settings)
+        most = int(st["max_trials"])
+        fits = _fits(self.samples, self.n_boot, self.seed)
+        if self.phase == "start":
+            todo = [L for L in g[:int(st["start_lengths"])] if L not in self.measured]
+            if todo:
+                return self._log(todo[0], most, f"one of the {st['start_lengths']} starting lengths", fits)
+            self.phase = "choose"
+        if self.phase == "choose":
+            pred = at_max(fits, self.max)
+            target = float(st["target_relative_interval"])
+            within = len(pred) == len(KINDS) and all(p["relative_interval"] <= target for p in pred.values())
+            confirm = int(st["confirm_trials"])
+            confirm_s = self.cost(self.max, confirm, fits) or 0.0
+            if within:
+                self.phase = "confirm"
+                return self._log(self.max, confirm, "both intervals at max within the target: the confirming measurement", fits)
+            best = None
+            for L in g:  # max among them: where the prediction is wanted, a trial there tells most (at its price)
+                for n in range(1, most + 1):
+                    c = self.cost(L, n, fits)
+                    if not c:
+                        continue
+                    gain = sum((_relative_variance(f, [], self.max) - _relative_variance(f, [(L, n)], self.max)) / target**2
+                               for f in fits.values())
+                    if best is None or gain / c >= best[0] * (1 + 1e-9):
+                        best = (gain / c, L, n, c, gain)
+            chosen = sum(1 for p in self.path if p["phase"] == "choose")
+            if best is None or self.spent_s + best[3] + confirm_s > float(st["budget_s"]) or chosen >= int(st["max_steps"]):
+                self.phase = "confirm"
+                why = ("nothing left to choose" if best is None else
+                       f"{chosen} choices made (max_steps)" if chosen >= int(st["max_steps"]) else
+                       "the budget would be spent before the confirmation")
+                return self._log(self.max, confirm, f"{why}: the confirming measurement", fits)
+            _, L, n, c, gain = best
+            widths = ", ".join(f"{k} {p['relative_interval']:.0%}" for k, p in pred.items())
+            return self._log(L, n, f"intervals at max {widths} (target {target:.0%}): {n} trial(s) at {L:,} shrink them "
+                                   f"most per second ({c:.3g} s predicted)", fits)
+        if self.phase in ("confirm", "around"):
+            return None
+        return None
+
+    def record(self, length: int, trials: int, samples: list[Sample], seconds: float) -> None:
+        """A measurement done: its successful trials' samples and the server seconds it took."""
+        self.measured[length] = self.measured.get(length, 0) + trials
+        self.spent_s += seconds
+        if self.path and self.path[-1]["length"] == length:
+            self.path[-1]["spent_s"] = seconds
+            self.path[-1]["ok"] = len(samples)
+        if self.phase == "confirm" and length == self.max:
+            before = self.path[-1]["at_max"] if self.path else {}
+            self.samples += samples
+            self.outcome = self._confirm(before, samples)
+            self.phase = "around" if not self.outcome["inside"] else "done"
+            return
+        self.samples += samples
+
+    def _confirm(self, before: dict, samples: list[Sample]) -> dict:
+        measured = {"prefill": statistics.median(s[1] for s in samples) if samples else None,
+                    "decode": statistics.median(s[2] for s in samples if s[2]) if any(s[2] for s in samples) else None}
+        checks = {}
+        n = max(1, len(samples))
+        for kind, p in before.items():
+            m = measured.get(kind)
+            # the prediction's interval for a median of n trials: the fit's interval at max widened by the trials' own
+            # noise (the fit's relative residuals, 1.96 sigma / sqrt(n)); a single trial is not the curve's mean
+            spread = 1.96 * p.get("relative_noise", 0.0) / math.sqrt(n)
+            lo = p["lo"] * (1 - spread) if p["lo"] is not None else None
+            hi = p["hi"] * (1 + spread) if p["hi"] is not None else None
+            inside = m is not None and lo is not None and hi is not None and lo <= m <= hi
+            checks[kind] = {**p, "measured": m, "prediction_lo": lo, "prediction_hi": hi, "inside": inside}
+        return {"checks": checks, "inside": bool(checks) and all(c["inside"] for c in checks.values())}
+
+    def around(self) -> list[tuple[int, int, str]]:
+        """After a confirmation that missed: the two grid lengths next below max, measured (again) in full: whether
+        the models change before max, and from where."""
+        g = grid(self.settings)[:-1]
+        fits = _fits(self.samples, self.n_boot, self.seed)
+        missed = ", ".join(k for k, c in self.outcome.get("checks", {}).items() if not c["inside"])
+        self.phase = "around"
+        n, left, out = int(self.settings["max_trials"]), float(self.settings["budget_s"]) - self.spent_s, []
+        for L in g[-2:][::-1]:
+            c = self.cost(L, n, fits) or 0.0
+            if c > left:
+                self.outcome["around_skipped"] = f"{L:,}: {c:.3g} s predicted, {max(left, 0):.3g} s of the budget left"
+                break
+            left -= c
+            out.append(self._log(L, n, f"the confirmation at max missed ({missed}): a length around the miss", fits))
+        return out
+
+    def summary(self) -> dict:
+        return {"settings": self.settings, "grid": grid(self.settings), "path": self.path, "outcome": self.outcome,
+                "spent_s": self.spent_s, "predicted_s": sum(p["predicted_s"] or 0.0 for p in self.path),
+                "at_max": at_max(_fits(self.samples, self.n_boot, self.seed), self.max)}
