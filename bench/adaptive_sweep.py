@@ -68,7 +68,8 @@ def main() -> int:
     ap.add_argument("--config", default=str(ROOT / "config" / "longctx.yaml"))
     ap.add_argument("--configuration")
     ap.add_argument("--target", type=float, default=0.1)
-    ap.add_argument("--budget", type=float, default=3600.0)
+    ap.add_argument("--budget", type=float, help="the adaptive sweep's budget_s (default: half the fixed sweep's server time, "
+                    "measured first: the goal's time, as the sweep's own limit)")
     a = ap.parse_args()
     raw = lcfg.read(a.config)
     name = a.configuration or next(iter(raw["configurations"]))
@@ -76,12 +77,14 @@ def main() -> int:
     raw["protocol"] = {**raw.get("protocol", {}), "itl_depth": {"length": None}, "needle": {"enabled": False}}
     fixed = lcfg.validate(raw)
     lengths = fixed["lengths"]
-    adaptive = lcfg.validate({**raw, "lengths": {"adaptive": {"min": lengths[0], "max": lengths[-1], "ratio": 2,
-                                                              "target_relative_interval": a.target, "budget_s": a.budget}}})
     work = Path(tempfile.mkdtemp(prefix="longctx-adaptive-"))
-    print(f"configuration {name}; fixed lengths {lengths}; adaptive grid {lcfg.length_grid(adaptive)}; target {a.target:.0%}")
+    print(f"configuration {name}; fixed lengths {lengths}; target {a.target:.0%}")
     f_pred, f_s, f_len = run(fixed, name, work / "fixed")
     show("fixed sweep", f_pred, f_s, f_len)
+    budget = a.budget or f_s / 2
+    adaptive = lcfg.validate({**raw, "lengths": {"adaptive": {"min": lengths[0], "max": lengths[-1], "ratio": 2,
+                                                              "target_relative_interval": a.target, "budget_s": budget}}})
+    print(f"adaptive grid {lcfg.length_grid(adaptive)}, budget {budget:.1f} s")
     a_pred, a_s, a_len = run(adaptive, name, work / "adaptive")
     show("adaptive sweep", a_pred, a_s, a_len)
     sweep = json.loads((work / "adaptive" / "raw" / "sweep.json").read_text())
