@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from ..core.fitting import LEVEL, Fit, decode_summary, holdout, prefill_summary, regime_change
+from ..core.fitting import LEVEL, Fit, decode_summary, holdout, prefill_summary, regime_change_in
 from ..core.numbers import is_number
 from . import bounds, kernel_records
 from ..specs.pool import observed_pool
@@ -139,17 +139,16 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     if p["length"].nunique() >= FIT_LENGTHS["prefill"]:
         fits["prefill"] = Fit("prefill", p["length"], p["ttft_s"], n_boot, level, seed)
         out["prefill"] = prefill_summary(fits["prefill"])
-        out["prefill"]["regime_change"] = regime_change("prefill", p_regime["length"], p_regime["ttft_s"],
-                                                        st["regime_tolerance"], min(n_boot, 400), level, seed)
     d, d_estimated = _trusted(g[g["step_s"] > 0], estimated | early)
     d, d_regime, d_partial = _without_partial(d, set(partial), "decode", mode)
     if d["length"].nunique() >= FIT_LENGTHS["decode"]:
         fits["decode"] = Fit("decode", d["length"], d["step_s"], n_boot, level, seed)
         out["decode"] = decode_summary(fits["decode"], kv)
-        out["decode"]["regime_change"] = regime_change("decode", d_regime["length"], d_regime["step_s"],
-                                                       st["regime_tolerance"], min(n_boot, 400), level, seed)
     out["prediction"] = prediction_check({"prefill": p_regime if "prefill" in fits else None,
                                           "decode": d_regime if "decode" in fits else None}, min(n_boot, 400), level, seed)
+    for kind in fits:  # the regime detection walks the prediction check's cuts (the same fits of the same rows)
+        out[kind]["regime_change"] = regime_change_in(kind, (out["prediction"].get(kind) or {}).get("cuts", []),
+                                                      st["regime_tolerance"])
     if out.get("decode"):
         out["decode"].update(bw_pct_datasheet=None, bw_pct_measured=None, on_estimated_counts=d_estimated,
                              on_partial_lengths=d_partial)

@@ -218,7 +218,16 @@ def regime_change(kind: str, lengths, y, tolerance: float, n_boot: int = 400, le
     length and every longer one the median lies outside the fit's interval and more than
     `tolerance` (relative) away from its prediction, on the same side. None when the model holds.
     (The cuts start one length past the model's coefficients: a fit with a residual.)"""
-    for cut in holdout(kind, lengths, y, n_boot, level, seed, min_lengths=len(Fit.KINDS[kind]) + 1):
+    return regime_change_in(kind, holdout(kind, lengths, y, n_boot, level, seed, min_lengths=len(Fit.KINDS[kind]) + 1),
+                            tolerance)
+
+
+def regime_change_in(kind: str, cuts: list[dict], tolerance: float) -> dict | None:
+    """regime_change over cuts holdout already made (those with fewer fitted lengths than it starts from are
+    passed over): the prediction check and the regime detection walk the same fits."""
+    for cut in cuts:
+        if cut["lengths_fitted"] <= len(Fit.KINDS[kind]):
+            continue
         rows = cut["predictions"]
         dev = np.array([r["deviation"] if r["deviation"] is not None else np.nan for r in rows])
         outside = all(r["inside"] is not True for r in rows)

@@ -51,20 +51,21 @@ def at_max(fits: dict[str, Fit], length: int) -> dict[str, dict]:
         draws = f.predict_draws([length])
         ci = f.interval(draws[:, 0]) if draws is not None else None
         rel = (ci[1] - ci[0]) / pred if ci and None not in ci and pred > 0 else math.inf
-        resid = f.y / f.pred - 1
-        noise = float(np.sqrt((resid**2).sum() / max(1, len(resid) - len(f.names))))
         out[kind] = {"predicted": pred, "lo": ci[0] if ci else None, "hi": ci[1] if ci else None, "relative_interval": rel,
-                     "relative_noise": noise}
+                     "relative_noise": _relative_noise(f)}
     return out
+
+
+def _relative_noise(f: Fit) -> float:
+    """The spread of the fit's relative residuals (their root mean square over the degrees of freedom)."""
+    resid = f.y / f.pred - 1
+    return float(np.sqrt((resid**2).sum() / max(1, len(resid) - len(f.names))))
 
 
 def _relative_variance(f: Fit, extra: list[tuple[int, int]], length: int) -> float:
     """The fit's relative variance at `length` with n more observations at each (L, n) of extra (see the module)."""
-    X, y = f.X, f.y
-    pred = f.pred
-    rel = y / pred - 1
-    dof = max(1, len(y) - len(f.names))
-    s2 = float((rel**2).sum() / dof) or 1e-12
+    X, pred = f.X, f.pred
+    s2 = _relative_noise(f) ** 2 or 1e-12
     A = (X / pred[:, None]).T @ (X / pred[:, None])
     for L, n in extra:
         phi = f.design([L])[0]

@@ -109,6 +109,15 @@ def resolved_model_spec(adapter: EngineAdapter, spec: ConfigurationSpec) -> tupl
         raise ConfigError(str(exc)) from None
 
 
+def model_provenance(adapter: EngineAdapter, spec: ConfigurationSpec) -> dict:
+    """The provenance's model, model_spec and model_spec_absent: the config's model with the KV figure the spec
+    derives where it describes the model exactly (resolved_model_spec)."""
+    mspec, absent = resolved_model_spec(adapter, spec)
+    exact = mspec["kv_bytes_per_token"] if mspec and (mspec["exact"] or mspec["kv_bytes_override"]) else None
+    return {"model": {**spec.model, "kv_bytes_per_token": spec.model.get("kv_bytes_per_token") or exact},
+            "model_spec": mspec, "model_spec_absent": absent}
+
+
 def kernel_manifest(spec: ConfigurationSpec) -> dict | None:
     if not spec.kernel_build:
         return None
@@ -465,6 +474,8 @@ class Session:
 
 
 FORMATS = {"load": LOAD_FORMAT, "prefix": PREFIX_FORMAT}
+# what a workloads file holds when nothing of it was measured
+EMPTY_WORKLOADS = {"load": {"workloads": []}, "prefix": {"points": [], "conversations": []}}
 
 
 def resume_key(spec: ConfigurationSpec, kernel: dict | None, version: str | None) -> str:
@@ -493,13 +504,9 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     if adapter.managed:
         server_log.parent.mkdir(parents=True, exist_ok=True)
         server_log.unlink(missing_ok=True)
-    mspec, no_spec = resolved_model_spec(adapter, spec)
-    exact_kv = mspec["kv_bytes_per_token"] if mspec and (mspec["exact"] or mspec["kv_bytes_override"]) else None
     prov = {
         "protocol": spec.protocol,
-        "model": {**spec.model, "kv_bytes_per_token": spec.model.get("kv_bytes_per_token") or exact_kv},
-        "model_spec": mspec,
-        "model_spec_absent": no_spec,
+        **model_provenance(adapter, spec),
         "args": spec.args,
         "git": provenance.git_info(),
         "packages": provenance.package_versions(),
@@ -566,8 +573,8 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         write_json(outdir / "itl_depth.json", {**common, "status": "failed", "reason": f"not measured: {failure}",
                                                "length": spec.protocol["itl_depth"]["length"], "itl_s": [], "depth": []})
     # the workflow's outputs all the same: the analysis reads that there is nothing, or why not
-    for what, settings, empty in (("load", spec.load, {"workloads": []}),
-                                  ("prefix", spec.prefix, {"points": [], "conversations": []})):
+    for what, settings in (("load", spec.load), ("prefix", spec.prefix)):
+        empty = EMPTY_WORKLOADS[what]
         if not settings:
             write_json(outdir / f"{what}.json", {**common, "format": FORMATS[what], "status": "not configured",
                                                  "reason": None, **empty})
@@ -727,8 +734,9 @@ def _sweep_adaptive(session: "Session", spec: ConfigurationSpec, run_id: str, co
     from .adaptive import Planner
 
     planner = Planner(spec.adaptive, spec.protocol, seed=int(spec.protocol.get("seed") or 0))
-    kept = {L: list(r["trials"]) for L in spec.lengths if (r := _resumable_any(resume_dir, L, key))}
-    kept_time = {L: float(r.get("adaptive_seconds") or 0.0) for L in spec.lengths if (r := _resumable_any(resume_dir, L, key))}
+    before = {L: r for L in spec.lengths if (r := _resumable_any(resume_dir, L, key))}
+    kept = {L: list(r["trials"]) for L, r in before.items()}
+    kept_time = {L: float(r.get("adaptive_seconds") or 0.0) for L, r in before.items()}
     records: dict[int, dict] = {}
 
     def step(length: int, n: int) -> None:

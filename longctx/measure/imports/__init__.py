@@ -21,6 +21,7 @@ import hashlib
 import importlib
 import math
 import statistics
+from collections import Counter
 from datetime import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,6 @@ from .records import LACKS, Request, Run
 MODULES = {"vllm-bench": "vllm_bench", "sglang-bench": "sglang_bench", "aiperf": "aiperf", "guidellm": "guidellm"}
 assert set(MODULES) == set(FORMATS)
 SAME_LENGTH = 0.05  # a run whose longest prompt is at most 5% over its shortest is one length
-FILE_FORMAT = "longctx.imported/1"
 
 
 def reader(fmt: str):
@@ -256,7 +256,8 @@ def lengths_of(spec: ConfigurationSpec) -> list[int]:
 def import_configuration(spec: ConfigurationSpec, outdir: str | Path) -> list[int]:
     """Write data/raw/<configuration>/<length>.json for every length the files hold (and the load and
     reused-context files, recording that nothing of theirs was imported); returns the lengths."""
-    from ..sweep import FORMATS as WORKLOAD_FORMATS, RAW_FORMAT, write_json
+    from ...engines import get_adapter
+    from ..sweep import EMPTY_WORKLOADS, FORMATS as WORKLOAD_FORMATS, RAW_FORMAT, model_provenance, write_json
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -270,9 +271,8 @@ def import_configuration(spec: ConfigurationSpec, outdir: str | Path) -> list[in
     hw = imp.get("hardware") or {}
     device = spec.device or "remote"
     prov = {
-        "model": dict(spec.model),
-        "model_spec": None,
-        "model_spec_absent": None,
+        # the model as the config describes it, as for an external server
+        **model_provenance(get_adapter(spec.engine), spec),
         "args": {},
         "device": device,
         # the machine the runs were measured on, as the config names it (not this one: none of its ceilings apply)
@@ -289,7 +289,6 @@ def import_configuration(spec: ConfigurationSpec, outdir: str | Path) -> list[in
         "run_started_at": provenance.now_iso(),
     }
     prov["imported"]["grouping"] = {str(g.length): g.how for g in groups}
-    _add_model_spec(prov, spec)
     run_id = digest([f["sha256"] for f in prov["imported"]["files"]])
     common = {"format": RAW_FORMAT, "configuration": spec.name, "engine": spec.engine, "run_id": run_id,
               "spec_hash": digest(spec.to_dict()), "provenance": prov}
@@ -309,10 +308,10 @@ def import_configuration(spec: ConfigurationSpec, outdir: str | Path) -> list[in
                 batch["requests"].append({**t, "concurrency": c, "batch": batch["batch"], "request": len(batch["requests"])})
         every = trials + [r for b in batches.values() for r in b["requests"]]
         ok = [t for t in every if t["status"] == "ok"]
-        reasons = sorted({t["reason"] for t in every if t["status"] != "ok" and t["reason"]})
+        reasons = Counter(t["reason"] for t in every if t["status"] != "ok" and t["reason"])
         write_json(outdir / f"{g.length}.json", {
             **common, "length": g.length, "status": "ok" if len(ok) == len(every) else ("partial" if ok else "failed"),
-            "reason": "; ".join(f"{n} request(s): {why}" for why, n in _counts(every, reasons)) or None,
+            "reason": "; ".join(f"{reasons[why]} request(s): {why}" for why in sorted(reasons)) or None,
             "grouping": g.how, "warmup": [], "trials": trials,
             "batches": [{**b, "aggregate": {"ok": sum(r["status"] == "ok" for r in b["requests"]),
                                             "requests": len(b["requests"])}} for b in batches.values()],
@@ -321,7 +320,7 @@ def import_configuration(spec: ConfigurationSpec, outdir: str | Path) -> list[in
         write_json(outdir / "itl_depth.json", {**common, "status": "failed", "length": spec.protocol["itl_depth"]["length"],
                                                "reason": f"not measured: imported from {prov['imported']['tool']} results",
                                                "itl_s": [], "depth": []})
-    for what, empty in (("load", {"workloads": []}), ("prefix", {"points": [], "conversations": []})):
+    for what, empty in EMPTY_WORKLOADS.items():
         write_json(outdir / f"{what}.json", {**common, "format": WORKLOAD_FORMATS[what], "status": "not configured",
                                              "reason": None, **empty})
     return [g.length for g in groups]
@@ -332,19 +331,3 @@ def _aware(stamp: str | None) -> str | None:
         return stamp if stamp and datetime.fromisoformat(stamp).tzinfo else None
     except ValueError:
         return None
-
-
-def _counts(rows: list[dict], reasons: list[str]) -> list[tuple[str, int]]:
-    return [(why, sum(t["reason"] == why for t in rows)) for why in reasons]
-
-
-def _add_model_spec(prov: dict, spec: ConfigurationSpec) -> None:
-    """The model as the config describes it (model.hf_config, model.architecture or kv_bytes_per_token),
-    as for an external server: the spec the analysis' FLOPs, bytes and planner need, or why there is none."""
-    from ..sweep import resolved_model_spec
-    from ...engines import get_adapter
-
-    mspec, absent = resolved_model_spec(get_adapter(spec.engine), spec)
-    exact = mspec["kv_bytes_per_token"] if mspec and (mspec["exact"] or mspec["kv_bytes_override"]) else None
-    prov.update(model_spec=mspec, model_spec_absent=absent,
-                model={**spec.model, "kv_bytes_per_token": spec.model.get("kv_bytes_per_token") or exact})
