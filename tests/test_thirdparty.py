@@ -61,7 +61,7 @@ def vllm_config(model_dir: str, hf_config: bool = True, **args) -> dict:
         "server": {"startup_timeout_s": 300},
         "calibration": {"copy_mib": 16, "matmul_size": 256, "repeats": 3},  # as tests/configs/tiny.yaml: seconds, not 20
         # under load: vLLM's own /metrics (running, waiting, KV usage) scraped through a closed loop of 2 in flight
-        "load": {"lengths": [256], "output_tokens": 24, "closed": {"concurrency": [2], "requests": 4},
+        "load": {"lengths": [256], "output_tokens": 96, "closed": {"concurrency": [2], "requests": 8},
                  "metrics": {"interval_s": 0.05}},
         # reused context: vLLM's own cached counts (usage.prompt_tokens_details) against longctx's expected ones
         "prefix": {"lengths": [640], "hit_rates": [0.0, 0.5], "trials": 2, "output_tokens": 4,
@@ -188,7 +188,7 @@ def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vl
     its pool, in 128-token blocks) times the pool it logged lies within longctx's band of what is resident."""
     load = json.loads((vllm_workflow / "data" / "load.json").read_text())["configurations"]["vllm-cpu"]
     (closed,) = load["closed"]
-    assert closed["ok"] == closed["n"] == 4
+    assert closed["ok"] == closed["n"] == 8
     series = pd.read_csv(vllm_workflow / "data" / "load_metrics.csv")
     running = series[series["name"] == "running"]["value"]
     assert running.max() == 2, series["name"].unique()
