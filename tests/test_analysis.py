@@ -11,7 +11,7 @@ import pytest
 from longctx.analysis.aggregate import aggregate
 from longctx.analysis.fits import fit_all
 from longctx.analysis.tables import medians
-from longctx.core.fitting import fit_decode, fit_prefill
+from longctx.core.fitting import Fit, fit_decode, fit_prefill, noise_floor
 
 LENGTHS = np.repeat(np.geomspace(256, 65536, 12).round(), 5)
 
@@ -154,6 +154,44 @@ def test_intervals_cover_the_truth_at_their_stated_rate():
             hits[key] += lo <= value <= hi
     coverage = {k: v / n for k, v in hits.items()}
     assert all(0.90 <= c <= 0.99 for c in coverage.values()), coverage
+
+
+def _floored(rng, truth, abs_s=0.004, rel=0.02):
+    """Times with a 4 ms absolute jitter over 2% relative noise (a short prompt's scheduling noise dominates its TTFT)."""
+    return truth + rng.standard_normal(truth.size) * np.sqrt(abs_s**2 + (rel * truth) ** 2)
+
+
+def test_an_absolute_noise_floor_is_found_only_where_the_replicates_show_one():
+    L = np.repeat(np.geomspace(256, 65536, 9).round(), 4)
+    truth = 0.01 + 2e-5 * L + 1e-8 * L**2
+    X = np.column_stack([np.ones_like(L), L, L**2])
+    floors = [noise_floor(X, _floored(np.random.default_rng(i), truth)) for i in range(100)]
+    # the floor in s^2 is abs^2 / rel^2 = (0.004 / 0.02)^2 = 0.04; the grid finds it within a factor of 3 most times
+    assert np.mean([0.04 / 3 <= f <= 0.04 * 3 for f in floors]) >= 0.8, floors
+    relative = [noise_floor(X, truth * (1 + 0.02 * np.random.default_rng(i).standard_normal(L.size))) for i in range(200)]
+    # purely relative noise: no floor but the test's 5% of false alarms (binomial spread about 1.5%)
+    assert np.mean([f > 0 for f in relative]) <= 0.10, relative
+
+
+def test_with_a_noise_floor_the_interval_at_the_longest_length_is_the_weighted_fits_own():
+    """The bootstrap interval at 65,536 tokens against the width derived by hand for the weighted least-squares fit
+    with the true noise (2 x 1.96 x sqrt(phi^T (X^T W X)^-1 phi), W = 1 / sd^2): the short lengths' jitter, 40% of
+    their TTFT, must not widen the long lengths' interval (relative residuals pooled made it about 5x wider),
+    and the intervals still cover the truth at their stated rate."""
+    L = np.repeat(np.geomspace(256, 65536, 9).round(), 4)
+    truth = 0.01 + 2e-5 * L + 1e-8 * L**2
+    X = np.column_stack([np.ones_like(L), L, L**2])
+    sd = np.sqrt(0.004**2 + (0.02 * truth) ** 2)
+    phi = np.array([1.0, 65536.0, 65536.0**2])
+    expected = 2 * 1.96 * np.sqrt(phi @ np.linalg.inv((X / sd[:, None] ** 2).T @ X) @ phi)
+    widths, hits, n = [], 0, 200
+    for i in range(n):
+        f = Fit("prefill", L, _floored(np.random.default_rng(1000 + i), truth), n_boot=300, seed=i)
+        lo, hi = f.curve_interval([65536])
+        widths.append(hi[0] - lo[0])
+        hits += lo[0] <= truth[-1] <= hi[0]
+    assert 0.75 <= np.median(widths) / expected <= 1.25, (np.median(widths), expected)
+    assert 0.90 <= hits / n <= 0.99, hits / n
 
 
 def _piecewise(L, t0, beta, knee, factor):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.optimize import nnls
+from scipy.stats import chi2
 
 
 LEVEL = 0.95
@@ -42,19 +43,52 @@ def _solve_weighted(Xs: np.ndarray, Y: np.ndarray, W: np.ndarray) -> np.ndarray:
     return coef
 
 
-def _nnls_relative_batch(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising the relative residuals sum(((y - X beta) / m)^2) for
-    every row y of Y: first with m = y, then with m the first fit's values (weights that do not
-    follow the noise, which would bias the fit low). Columns are scaled for conditioning."""
+def noise_sd(values, floor_s2: float = 0.0) -> np.ndarray:
+    """The noise model's shape: a time's noise sd is proportional to sqrt(floor_s2 + value^2), relative noise over an
+    absolute floor (floor_s2 = floor variance / relative variance, in s^2; 0: purely relative noise)."""
+    v = np.asarray(values, float)
+    return np.sqrt(floor_s2 + v * v)
+
+
+def noise_floor(X: np.ndarray, y: np.ndarray, level: float = LEVEL) -> float:
+    """floor_s2 of noise_sd from the replicates (observations with the same design row), 0 unless they show it: each
+    group's sample variance v (df degrees of freedom) is taken as s^2 (k + m^2) chi2_df / df about its mean m, k the
+    floor; k = 0 (purely relative noise) against the k of the highest profile likelihood on a grid, adopted only where
+    the likelihood ratio passes the chi-square test at `level` (one parameter more). A time with an absolute jitter (a
+    short prompt's few milliseconds of scheduling) is noisier, relative to itself, than a long one, and the relative
+    residuals of the short lengths must not set the interval at the long ones; a few noisy replicates must not make
+    the long ones look quieter than they are either. 0 without two groups of replicates."""
+    _, inverse, counts = np.unique(X, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    groups = [y[inverse == g] for g in np.flatnonzero(counts >= 2)]
+    m = np.array([g.mean() for g in groups])
+    v = np.array([g.var(ddof=1) for g in groups])
+    df = np.array([len(g) - 1 for g in groups], float)
+    keep = (m > 0) & (v > 0)
+    m, v, df = m[keep], v[keep], df[keep]
+    if len(np.unique(m)) < 2:
+        return 0.0
+
+    def loglik(k: float) -> float:
+        shape = k + m * m
+        s2 = float((df * v / shape).sum() / df.sum())
+        return float(-0.5 * (df * np.log(s2 * shape)).sum())
+
+    grid = np.concatenate([[0.0], (m.min() ** 2) * np.geomspace(1e-3, 1e4, 57)])
+    ll = np.array([loglik(k) for k in grid])
+    best = int(np.argmax(ll))
+    return float(grid[best]) if 2 * (ll[best] - ll[0]) > chi2.ppf(level, 1) else 0.0
+
+
+def _nnls_relative_batch(X: np.ndarray, Y: np.ndarray, floor_s2: float = 0.0) -> np.ndarray:
+    """Non-negative coefficients minimising sum(((y - X beta) / noise_sd(m, floor_s2))^2) for every row y of Y
+    (relative residuals where floor_s2 is 0): first with m = y, then with m the first fit's values (weights that do
+    not follow the noise, which would bias the fit low). Columns are scaled for conditioning."""
     Xs, scale = _scaled(X)
-    coef = _solve_weighted(Xs, Y, 1.0 / Y)
+    coef = _solve_weighted(Xs, Y, 1.0 / noise_sd(Y, floor_s2))
     fitted = coef @ Xs.T
     fitted = np.where(fitted > 0, fitted, Y)
-    return _solve_weighted(Xs, Y, 1.0 / fitted) / scale
-
-
-def _nnls_relative(columns: list[np.ndarray], y: np.ndarray) -> np.ndarray:
-    return _nnls_relative_batch(np.column_stack(columns), np.asarray(y, float)[None, :])[0]
+    return _solve_weighted(Xs, Y, 1.0 / noise_sd(fitted, floor_s2)) / scale
 
 
 def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
@@ -64,34 +98,52 @@ def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
 
 class BasisFit:
     """A model linear in non-negative coefficients over given basis columns (X: one row per
-    observation, one column per coefficient, `names` naming them), fitted on relative residuals, with
-    a residual bootstrap: y* = fit x (1 + e*), e* drawn with replacement from the relative residuals
-    (centred, divided by sqrt(1 - h), h the leverage of the weighted design), refitted n_boot times;
-    the intervals are the bootstrap percentiles. The relative noise is taken to be alike at every
-    observation, as the fit's weighting assumes. (At 95% the intervals cover known coefficients of
-    synthetic data in about 94% of draws: tests/test_analysis.py.) A subclass maps its own inputs to
-    the columns (`design`); here they are the columns themselves."""
+    observation, one column per coefficient, `names` naming them), weighted by a noise model: each
+    time's noise sd proportional to noise_sd(fit, floor_s2), relative noise over an absolute floor
+    estimated from the replicates (noise_floor; 0, purely relative residuals, without them). Intervals
+    by a residual bootstrap: y* = fit + sd x e*, e* drawn with replacement from the standardised
+    residuals (centred, divided by sqrt(1 - h), h the leverage of the weighted design), refitted
+    n_boot times; the intervals are the bootstrap percentiles. (At 95% the intervals cover known
+    coefficients of synthetic data in about 94% of draws, with relative noise and with a floor:
+    tests/test_analysis.py.) A subclass maps its own inputs to the columns (`design`); here they are
+    the columns themselves."""
 
     def __init__(self, names, X, y, n_boot: int = 0, level: float = LEVEL, seed: int = 0):
         self.names, self.level = tuple(names), level
         X, y = np.asarray(X, float).reshape(len(np.asarray(y)), -1), np.asarray(y, float)
-        # relative residuals need a positive time
+        # the noise model needs a positive time
         self.kept = np.isfinite(y) & (y > 0) & np.isfinite(X).all(axis=1)
         self.X, self.y = X[self.kept], y[self.kept]
         X = self.X
-        self.coef = _nnls_relative(list(X.T), self.y)
+        self.floor_s2 = noise_floor(X, self.y) if len(self.y) else 0.0
+        self.coef = _nnls_relative_batch(X, self.y[None, :], self.floor_s2)[0]
         self.pred = X @ self.coef
         self.r2 = _r2(self.y, self.pred)
         self.draws: np.ndarray | None = None
         if n_boot and len(self.y) > len(self.names):
             rng = np.random.default_rng(seed)
-            A = X / self.pred[:, None]
-            h = np.einsum("ij,ji->i", A, np.linalg.pinv(A))
-            rel = (self.y / self.pred - 1) / np.sqrt(np.clip(1 - h, 1e-6, None))
-            rel -= rel.mean()
-            Y = self.pred * (1 + rng.choice(rel, size=(n_boot, len(self.y))))
+            sd = self.sd(self.pred)
+            e = self.standardised() / np.sqrt(np.clip(1 - self.leverage(), 1e-6, None))
+            e -= e.mean()
+            Y = self.pred + sd * rng.choice(e, size=(n_boot, len(self.y)))
             Y = np.where(Y > 0, Y, self.pred)  # a time is positive
-            self.draws = _nnls_relative_batch(X, Y)
+            self.draws = _nnls_relative_batch(X, Y, self.floor_s2)
+
+    def sd(self, values) -> np.ndarray:
+        """The noise model's sd shape at fitted values (relative to the fit where floor_s2 is 0)."""
+        pred = np.where(np.asarray(values, float) > 0, values, 1e-300)
+        return noise_sd(pred, self.floor_s2)
+
+    def standardised(self) -> np.ndarray:
+        """The residuals over the noise model's sd (the relative residuals where floor_s2 is 0)."""
+        return (self.y - self.pred) / self.sd(self.pred)
+
+    def weighted_design(self) -> np.ndarray:
+        return self.X / self.sd(self.pred)[:, None]
+
+    def leverage(self) -> np.ndarray:
+        A = self.weighted_design()
+        return np.einsum("ij,ji->i", A, np.linalg.pinv(A))
 
     def design(self, *inputs) -> np.ndarray:
         """The basis columns of inputs (here: the columns themselves)."""

@@ -5,12 +5,15 @@ After each length the scaling models (longctx.core.fitting.Fit: TTFT = a + bL + 
 refitted to every successful trial and predict `max` with their bootstrap intervals. The next (length, trials)
 is the candidate on the grid (min to max by `ratio`, max among them) that shrinks the two
 intervals at max most per second of predicted server time: the gain is the fall in each model's relative
-variance at max when n more trials at L join its design (the fit's relative residual variance times
-phi(max)^T (sum_i phi_i phi_i^T / y_i^2)^-1 phi(max) / y(max)^2, the weighted least-squares variance the fit's
-relative weighting gives, without its non-negativity), over the target squared; the cost is the fit's own
-prediction of the time: warm-up and trials, each TTFT(L) + output tokens x TPOT(L). The sweep stops when both
-intervals at max are within the target or the next choice and the confirmation would overrun `budget_s`, and
-always ends with a confirming measurement at max: inside both predictions, done; outside either, the lengths
+variance at max when n more trials at L join its design (the spread of the fit's standardised residuals squared
+times phi(max)^T (sum_i phi_i phi_i^T / sd_i^2)^-1 phi(max) / y(max)^2, sd_i the fit's noise model at each trial,
+relative noise over the absolute floor the replicates show: the weighted least-squares variance the fit's own
+weighting gives, without its non-negativity), over the target squared; the cost is the fit's own
+prediction of the time: warm-up and trials, each TTFT(L) + output tokens x TPOT(L). The confirmation at max is
+part of every design weighed: its trials join the fits, so a choice is worth only what it adds to them. The sweep
+stops when both intervals at max, with the confirmation's trials, are projected within the target (each
+bootstrap interval scaled by the fall in its variance) or the next choice and the confirmation would overrun
+`budget_s`, and always ends with a confirming measurement at max: inside both predictions, done; outside either, the lengths
 on the grid next below max are measured too (the miss is a finding: the models change before max).
 Every choice is logged with its reason (Planner.path), and the predicted and spent time.
 """
@@ -52,25 +55,31 @@ def at_max(fits: dict[str, Fit], length: int) -> dict[str, dict]:
         ci = f.interval(draws[:, 0]) if draws is not None else None
         rel = (ci[1] - ci[0]) / pred if ci and None not in ci and pred > 0 else math.inf
         out[kind] = {"predicted": pred, "lo": ci[0] if ci else None, "hi": ci[1] if ci else None, "relative_interval": rel,
-                     "relative_noise": _relative_noise(f)}
+                     "relative_noise": _relative_noise(f, length)}
     return out
 
 
-def _relative_noise(f: Fit) -> float:
-    """The spread of the fit's relative residuals (their root mean square over the degrees of freedom)."""
-    resid = f.y / f.pred - 1
-    return float(np.sqrt((resid**2).sum() / max(1, len(resid) - len(f.names))))
+def _relative_noise(f: Fit, length: int | None = None) -> float:
+    """The fit's noise at `length` relative to its prediction there: the spread of its standardised residuals (their
+    root mean square over the degrees of freedom) times the noise model's sd there (longctx.core.fitting.BasisFit;
+    with purely relative noise, the same at every length)."""
+    e = f.standardised()
+    s = float(np.sqrt((e**2).sum() / max(1, len(e) - len(f.names))))
+    if length is None:
+        return s
+    p = float(f.predict([length])[0])
+    return s * float(f.sd([p])[0]) / p if p > 0 else math.inf
 
 
 def _relative_variance(f: Fit, extra: list[tuple[int, int]], length: int) -> float:
     """The fit's relative variance at `length` with n more observations at each (L, n) of extra (see the module)."""
-    X, pred = f.X, f.pred
     s2 = _relative_noise(f) ** 2 or 1e-12
-    A = (X / pred[:, None]).T @ (X / pred[:, None])
+    W = f.weighted_design()
+    A = W.T @ W
     for L, n in extra:
         phi = f.design([L])[0]
-        p = float(phi @ f.coef) or 1e-12
-        A = A + n * np.outer(phi / p, phi / p)
+        w = phi / float(f.sd([float(phi @ f.coef)])[0] or 1e-12)
+        A = A + n * np.outer(w, w)
     phi = f.design([length])[0]
     p = float(phi @ f.coef) or 1e-12
     try:
@@ -131,20 +140,27 @@ class Planner:
         if self.phase == "choose":
             pred = at_max(fits, self.max)
             target = float(st["target_relative_interval"])
-            within = len(pred) == len(KINDS) and all(p["relative_interval"] <= target for p in pred.values())
             confirm = int(st["confirm_trials"])
             confirm_s = self.cost(self.max, confirm, fits) or 0.0
+            planned = [(self.max, confirm)]  # the confirmation joins the fits: every choice is weighed with it
+            base = {k: _relative_variance(f, planned, self.max) for k, f in fits.items()}
+            now = {k: _relative_variance(f, [], self.max) for k, f in fits.items()}
+            projected = {k: p["relative_interval"] * math.sqrt(base[k] / now[k]) if now[k] > 0 else p["relative_interval"]
+                         for k, p in pred.items()}
+            within = len(pred) == len(KINDS) and all(w <= target for w in projected.values())
             if within:
                 self.phase = "confirm"
-                return self._log(self.max, confirm, "both intervals at max within the target: the confirming measurement", fits)
+                widths = ", ".join(f"{k} {w:.0%}" for k, w in projected.items())
+                return self._log(self.max, confirm, f"with the confirmation, both intervals at max are projected within the "
+                                                    f"target ({widths}): the confirming measurement", fits)
             best = None
             for L in g:  # max among them: where the prediction is wanted, a trial there tells most (at its price)
                 for n in range(1, most + 1):
                     c = self.cost(L, n, fits)
                     if not c:
                         continue
-                    gain = sum((_relative_variance(f, [], self.max) - _relative_variance(f, [(L, n)], self.max)) / target**2
-                               for f in fits.values())
+                    gain = sum((base[k] - _relative_variance(f, planned + [(L, n)], self.max)) / target**2
+                               for k, f in fits.items())
                     if best is None or gain / c >= best[0] * (1 + 1e-9):
                         best = (gain / c, L, n, c, gain)
             chosen = sum(1 for p in self.path if p["phase"] == "choose")
@@ -155,8 +171,9 @@ class Planner:
                        "the budget would be spent before the confirmation")
                 return self._log(self.max, confirm, f"{why}: the confirming measurement", fits)
             _, L, n, c, gain = best
-            widths = ", ".join(f"{k} {p['relative_interval']:.0%}" for k, p in pred.items())
-            return self._log(L, n, f"intervals at max {widths} (target {target:.0%}): {n} trial(s) at {L:,} shrink them "
+            widths = ", ".join(f"{k} {p['relative_interval']:.0%} ({projected[k]:.0%} with the confirmation)"
+                               for k, p in pred.items())
+            return self._log(L, n, f"intervals at max {widths}, target {target:.0%}: {n} trial(s) at {L:,} shrink them "
                                    f"most per second ({c:.3g} s predicted)", fits)
         if self.phase in ("confirm", "around"):
             return None
