@@ -138,6 +138,12 @@ class BasisFit:
         """The residuals over the noise model's sd (the relative residuals where floor_s2 is 0)."""
         return (self.y - self.pred) / self.sd(self.pred)
 
+    def noise_scale(self) -> float:
+        """The spread of the standardised residuals (root mean square over the degrees of freedom): the relative
+        noise, where the noise model has no floor."""
+        e = self.standardised()
+        return float(np.sqrt((e**2).sum() / max(1, len(e) - len(self.names))))
+
     def weighted_design(self) -> np.ndarray:
         return self.X / self.sd(self.pred)[:, None]
 
@@ -176,6 +182,9 @@ class BasisFit:
 
     def summary(self) -> dict:
         out = {name: float(c) for name, c in zip(self.names, self.coef)}
+        s = self.noise_scale() if len(self.y) else None
+        # the noise model: relative noise s over an absolute floor s x sqrt(floor_s2) seconds (0: none shown)
+        out["noise"] = {"relative": s, "floor_s": s * float(np.sqrt(self.floor_s2)) if s is not None else None}
         out.update(r2=self.r2, n=int(len(self.y)), level=self.level,
                    bootstrap=0 if self.draws is None else int(len(self.draws)),
                    ci={name: self.interval(self.draws[:, i]) if self.draws is not None else None for i, name in enumerate(self.names)})

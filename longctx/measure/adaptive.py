@@ -63,8 +63,7 @@ def _relative_noise(f: Fit, length: int | None = None) -> float:
     """The fit's noise at `length` relative to its prediction there: the spread of its standardised residuals (their
     root mean square over the degrees of freedom) times the noise model's sd there (longctx.core.fitting.BasisFit;
     with purely relative noise, the same at every length)."""
-    e = f.standardised()
-    s = float(np.sqrt((e**2).sum() / max(1, len(e) - len(f.names))))
+    s = f.noise_scale()
     if length is None:
         return s
     p = float(f.predict([length])[0])
