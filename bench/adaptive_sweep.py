@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from datetime import datetime
@@ -114,11 +115,14 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="longctx-adaptive-"))
     print(f"configuration {name}; fixed lengths {lengths}; target {a.target:.0%}")
     met, repeats, previous = 0, [], None
+    dev = {"adaptive against fixed": [], "fixed against the previous fixed": []}  # |relative difference| of the predictions
     for i in range(a.repeat):
         print(f"--- pair {i + 1} of {a.repeat}")
         f_pred, f_s, f_len = run(fixed, name, work / f"fixed-{i}")
         show("fixed sweep", f_pred, f_s, f_len)
         if previous:
+            dev["fixed against the previous fixed"].append({k: abs(f_pred[k]["predicted"] / previous[k]["predicted"] - 1)
+                                                            for k in previous if k in f_pred})
             repeats.append(all(previous[k]["lo"] <= f_pred[k]["predicted"] <= previous[k]["hi"] for k in previous if k in f_pred))
             print(f"  the fixed sweep repeated: {'inside' if repeats[-1] else 'OUTSIDE'} the previous fixed sweep's intervals")
         previous = f_pred
@@ -133,9 +137,16 @@ def main() -> int:
             print(f"  step {step['step']}: {step['trials']} at {step['length']:,}, predicted {step['predicted_s'] or 0:.2f} s, "
                   f"took {step.get('spent_s', 0):.2f} s: {step['reason']}")
         print(f"  confirmation at max: {'inside' if sweep['outcome'].get('inside') else 'outside'} the prediction")
+        dev["adaptive against fixed"].append({k: abs(a_pred[k]["predicted"] / f_pred[k]["predicted"] - 1)
+                                              for k in f_pred if k in a_pred})
         good = compare(f_pred, f_s, a_pred, a_s, a.target)
         met += good
         print(f"pair {i + 1}: goal {'met' if good else 'not met'}")
+    for what, rows in dev.items():
+        if rows:
+            print(f"{what}: median difference at max " + ", ".join(
+                f"{'TTFT' if k == 'prefill' else 'decode step'} {statistics.median(r[k] for r in rows if k in r):.1%}"
+                for k in ("prefill", "decode") if any(k in r for r in rows)) + f" ({len(rows)} pair(s))")
     print(f"goal met in {met} of {a.repeat} pair(s)"
           + (f"; the fixed sweep repeated landed inside its predecessor's intervals in {sum(repeats)} of {len(repeats)}"
              if repeats else "") + f" (work in {work})")

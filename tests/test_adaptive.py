@@ -4,6 +4,7 @@ TTFT = 0.02 + 2e-5 L + 4e-10 L^2 s and TPOT = 2e-3 + 1e-7 L s, each trial off by
 import numpy as np
 
 from longctx.measure.adaptive import Planner, grid
+from longctx.report.wording import sweep_confirmation
 
 SETTINGS = {"min": 1024, "max": 65536, "ratio": 2.0, "target_relative_interval": 0.1, "budget_s": 600.0,
             "start_lengths": 3, "max_trials": 3, "confirm_trials": 1, "max_steps": 24}
@@ -65,7 +66,35 @@ def test_the_budget_ends_the_choosing_and_the_confirmation_still_runs():
     assert confirm["length"] == 65536 and "the budget would be spent" in confirm["reason"]
     assert p.spent_s <= 15.0 + confirm["spent_s"]
     p = run({**SETTINGS, "target_relative_interval": 0.001, "max_steps": 4})
-    assert sum(s["phase"] == "choose" for s in p.path) == 4 and "4 choices made" in p.path[-1]["reason"]
+    assert sum(s["phase"] == "choose" for s in p.path) == 4
+    confirms = [s for s in p.path if s["phase"] == "confirm"]
+    assert "4 choices made" in confirms[0]["reason"]
+    # a target out of reach: more trials at max, each confirming again, until max_steps of them (the budget allows)
+    assert len(confirms) == 1 + 4 and all("more trial(s) at max" in s["reason"] for s in confirms[1:])
+    assert p.outcome["confirmations"] == 5 and p.outcome["inside"]
+
+
+def test_a_confirmation_that_leaves_the_target_unmet_is_followed_by_more_trials_at_max():
+    # two choices only, then the confirmation: its one trial leaves the intervals at max wider than 4%; the budget
+    # buys more trials at max until they are within it
+    p = run({**SETTINGS, "target_relative_interval": 0.04, "max_steps": 2})
+    confirms = [s for s in p.path if s["phase"] == "confirm"]
+    assert "2 choices made" in confirms[0]["reason"] and len(confirms) >= 2, [s["reason"] for s in p.path]
+    assert all(s["length"] == 65536 and "wider than the target" in s["reason"] for s in confirms[1:])
+    assert any(v["relative_interval"] > 0.04 for v in confirms[-1]["at_max"].values())  # the last one was needed
+    assert all(v["relative_interval"] <= 0.04 for v in p.summary()["at_max"].values()), p.summary()["at_max"]
+    assert p.outcome["inside"] and p.outcome["confirmations"] == len(confirms)
+    text = sweep_confirmation(p.summary())
+    assert text.startswith(f"The last of {len(confirms)} confirmations at 65,536") and "inside" in text, text
+
+
+def test_the_budget_checks_scale_the_fits_time_by_how_far_the_sweep_ran_over_it():
+    p = Planner(SETTINGS, PROTOCOL)
+    assert p.overrun() == 1.0
+    p.path = [{"predicted_s": None, "spent_s": 9.0}, {"predicted_s": 2.0, "spent_s": 2.5}, {"predicted_s": 2.0, "spent_s": 2.3}]
+    assert p.overrun() == 4.8 / 4.0  # the first step (no fits yet, no prediction) counts for nothing
+    p.path[1]["spent_s"] = 1.0
+    assert p.overrun() == 1.0  # faster than predicted: the predictions as they are
 
 
 def test_a_confirmation_that_misses_measures_around_the_miss():

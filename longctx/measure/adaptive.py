@@ -13,7 +13,9 @@ prediction of the time: warm-up and trials, each TTFT(L) + output tokens x TPOT(
 part of every design weighed: its trials join the fits, so a choice is worth only what it adds to them. The sweep
 stops when both intervals at max, with the confirmation's trials, are projected within the target (each
 bootstrap interval scaled by the fall in its variance) or the next choice and the confirmation would overrun
-`budget_s`, and always ends with a confirming measurement at max: inside both predictions, done; outside either, the lengths
+`budget_s`, and always ends with a confirming measurement at max: inside both predictions, done, unless its trials left an
+interval at max wider than the target, when more trials at max follow (each a confirmation too) while the
+budget lasts (the fits' time scaled by how far the measurements so far ran over it); outside either, the lengths
 on the grid next below max are measured too (the miss is a finding: the models change before max).
 Every choice is logged with its reason (Planner.path), and the predicted and spent time.
 """
@@ -116,6 +118,13 @@ class Planner:
         tpot = float(fits["decode"].predict([length])[0]) if "decode" in fits else 0.0
         return (trials + self.warmup()) * (ttft + self.protocol["output_tokens"] * tpot)
 
+    def overrun(self) -> float:
+        """How far the measurements so far ran over the fits' predictions of their time (spent over predicted, at
+        least 1): the budget checks scale the predictions by it, so that a sweep stays within budget_s although
+        the fits' time is an estimate."""
+        pairs = [(p["spent_s"], p["predicted_s"]) for p in self.path if p.get("predicted_s") and p.get("spent_s")]
+        return max(1.0, sum(a for a, _ in pairs) / sum(b for _, b in pairs)) if pairs else 1.0
+
     def warmup(self) -> int:
         """Warm-up requests before the next measurement: the protocol's, before the first only (they take the
         server's one-off costs; a sweep that buys certainty per second does not pay them at every length)."""
@@ -163,7 +172,8 @@ class Planner:
                     if best is None or gain / c >= best[0] * (1 + 1e-9):
                         best = (gain / c, L, n, c, gain)
             chosen = sum(1 for p in self.path if p["phase"] == "choose")
-            if best is None or self.spent_s + best[3] + confirm_s > float(st["budget_s"]) or chosen >= int(st["max_steps"]):
+            if (best is None or self.spent_s + (best[3] + confirm_s) * self.overrun() > float(st["budget_s"])
+                    or chosen >= int(st["max_steps"])):
                 self.phase = "confirm"
                 why = ("nothing left to choose" if best is None else
                        f"{chosen} choices made (max_steps)" if chosen >= int(st["max_steps"]) else
@@ -174,9 +184,24 @@ class Planner:
                                for k, p in pred.items())
             return self._log(L, n, f"intervals at max {widths}, target {target:.0%}: {n} trial(s) at {L:,} shrink them "
                                    f"most per second ({c:.3g} s predicted)", fits)
-        if self.phase in ("confirm", "around"):
-            return None
+        if self.phase == "done":  # confirmed: if still wider than the target, more trials at max while the budget lasts
+            return self._more_at_max(fits)
         return None
+
+    def _more_at_max(self, fits: dict[str, Fit]) -> tuple[int, int, str] | None:
+        """After a confirmation inside its prediction whose trials left an interval at max wider than the target:
+        the next confirmation (confirm_trials more at max, where they tell most), within the budget and max_steps."""
+        st = self.settings
+        target, n = float(st["target_relative_interval"]), int(st["confirm_trials"])
+        wide = {k: p["relative_interval"] for k, p in at_max(fits, self.max).items() if p["relative_interval"] > target}
+        c = self.cost(self.max, n, fits)
+        more = sum(1 for p in self.path if p["phase"] == "confirm") - 1
+        if not wide or not c or self.spent_s + c * self.overrun() > float(st["budget_s"]) or more >= int(st["max_steps"]):
+            return None
+        self.phase = "confirm"
+        widths = ", ".join(f"{k} {w:.0%}" for k, w in wide.items())
+        return self._log(self.max, n, f"confirmed, but the intervals at max are wider than the target {target:.0%} ({widths}): "
+                                      f"{n} more trial(s) at max, confirming again ({c:.3g} s predicted)", fits)
 
     def record(self, length: int, trials: int, samples: list[Sample], seconds: float) -> None:
         """A measurement done: its successful trials' samples and the server seconds it took."""
@@ -188,7 +213,7 @@ class Planner:
         if self.phase == "confirm" and length == self.max:
             before = self.path[-1]["at_max"] if self.path else {}
             self.samples += samples
-            self.outcome = self._confirm(before, samples)
+            self.outcome = {**self._confirm(before, samples), "confirmations": sum(p["phase"] == "confirm" for p in self.path)}
             self.phase = "around" if not self.outcome["inside"] else "done"
             return
         self.samples += samples

@@ -435,7 +435,9 @@ def sweep_confirmation(sweep: dict) -> str | None:
     parts = [f"{'TTFT' if k == 'prefill' else 'decode step'} {ms(v.get('measured'))} ms measured against {ms(v.get('predicted'))} "
              f"ms predicted, {'inside' if v.get('inside') else 'outside'} [{ms(v.get('prediction_lo'))}, {ms(v.get('prediction_hi'))}]"
              for k, v in sorted(checks.items())]
-    text = f"The confirmation at {sweep['settings']['max']:,}: " + "; ".join(parts)
+    n = int(out.get("confirmations") or 1)
+    text = (f"The last of {n} confirmations at {sweep['settings']['max']:,} (each more trials there, the intervals still "
+            f"wider than the target): " if n > 1 else f"The confirmation at {sweep['settings']['max']:,}: ") + "; ".join(parts)
     if out.get("around_skipped"):
         text += f"; a length around the miss was not measured: {out['around_skipped']}"
     return text
