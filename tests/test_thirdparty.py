@@ -13,6 +13,7 @@ TTFT vLLM recorded for each request (its Prometheus histogram vllm:time_to_first
 prints the figures (pool tokens, KV bytes per token, TTFT against vLLM's own).
 """
 
+import itertools
 import json
 import os
 import random
@@ -190,11 +191,24 @@ def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vl
     (closed,) = load["closed"]
     assert closed["ok"] == closed["n"] == 8
     series = pd.read_csv(vllm_workflow / "data" / "load_metrics.csv")
-    running = series[series["name"] == "running"]["value"]
-    assert running.max() == 2, series["name"].unique()
     assert (series["name"] == "token_usage").any()
     rec = load["reconciliation"]
     assert rec["checked"] > 0 and rec["gauge"] == "token_usage x pool_tokens" and rec["flagged"] == [], rec
+    running = series[series["name"] == "running"]
+    # the client's own record: the stretches in which two of its requests were at the server together (sent to
+    # ended), 20 ms in from each edge; vLLM's gauge is checked by the scrapes answered inside them
+    raw = json.loads((vllm_workflow / "data" / "raw" / "vllm-cpu" / "load.json").read_text())
+    (point,) = [w for w in raw["workloads"] if w["kind"] == "closed"]
+    spans = sorted((r["sent_s"], r["sent_s"] + r["e2e_s"]) for r in point["requests"])
+    both = [(lo, hi) for a, b in itertools.combinations(spans, 2)
+            if (lo := max(a[0], b[0]) + 0.02) < (hi := min(a[1], b[1]) - 0.02)]
+    inside = running[[any(lo <= t <= hi for lo, hi in both) for t in running["t_s"]]]
+    if inside.empty:
+        # on 2 cores, vLLM's API server and this client share one: the client's event loop could run so late that
+        # its two workers' requests barely overlapped (or not at all), and no scrape was answered while they did
+        pytest.skip(f"no /metrics sample inside the {len(both)} stretch(es) with two requests in flight "
+                    f"(samples at {running['t_s'].round(3).tolist()} s; requests {[(round(a, 3), round(b, 3)) for a, b in spans]})")
+    assert inside["value"].max() == 2, (inside, spans)
 
 
 def _vllm_pool(work: Path) -> tuple[int, str]:
