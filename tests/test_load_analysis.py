@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from longctx import cli
-from longctx.analysis.load import aggregate_load, resident_bounds, victim_figures
+from longctx.analysis.load import aggregate_load, resident_bounds, resident_span_bounds, victim_figures
 from longctx.analysis.load_summary import analyze_load, interference
 from longctx.analysis.slo import slo_at, wilson
 
@@ -135,6 +135,18 @@ def test_client_resident_bounds_by_hand():
     assert resident_bounds([a, b], 0.2, 1) == (0, 101)  # only A sent, no token yet
     assert resident_bounds([a, b], 4.0, 1) == (0, 0)  # both done
     assert resident_bounds([{**a, "ended_by_client": True}], 9.0, 1) == (0, 103)  # the server may hold it still
+
+
+def test_a_slow_metrics_answer_is_held_to_the_bounds_of_its_whole_get():
+    # the requests of the test above; a GET from 0.2 to 1.6 s: the server answered at some moment of it, when A had
+    # anything from nothing (0.2, no token yet) to 112 resident, B up to 51 on top (from 0.5 s)
+    a = {"sent_s": 0.0, "prompt_tokens": 100, "event_times": [1.0, 1.5, 2.0], "event_tokens": [1, 1, 1], "e2e_s": 2.0}
+    b = {"sent_s": 0.5, "prompt_tokens": 50, "event_times": [3.0, 3.5], "event_tokens": [1, 1], "e2e_s": 3.0}
+    assert resident_span_bounds([a, b], (0.2, 1.6), 1) == (0, 103 + 51)
+    assert resident_span_bounds([a, b], (0.2, 0.4), 1) == (0, 101)  # before B was sent
+    assert resident_span_bounds([a, b], (1.6, 1.6), 1) == resident_bounds([a, b], 1.6, 1)
+    # just before A's third token (2.0) it holds 101 at least: the bound is read on both sides of each change
+    assert resident_span_bounds([a, b], (1.55, 1.99), 1) == (101, 103 + 51)
 
 
 def test_reconciliation_flags_the_disagreeing_gauge(tmp_path):

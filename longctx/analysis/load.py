@@ -165,6 +165,34 @@ def resident_bounds(requests: list[dict], t: float, page: int, prompt_default: i
     return low, high
 
 
+def _get_span(sample, t: float) -> tuple[float, float]:
+    """The GET's start and end of a metrics sample (a file written before they were kept: its midpoint alone)."""
+    try:
+        a, b = float(sample[2]), float(sample[3])
+    except (TypeError, ValueError, IndexError):
+        return t, t
+    return (a, b) if a <= t <= b else (t, t)
+
+
+def resident_span_bounds(requests: list[dict], span: tuple[float, float], page: int, prompt_default: int | None = None,
+                         horizon: float | None = None) -> tuple[int, int]:
+    """resident_bounds over a stretch of time (a, b): the lowest low and the highest high in it, for a server that
+    answered at some moment of it (a /metrics GET's start and end; slow GETs, seconds long on a busy 2-core machine,
+    made a midpoint's bounds flag a gauge read at another moment). The bounds change only at the requests' sent,
+    event and end times: they are read at a, b and on both sides of each such time between them."""
+    a, b = span
+    if b <= a:
+        return resident_bounds(requests, a, page, prompt_default, horizon)
+    marks = set()
+    for r in requests:
+        for x in [r.get("sent_s"), _end(r), *(r.get("event_times") or [])]:
+            x = finite(x)
+            if x is not None and a < x < b:
+                marks.update((x, math.nextafter(x, -math.inf)))
+    pairs = [resident_bounds(requests, t, page, prompt_default, horizon) for t in sorted({a, b, *marks})]
+    return min(p[0] for p in pairs), max(p[1] for p in pairs)
+
+
 def _metric_rows(base: dict, w: dict, requests: list[dict], page: int, prompt_default: int | None) -> list[dict]:
     m = w.get("metrics") or {}
     if m.get("error"):
@@ -177,7 +205,7 @@ def _metric_rows(base: dict, w: dict, requests: list[dict], page: int, prompt_de
         except (TypeError, ValueError, IndexError):
             continue
         rows += [{**base, "t_s": t, "name": k, "value": finite(v)} for k, v in sorted(values.items())]
-        low, high = resident_bounds(requests, t, page, prompt_default, horizon)
+        low, high = resident_span_bounds(requests, _get_span(sample, t), page, prompt_default, horizon)
         rows += [{**base, "t_s": t, "name": CLIENT_LOW, "value": low}, {**base, "t_s": t, "name": CLIENT_HIGH, "value": high}]
     return rows
 

@@ -83,7 +83,8 @@ def parse_metrics(text: str, names: dict[str, tuple[str, ...]]) -> dict[str, flo
 
 
 class Scraper:
-    """GET the server's metrics every interval_s while a point runs; samples at the midpoint of each GET."""
+    """GET the server's metrics every interval_s while a point runs; samples at the midpoint of each GET, with the
+    GET's start and end (the server's answer is from some moment between them)."""
 
     def __init__(self, client: httpx.AsyncClient, url: str, names: dict, interval_s: float, t0: float):
         self.client, self.url, self.names, self.interval_s, self.t0 = client, url, names, interval_s, t0
@@ -110,7 +111,8 @@ class Scraper:
         values = parse_metrics(r.text, self.names)
         if not values:
             self.error = f"{self.url} has none of {', '.join(sorted(self.names))}"
-        self.samples.append([round((a + b) / 2 - self.t0, 6), values])
+        # the server answered at some moment of the GET: its start and end kept beside the midpoint
+        self.samples.append([round((a + b) / 2 - self.t0, 6), values, round(a - self.t0, 6), round(b - self.t0, 6)])
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop())
