@@ -1,4 +1,5 @@
-"""The scaling models' maths: non-negative fits on relative residuals with a residual bootstrap.
+"""The scaling models' maths: non-negative fits on relative residuals (over an absolute noise floor where the
+replicates show one: noise_floor) with a residual bootstrap.
 
 Prefill: TTFT(L) = a + b L + c L^2 with a, b, c >= 0 (non-negative least squares on relative
 residuals, so that short and long prompts weigh alike); b / c is the crossover length where the
@@ -80,7 +81,7 @@ def noise_floor(X: np.ndarray, y: np.ndarray, level: float = LEVEL) -> float:
     return float(grid[best]) if 2 * (ll[best] - ll[0]) > chi2.ppf(level, 1) else 0.0
 
 
-def _nnls_relative_batch(X: np.ndarray, Y: np.ndarray, floor_s2: float = 0.0) -> np.ndarray:
+def _nnls_weighted_batch(X: np.ndarray, Y: np.ndarray, floor_s2: float = 0.0) -> np.ndarray:
     """Non-negative coefficients minimising sum(((y - X beta) / noise_sd(m, floor_s2))^2) for every row y of Y
     (relative residuals where floor_s2 is 0): first with m = y, then with m the first fit's values (weights that do
     not follow the noise, which would bias the fit low). Columns are scaled for conditioning."""
@@ -116,7 +117,7 @@ class BasisFit:
         self.X, self.y = X[self.kept], y[self.kept]
         X = self.X
         self.floor_s2 = noise_floor(X, self.y) if len(self.y) else 0.0
-        self.coef = _nnls_relative_batch(X, self.y[None, :], self.floor_s2)[0]
+        self.coef = _nnls_weighted_batch(X, self.y[None, :], self.floor_s2)[0]
         self.pred = X @ self.coef
         self.r2 = _r2(self.y, self.pred)
         self.draws: np.ndarray | None = None
@@ -127,7 +128,7 @@ class BasisFit:
             e -= e.mean()
             Y = self.pred + sd * rng.choice(e, size=(n_boot, len(self.y)))
             Y = np.where(Y > 0, Y, self.pred)  # a time is positive
-            self.draws = _nnls_relative_batch(X, Y, self.floor_s2)
+            self.draws = _nnls_weighted_batch(X, Y, self.floor_s2)
 
     def sd(self, values) -> np.ndarray:
         """The noise model's sd shape at fitted values (relative to the fit where floor_s2 is 0)."""

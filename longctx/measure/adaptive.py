@@ -61,20 +61,16 @@ def at_max(fits: dict[str, Fit], length: int) -> dict[str, dict]:
     return out
 
 
-def _relative_noise(f: Fit, length: int | None = None) -> float:
-    """The fit's noise at `length` relative to its prediction there: the spread of its standardised residuals (their
-    root mean square over the degrees of freedom) times the noise model's sd there (longctx.core.fitting.BasisFit;
-    with purely relative noise, the same at every length)."""
-    s = f.noise_scale()
-    if length is None:
-        return s
+def _relative_noise(f: Fit, length: int) -> float:
+    """The fit's noise at `length` relative to its prediction there: the spread of its standardised residuals
+    (BasisFit.noise_scale) times the noise model's sd there (with purely relative noise, the same at every length)."""
     p = float(f.predict([length])[0])
-    return s * float(f.sd([p])[0]) / p if p > 0 else math.inf
+    return f.noise_scale() * float(f.sd([p])[0]) / p if p > 0 else math.inf
 
 
 def _relative_variance(f: Fit, extra: list[tuple[int, int]], length: int) -> float:
     """The fit's relative variance at `length` with n more observations at each (L, n) of extra (see the module)."""
-    s2 = _relative_noise(f) ** 2 or 1e-12
+    s2 = f.noise_scale() ** 2 or 1e-12
     W = f.weighted_design()
     A = W.T @ W
     for L, n in extra:
