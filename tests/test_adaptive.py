@@ -104,3 +104,5 @@ def test_a_confirmation_that_misses_measures_around_the_miss():
     around = [s for s in p.path if s["phase"] == "around"]
     assert around and all("missed (decode" in s["reason"] for s in around)
     assert [s["length"] for s in around] == [32768, 16384] and all(s["trials"] == 3 for s in around)
+    # each step its own time: around() logs both before either is measured
+    assert all(s["spent_s"] > 0 and s["ok"] == 3 for s in around), around

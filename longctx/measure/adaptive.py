@@ -203,9 +203,12 @@ class Planner:
         """A measurement done: its successful trials' samples and the server seconds it took."""
         self.measured[length] = self.measured.get(length, 0) + trials
         self.spent_s += seconds
-        if self.path and self.path[-1]["length"] == length:
-            self.path[-1]["spent_s"] = seconds
-            self.path[-1]["ok"] = len(samples)
+        # the step this measurement was: the earliest one at this length not yet measured (around() logs its steps
+        # before any of them is measured)
+        step = next((p for p in self.path if p["length"] == length and "spent_s" not in p), None)
+        if step is not None:
+            step["spent_s"] = seconds
+            step["ok"] = len(samples)
         if self.phase == "confirm" and length == self.max:
             before = self.path[-1]["at_max"] if self.path else {}
             self.samples += samples
