@@ -9,7 +9,7 @@ CLOCK_MONOTONIC (time.perf_counter), the clock of a client on the same machine. 
     TTFT error    = client TTFT - (first event sent - request received)
     per-token lag = an event's arrival at the client - its send time at the server
     ITL error     = |a gap between events at the client - the same gap at the server|
-Our client (longctx.measure.client.timed_client) times at its socket too: the request's first byte
+Our client (longctx.measure.transport.timed_client) times at its socket too: the request's first byte
 written, each event's arrival by the kernel's receive timestamp (so the client being scheduled
 late does not count; where it falls behind by more than an event, the kernel may merge the
 waiting bytes and keep the newest time, and those events count late). The "httpx-level" row is the
@@ -44,7 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from longctx.measure import clientcheck as cc  # noqa: E402
-from longctx.measure.client import sglang_body, stream_generate, timed_client  # noqa: E402
+from longctx.measure.bodies import sglang_body  # noqa: E402
+from longctx.measure.stream import stream_generate
+from longctx.measure.transport import timed_client
 from longctx.measure.process import ManagedServer, free_port  # noqa: E402
 from longctx.measure.workload import prompt_ids  # noqa: E402
 

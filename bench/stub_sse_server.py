@@ -62,7 +62,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from longctx.measure.client import read_clocks  # noqa: E402 (the client's own pairing of the two clocks)
+from longctx.measure.wire import read_clocks  # noqa: E402 (the client's own pairing of the two clocks)
 
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
 _TIMESPEC = struct.Struct("@ll")

@@ -13,9 +13,11 @@ import httpcore
 import pytest
 from starlette.responses import StreamingResponse
 
-from longctx.measure import client as lclient
-from longctx.measure.client import (CANCELLED, AsyncWireStream, StreamParser, StreamRecord, astream_generate,
-                                    async_timed_client, openai_body, sglang_body, stream_generate, timed_client)
+from longctx.measure import transport as ltransport, wire as lwire
+from longctx.measure.bodies import openai_body, sglang_body
+from longctx.measure.stream import CANCELLED, StreamParser, StreamRecord, astream_generate, stream_generate
+from longctx.measure.transport import async_timed_client, timed_client
+from longctx.measure.wire import AsyncWireStream
 from longctx.measure.prompts import PromptPlan, Prompter
 
 from .conftest import serve_generate
@@ -205,7 +207,7 @@ def test_agenerate_completes_counts_as_generate_does(tmp_path):
 
 
 def test_without_kernel_timestamps_the_async_stream_times_its_reads(monkeypatch, stub):
-    monkeypatch.setattr(lclient, "_SO_TIMESTAMPNS", None)
+    monkeypatch.setattr(lwire, "_SO_TIMESTAMPNS", None)
     rec = run(_twice(stub, sglang_body([5] * 30, 7)))
     s = rec.summary()
     assert s["status"] == "ok" and s["arrival_clock"] == "socket"
@@ -216,7 +218,7 @@ def test_the_connections_are_ours():
     async def connect():
         listener = socket.create_server(("127.0.0.1", 0))
         listener.setblocking(False)
-        stream = await lclient.AsyncWireBackend().connect_tcp("127.0.0.1", listener.getsockname()[1], timeout=5)
+        stream = await ltransport.AsyncWireBackend().connect_tcp("127.0.0.1", listener.getsockname()[1], timeout=5)
         peer, _ = await asyncio.get_running_loop().sock_accept(listener)
         try:
             assert isinstance(stream, AsyncWireStream) and stream.arrival_clock == KERNEL

@@ -58,8 +58,6 @@ def test_a_server_that_cannot_start_gives_failed_rows_naming_its_log(tmp_path):
 
 
 def test_a_wrong_prompt_length_is_a_failed_trial(tmp_path, monkeypatch):
-    import longctx.measure.sweep as bench
-
     from longctx.measure.prompts import Prompter
 
     real = Prompter.prompt  # the sweep's prompts one token longer than asked; the probe's as they are
@@ -107,7 +105,7 @@ def test_interrupted_sweep_leaves_no_server_behind(tmp_path, sig):
 
 
 def test_an_unexpected_error_at_one_length_keeps_the_others(tmp_path, monkeypatch):
-    import longctx.measure.sweep as bench
+    import longctx.measure.protocol as bench
 
     real = bench.measure_length
 
@@ -126,7 +124,7 @@ def test_an_unexpected_error_at_one_length_keeps_the_others(tmp_path, monkeypatc
 
 
 def test_request_timeouts_follow_the_expected_duration():
-    from longctx.measure.sweep import request_timeout
+    from longctx.measure.protocol import request_timeout
 
     proto = {"request_timeout_s": 10.0, "timeout_factor": 4, "output_tokens": 100}
     assert request_timeout(proto, [], 200_000) == 10.0

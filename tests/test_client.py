@@ -15,8 +15,11 @@ import httpx
 import pytest
 from starlette.responses import JSONResponse, StreamingResponse
 
-from longctx.measure import client as lclient
-from longctx.measure.client import WireStream, sglang_body, stream_generate, timed_client
+from longctx.measure import wire as lwire
+from longctx.measure.bodies import sglang_body
+from longctx.measure.stream import stream_generate
+from longctx.measure.transport import timed_client
+from longctx.measure.wire import WireStream
 
 from .conftest import serve_generate
 
@@ -153,7 +156,7 @@ def test_a_late_read_still_gets_the_kernels_arrival_time():
 
 
 def test_without_kernel_timestamps_arrival_is_when_the_read_returned(monkeypatch):
-    monkeypatch.setattr(lclient, "_SO_TIMESTAMPNS", None)
+    monkeypatch.setattr(lwire, "_SO_TIMESTAMPNS", None)
     stream, peer = _wire_pair()
     with peer:
         assert stream.arrival_clock == "socket"

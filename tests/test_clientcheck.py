@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from longctx.measure import clientcheck as cc
-from longctx.measure.client import StreamRecord
+from longctx.measure.stream import StreamRecord
 
 from .conftest import ROOT
 

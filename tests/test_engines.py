@@ -16,8 +16,9 @@ import pytest
 
 from longctx import config as lcfg
 from longctx.core.hashing import digest
-from longctx.measure.sweep import _spec_from_counters, run_configuration
-from longctx.measure.client import normalize_spec_fields
+from longctx.measure.protocol import _spec_from_counters
+from longctx.measure.sweep import run_configuration
+from longctx.measure.stream import normalize_spec_fields
 from longctx.engines import ConfigurationSpec, get_adapter
 from longctx.engines.base import run_preflight
 from longctx.engines.sglang import flags_for_version

@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-import longctx.measure.sweep as bench
+import longctx.measure.protocol as protocol
+import longctx.measure.session as lsession
 from longctx.measure.sweep import run_configuration
 from longctx.measure.process import ManagedServer
 
@@ -27,19 +28,19 @@ def servers(monkeypatch):
             super().start()
             started.append(self)
 
-    monkeypatch.setattr(bench, "ManagedServer", Recorded)
+    monkeypatch.setattr(lsession, "ManagedServer", Recorded)
     return started
 
 
 def inject_at(monkeypatch, length: int, fault):
-    real = bench.measure_length
+    real = protocol.measure_length
 
     def measure(session, spec, n, *rest):
         if n == length:
             fault()
         return real(session, spec, n, *rest)
 
-    monkeypatch.setattr(bench, "measure_length", measure)
+    monkeypatch.setattr(protocol, "measure_length", measure)
 
 
 def sweep(tmp_path, lengths=(32, 64, 128), **protocol):
@@ -83,7 +84,7 @@ def test_server_killed_mid_sweep_is_restarted_for_the_next_length(tmp_path, monk
 
 def test_hung_server_times_out_and_is_replaced(tmp_path, monkeypatch, servers):
     inject_at(monkeypatch, 64, lambda: os.killpg(servers[-1].pid, signal.SIGSTOP))
-    monkeypatch.setattr(bench, "HEALTH_TIMEOUT_S", 1.0)  # the health probe that finds it hung: 1 s, not 10
+    monkeypatch.setattr(lsession, "HEALTH_TIMEOUT_S", 1.0)  # the health probe that finds it hung: 1 s, not 10
     # one request per length (no cache flush, no batch): each a request timeout to wait out at the hung length
     failed, raws = sweep(tmp_path, request_timeout_s=2, timeout_factor=1, flush_cache=False, concurrency=[])
     assert [raws[n]["status"] for n in (32, 64, 128)] == ["ok", "failed", "ok"]
@@ -95,8 +96,8 @@ def test_hung_server_times_out_and_is_replaced(tmp_path, monkeypatch, servers):
 def taken_ports_first(monkeypatch, *taken: int) -> None:
     """free_port answers the taken ports first, as when another job took each between choice and bind."""
     ports = iter(taken)
-    real_free_port = bench.free_port
-    monkeypatch.setattr(bench, "free_port", lambda host: next(ports, None) or real_free_port(host))
+    real_free_port = lsession.free_port
+    monkeypatch.setattr(lsession, "free_port", lambda host: next(ports, None) or real_free_port(host))
 
 
 def test_port_in_use_is_retried_on_another_port(tmp_path, monkeypatch, servers, caplog):
@@ -165,13 +166,13 @@ def test_an_interrupted_sweep_resumes_without_measuring_again(tmp_path, monkeypa
     def interrupt():
         raise KeyboardInterrupt
 
-    real = bench.measure_length
+    real = protocol.measure_length
     inject_at(monkeypatch, 128, interrupt)
     with pytest.raises(KeyboardInterrupt):
         sweep(tmp_path)
     first_run = json.loads((tmp_path / "partial" / "64.json").read_text())["run_id"]
     assert not (tmp_path / "partial" / "128.json").exists() and gone(servers[0])
-    monkeypatch.setattr(bench, "measure_length", real)
+    monkeypatch.setattr(protocol, "measure_length", real)
     failed, raws = sweep(tmp_path)
     assert failed == 0
     assert raws[32]["resumed"] and raws[64]["resumed"] and raws[64]["run_id"] == first_run

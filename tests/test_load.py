@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from longctx.engines import get_adapter
-from longctx.measure import load as ld
+from longctx.measure import load as ld, scrape
 from longctx.measure.prompts import Prompter, PromptPlan
 from longctx.measure.sweep import run_configuration
 
@@ -47,10 +47,10 @@ sglang:num_retracted_requests_total{model_name="m"} 7.0
 
 def test_metrics_are_read_by_the_adapters_names_summed_or_replicated():
     names = get_adapter("external").metric_names  # SGLang's and vLLM's names both
-    got = ld.parse_metrics(EXPOSITION, names)
+    got = scrape.parse_metrics(EXPOSITION, names)
     # requests add up over data-parallel ranks; the pool's usage is the same on every tensor-parallel rank
     assert got == {"running": 5.0, "token_usage": 0.25, "queued": 4.0, "retracted_total": 7.0}
-    assert ld.parse_metrics(EXPOSITION, get_adapter("vllm").metric_names) == {"queued": 4.0}
+    assert scrape.parse_metrics(EXPOSITION, get_adapter("vllm").metric_names) == {"queued": 4.0}
 
 
 SLOW_SERVER = r"""
@@ -217,7 +217,7 @@ def test_load_config_is_validated_and_cut_per_configuration():
 
 
 def test_the_async_client_keeps_connections_alive_and_opens_one_per_stream_in_flight(slow_server):
-    from longctx.measure.client import async_timed_client
+    from longctx.measure.transport import async_timed_client
 
     async def run():
         async with async_timed_client() as client:
@@ -237,7 +237,7 @@ def test_the_async_client_keeps_connections_alive_and_opens_one_per_stream_in_fl
 
 
 def test_idle_connections_are_reused_newest_first(ref_server):
-    from longctx.measure.client import async_timed_client
+    from longctx.measure.transport import async_timed_client
 
     async def run():
         async with async_timed_client() as client:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from longctx import config as lcfg
-from longctx.measure.client import timed_client
+from longctx.measure.transport import timed_client
 from longctx.measure.prompts import PromptError, TextPrompts, Tokenizer, probe
 from longctx.measure.sweep import run_configuration
 

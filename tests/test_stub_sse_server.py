@@ -14,7 +14,9 @@ import httpx
 import pytest
 
 from longctx.measure import clientcheck as cc
-from longctx.measure.client import StreamRecord, astream_generate, async_timed_client, sglang_body, stream_generate, timed_client
+from longctx.measure.bodies import sglang_body
+from longctx.measure.stream import StreamRecord, astream_generate, stream_generate
+from longctx.measure.transport import async_timed_client, timed_client
 
 from .conftest import ROOT
 

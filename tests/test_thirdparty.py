@@ -110,7 +110,7 @@ def tiny_llama(tmp_path_factory) -> Path:
 def start_vllm_server(tmp_path_factory, tiny_llama) -> dict:
     """vLLM started as the workflow starts it (the adapter's command line and environment), not yet waited for."""
     from longctx.measure.process import ManagedServer, free_port
-    from longctx.measure.sweep import server_env
+    from longctx.measure.session import server_env
 
     adapter = get_adapter("vllm")
     spec = lcfg.configuration_spec(vllm_config(str(tiny_llama)), "vllm-cpu")
@@ -339,7 +339,9 @@ def test_ttft_agrees_with_vllms_own_per_request_record(vllm_server):
     leaving the engine, vllm/v1/metrics/stats.py). longctx's TTFT (first byte sent to first token
     event received, at the socket) must be that plus the HTTP and streaming hops: never less, and
     more by at most 15 ms + 2 % (measured on a 2-core machine: 2 to 6 ms more at 64 to 1,536 tokens)."""
-    from longctx.measure.client import openai_body, stream_generate, timed_client
+    from longctx.measure.bodies import openai_body
+    from longctx.measure.stream import stream_generate
+    from longctx.measure.transport import timed_client
 
     base, model = vllm_server["base"], vllm_server["model"]
     rng = random.Random(0)

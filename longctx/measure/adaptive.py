@@ -18,20 +18,33 @@ interval at max wider than the target, when more trials at max follow (each a co
 budget lasts (the fits' time scaled by how far the measurements so far ran over it); outside either, the lengths
 on the grid next below max are measured too (the miss is a finding: the models change before max).
 Every choice is logged with its reason (Planner.path), and the predicted and spent time.
+
+run_adaptive drives the planner on the sweep's server: each choice measured (measure.protocol), its trials
+joining its length's raw file, sweep.json the path at the end; on resume it replays the choices over the
+trials kept.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
+from . import provenance
 from ..config import grid
 from ..core.fitting import Fit
+from ..engines import ConfigurationSpec
+from .progress import Progress
+from .protocol import length_line, measure_at, samples as ok_samples
+from .rawfiles import resumable_any, write_json, write_kept
+from .session import Session, progress
 
-__all__ = ["Planner", "at_max", "grid"]
+__all__ = ["Planner", "at_max", "grid", "run_adaptive"]
 
 Sample = tuple[int, float, float | None]  # (length, TTFT, TPOT) of a successful trial
 KINDS = {"prefill": 3, "decode": 2}  # the lengths each model needs (its coefficients)
@@ -254,3 +267,61 @@ class Planner:
         return {"settings": self.settings, "grid": grid(self.settings), "path": self.path, "outcome": self.outcome,
                 "spent_s": self.spent_s, "predicted_s": sum(p["predicted_s"] or 0.0 for p in self.path),
                 "at_max": at_max(_fits(self.samples, self.n_boot, self.seed), self.max)}
+
+
+def run_adaptive(session: Session, spec: ConfigurationSpec, run_id: str, common: dict, prov: dict, key: str,
+                 outdir: Path, resume_dir: Path | None, history: list, statuses: dict, tracker: Progress) -> None:
+    """The adaptive sweep (longctx.measure.adaptive.Planner): each choice measured (warm-up before the first only,
+    no batches), its trials joining its length's raw file (a length chosen again gets more trials), each file kept
+    in resume_dir as it grows; then sweep.json, the path with every choice and its reason. On resume the planner
+    replays its choices over the trials kept (same trials, same fits, same choices) and measures from where the
+    interrupted run stopped."""
+    planner = Planner(spec.adaptive, spec.protocol, seed=int(spec.protocol.get("seed") or 0))
+    before = {L: r for L in spec.lengths if (r := resumable_any(resume_dir, L, key))}
+    kept = {L: list(r["trials"]) for L, r in before.items()}
+    kept_time = {L: float(r.get("adaptive_seconds") or 0.0) for L, r in before.items()}
+    records: dict[int, dict] = {}
+
+    def step(length: int, n: int) -> None:
+        ok_before = len(records.get(length, {}).get("trials") or [])
+        reused = kept.get(length, [])[ok_before:ok_before + n]
+        started = provenance.now_iso()
+        t0 = time.monotonic()
+        if len(reused) == n:  # measured before this interruption: the same trials
+            result = {"status": "ok" if all(t["status"] == "ok" for t in reused) else "partial", "reason": None,
+                      "warmup": [], "trials": [dict(t) for t in reused], "resumed": True}
+            history.extend(ok_samples(length, result))
+            seconds = kept_time.get(length, 0.0) * n / max(1, len(kept.get(length, [])))
+        else:
+            tracker.begin(spec.lengths.index(length))
+            sub = replace(spec, protocol={**spec.protocol, "trials": n, "warmup": planner.warmup(), "concurrency": []})
+            result = measure_at(session, sub, length, run_id, history, tracker, needle=length not in records)
+            seconds = time.monotonic() - t0
+        rec = records.get(length)
+        trials = (rec["trials"] if rec else []) + result.get("trials", [])
+        for j, t in enumerate(trials):
+            t["trial"] = j
+        ok = [t for t in trials if t["status"] == "ok"]
+        reasons = sorted({t["reason"] for t in trials if t["status"] != "ok" and t.get("reason")} |
+                         ({result["reason"]} if result.get("reason") and not result.get("trials") else set()))
+        rec = {**common, "provenance": copy.deepcopy(prov), "length": length, **(rec or {}),
+               "status": "ok" if trials and len(ok) == len(trials) else ("partial" if ok else "failed"),
+               "reason": "; ".join(reasons) or None, "warmup": (rec or {}).get("warmup", []) + result.get("warmup", []),
+               "trials": trials, "batches": [], "needle": (rec or {}).get("needle") or result.get("needle"),
+               "resume_key": key, "started_at": (rec or {}).get("started_at") or started, "finished_at": provenance.now_iso(),
+               "adaptive_seconds": (rec or {}).get("adaptive_seconds", 0.0) + seconds}
+        if result.get("fault"):
+            rec["fault"] = result["fault"]
+        records[length] = rec
+        write_kept(str(length), rec, outdir, None if result.get("resumed") else resume_dir)
+        statuses[length] = rec["status"]
+        planner.record(length, n, ok_samples(length, result), seconds)
+        progress.info("%s L=%d: %d trial(s) (%s), %.1f s; %s", spec.name, length, n, planner.path[-1]["reason"][:120],
+                      seconds, length_line(result))
+
+    while (choice := planner.next_step()) is not None:
+        step(choice[0], choice[1])
+    if planner.phase == "around":
+        for length, n, _ in planner.around():
+            step(length, n)
+    write_json(outdir / "sweep.json", {**common, "kind": "adaptive", **planner.summary(), "finished_at": provenance.now_iso()})

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import httpx
 
-from .client import StreamRecord, read_clocks
+from .stream import StreamRecord
+from .wire import read_clocks
 
 
 @dataclass

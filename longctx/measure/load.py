@@ -2,7 +2,7 @@
 
 Every request keeps the sweep's guarantees: exactly L prompt tokens as the server counts them
 (the same Prompter), a prefix unique to it, times taken at the socket (the asyncio client of
-longctx.measure.client), a failure kept as a request with its reason. All requests of a workload
+longctx.measure.transport), a failure kept as a request with its reason. All requests of a workload
 point run on one event loop, so the client sends and reads many streams at once without threads.
 
 - closed loop: c requests in flight; as one ends the next is sent, until `requests` are done (or
@@ -33,23 +33,21 @@ from typing import Callable
 
 import httpx
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from ..engines import EngineAdapter
 from ..specs.pool import observed_pool
-from .client import SEND_AT, StreamRecord, async_timed_client
+from .stream import StreamRecord
+from .transport import async_timed_client
+from .wire import SEND_AT
 from .points import measure_points
 from .prompts import Prompter, check_counts
+from .scrape import Scraper
 
 log = logging.getLogger("longctx.measure.load")
-LOAD_FORMAT = "longctx.load/1"
 # Open loop: the schedule starts this long after its bodies are built; each request is started SEND_AHEAD_S
-# before its time (built, its connection taken) and its first byte held until then (client.SEND_AT)
+# before its time (built, its connection taken) and its first byte held until then (wire.SEND_AT)
 LEAD_S = 0.05
 SEND_AHEAD_S = 0.025
-# Canonical metrics summed over the server's label sets (requests, counters); the others (token counts,
-# fractions of the pool) are replicated per rank and taken at their largest
-SUMMED = ("running", "queued", "retracted_total", "preemptions_total", "gen_throughput")
 # Interference: background streams decode at most this many tokens where no prediction of the window exists
 BACKGROUND_TOKENS = 1024
 
@@ -66,67 +64,6 @@ def arrival_schedule(rate: float, n: int, arrival: str = "poisson", burstiness: 
     else:
         raise ValueError(f"arrival {arrival!r}: allowed values: poisson, gamma")
     return [0.0] + np.cumsum(gaps[: n - 1]).round(9).tolist()
-
-
-def parse_metrics(text: str, names: dict[str, tuple[str, ...]]) -> dict[str, float]:
-    """The canonical metrics `names` finds in a Prometheus exposition (the first sample name found of each)."""
-    by_name: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            by_name.setdefault(sample.name, []).append(float(sample.value))
-    out = {}
-    for canonical, candidates in names.items():
-        found = next((by_name[n] for n in candidates if n in by_name), None)
-        if found:
-            out[canonical] = sum(found) if canonical in SUMMED else max(found)
-    return out
-
-
-class Scraper:
-    """GET the server's metrics every interval_s while a point runs; samples at the midpoint of each GET, with the
-    GET's start and end (the server's answer is from some moment between them)."""
-
-    def __init__(self, client: httpx.AsyncClient, url: str, names: dict, interval_s: float, t0: float):
-        self.client, self.url, self.names, self.interval_s, self.t0 = client, url, names, interval_s, t0
-        self.samples: list[list] = []
-        self.error: str | None = None
-        self._task: asyncio.Task | None = None
-
-    async def _loop(self) -> None:
-        while True:
-            await self.sample()
-            await asyncio.sleep(self.interval_s)
-
-    async def sample(self) -> None:
-        a = time.perf_counter()
-        try:
-            r = await self.client.get(self.url, timeout=max(5.0, 4 * self.interval_s))
-        except httpx.HTTPError as exc:
-            self.error = f"{self.url}: {type(exc).__name__}: {exc}"
-            return
-        b = time.perf_counter()
-        if r.status_code != 200:
-            self.error = f"{self.url} answered HTTP {r.status_code}"
-            return
-        values = parse_metrics(r.text, self.names)
-        if not values:
-            self.error = f"{self.url} has none of {', '.join(sorted(self.names))}"
-        # the server answered at some moment of the GET: its start and end kept beside the midpoint
-        self.samples.append([round((a + b) / 2 - self.t0, 6), values, round(a - self.t0, 6), round(b - self.t0, 6)])
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> dict:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            await self.sample()  # the state once the point ended
-        return {"path": self.url, "interval_s": self.interval_s, "samples": self.samples,
-                "names": {k: list(v) for k, v in self.names.items()}, "error": self.error}
 
 
 @dataclass
@@ -247,7 +184,7 @@ async def _warm(ctx: LoadContext) -> None:
 
 
 async def _send_at(at: float, ctx: LoadContext, *args, **kwargs) -> dict:
-    """_send with its first byte held until `at` (client.SEND_AT): built and connected beforehand (its
+    """_send with its first byte held until `at` (wire.SEND_AT): built and connected beforehand (its
     send_setup_s then counts from that early start, the hold included)."""
     SEND_AT.set(at)
     return await _send(ctx, *args, **kwargs)
@@ -400,7 +337,7 @@ def failed_point(kind: str, length: int, level: float, reason: str, **extra) -> 
 
 def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, float] | None],
              keep: Callable[[list[dict]], None], kept: list[dict] | None = None) -> list[dict]:
-    """Every load point of spec.load on the sweep's session (longctx.measure.sweep.Session: its server up,
+    """Every load point of spec.load on the sweep's session (longctx.measure.session.Session: its server up,
     its prompter probed), in one event loop; keep(points) is called after each point, so that nothing
     measured is lost. A point after which the server does not answer its health path fails with the
     server's fault, the server is restarted (within the session's restarts) and the next point goes on."""

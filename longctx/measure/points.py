@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Hashable
 
-from .process import ServerError
+from .health import ServerError
 
 log = logging.getLogger("longctx.measure.points")
 progress = logging.getLogger("longctx.progress")
@@ -20,7 +20,7 @@ def measure_points(session, name: str, todo: list[Hashable], key: Callable[[dict
                    describe: Callable[[dict], str], keep: Callable[[list[dict]], None],
                    kept: list[dict] | None = None) -> list[dict]:
     """Measure every point of `todo` (hashable descriptions; key(point) gives a measured point's) on
-    session (longctx.measure.sweep.Session) with measure(item); failed(item, reason) is the record of one
+    session (longctx.measure.session.Session) with measure(item); failed(item, reason) is the record of one
     that was not measured or whose measurement raised; keep(points) is called after each point."""
     done: list[dict] = []
     reuse = {key(p): p for p in kept or [] if p["status"] == "ok"}

@@ -22,13 +22,12 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from .client import StreamRecord
+from .stream import StreamRecord
 from .points import measure_points
 from .prompts import check_counts
 
 log = logging.getLogger("longctx.measure.prefix")
 
-PREFIX_FORMAT = 1
 UNKNOWN_SPAN = 256  # where the cache's granularity is not known: the largest page or block a server uses
 
 
@@ -101,7 +100,7 @@ def _status(requests: list[dict]) -> tuple[str, str | None]:
 
 
 class PrefixRun:
-    """The workloads of spec.prefix on the sweep's session (longctx.measure.sweep.Session); timeout(L, n)
+    """The workloads of spec.prefix on the sweep's session (longctx.measure.session.Session); timeout(L, n)
     is the timeout of a request of L prompt and n output tokens, flush() empties the server's cache
     (an error in words, or None)."""
 

@@ -11,7 +11,7 @@ the tokens wanted. One probe request before the sweep decides (``PromptPlan``):
 - where the counts come from: usage in the stream (``stream_options.include_usage``), else only in a
   non-streamed response (the probe asks once; trials then count prompt tokens with the tokenizer or
   as sent, plus k, and output tokens as events), else nowhere (both counted here, and said so);
-- which stream events are tokens (``client.EVENT_RULES``): every event, empty text included, where
+- which stream events are tokens (``stream.EVENT_RULES``): every event, empty text included, where
   that matches the server's own count; else the rule that does; a server whose events carry several
   tokens has its per-event counts estimated.
 
@@ -29,7 +29,8 @@ import httpx
 import numpy as np
 
 from ..core.errors import ConfigError
-from .client import EVENT_RULES, StreamRecord, astream_generate, request_body, stream_generate
+from .bodies import request_body
+from .stream import EVENT_RULES, StreamRecord, astream_generate, stream_generate
 from .workload import PREFIX_TOKENS, prompt_ids
 
 log = logging.getLogger("longctx.measure.prompts")
@@ -159,7 +160,7 @@ class PromptPlan:
     prompt: str = "token_ids"  # "token_ids" | "text"
     added_tokens: int = 0  # k: tokens the server adds to every prompt; a length L is sent as L - k
     usage: str = "stream"  # where the server's counts are: "stream", "response" (non-streamed only) or "none"
-    events: str = "every"  # which OpenAI stream events are tokens (client.EVENT_RULES)
+    events: str = "every"  # which OpenAI stream events are tokens (stream.EVENT_RULES)
     events_exact: bool = True  # the event rule matched the server's own count in the probe
     tokenizer: str | None = None  # the tokenizer's path, where text prompts are built with it
     tokenizer_library: str | None = None
@@ -242,7 +243,7 @@ class Prompter:
 
     async def agenerate(self, client: httpx.AsyncClient, url: str, body: bytes, timeout_s: float, length: int,
                         record: StreamRecord | None = None) -> dict:
-        """generate on asyncio (client.astream_generate, `record` filled as events arrive; a cancelled
+        """generate on asyncio (stream.astream_generate, `record` filled as events arrive; a cancelled
         request raises CancelledError and leaves what it got in `record`)."""
         rec = await astream_generate(client, url, body, timeout_s, self.api, self.plan.events, record=record)
         return self.completed(rec, length)

@@ -1,7 +1,8 @@
-"""Where a measurement came from: code version, packages, machine."""
+"""Where a measurement came from: code version, packages, machine, the model as served, the kernel build."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import socket
@@ -13,6 +14,10 @@ from pathlib import Path
 import psutil
 
 from ..attention.microbench import cpu_name
+from ..core.errors import ConfigError
+from ..engines import ConfigurationSpec, EngineAdapter
+from ..specs.model import ModelNotDescribed, ModelSpecError
+from .health import ServerError
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("longctx", "torch", "httpx", "snakemake", "pandas", "scipy", "matplotlib", "jinja2", "nvidia-ml-py")
@@ -80,3 +85,38 @@ def hardware() -> dict:
         "gpus": gpus(),
         "os": platform.platform(),
     }
+
+
+def resolved_model_spec(adapter: EngineAdapter, spec: ConfigurationSpec) -> tuple[dict | None, str | None]:
+    """The architecture as this configuration serves it (TP size, KV dtype, model.kv_bytes_per_token),
+    for the analysis, or None and why: the config describes no model, or one the spec cannot
+    (then model.kv_bytes_per_token, if given, is the only KV figure). A description that is wrong
+    (a missing file, a field an MHA/GQA/MLA model needs) is a ConfigError."""
+    try:
+        return adapter.model_spec(spec.model, spec.args).to_dict(), None
+    except ModelNotDescribed as exc:
+        return None, str(exc)
+    except ModelSpecError as exc:
+        if spec.model.get("kv_bytes_per_token"):
+            return None, str(exc)
+        raise ConfigError(str(exc)) from None
+
+
+def model_provenance(adapter: EngineAdapter, spec: ConfigurationSpec) -> dict:
+    """The provenance's model, model_spec and model_spec_absent: the config's model with the KV figure the spec
+    derives where it describes the model exactly (resolved_model_spec)."""
+    mspec, absent = resolved_model_spec(adapter, spec)
+    exact = mspec["kv_bytes_per_token"] if mspec and (mspec["exact"] or mspec["kv_bytes_override"]) else None
+    return {"model": {**spec.model, "kv_bytes_per_token": spec.model.get("kv_bytes_per_token") or exact},
+            "model_spec": mspec, "model_spec_absent": absent}
+
+
+def kernel_manifest(spec: ConfigurationSpec) -> dict | None:
+    if not spec.kernel_build:
+        return None
+    path = Path(spec.kernel_build) / "manifest.json"
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ServerError(f"kernel build {path} is missing or unreadable ({exc}); run the build_kernel rule") from None
+    return {"name": m["name"], "build_hash": m["build_hash"], "sources": m["sources"]}

@@ -3,7 +3,7 @@
 `longctx import` (rule import_results) reads a configuration's result files with the reader of its format
 (one module per tool: vllm_bench, sglang_bench, aiperf, guidellm; records.Run and records.Request are what
 each returns), groups their requests into lengths, and writes data/raw/<configuration>/<length>.json for
-each, in the sweep's format (measure.sweep.RAW_FORMAT): a trial per request sent alone, a batch per run of
+each, in the sweep's format (measure.rawfiles.RAW_FORMAT): a trial per request sent alone, a batch per run of
 requests that overlapped. The rest of the workflow (aggregation, fits, roofline, report) reads them as it
 reads its own measurements; the provenance says which tool, version, file and hash each came from and what
 the format lacks (records.LACKS).
@@ -257,7 +257,8 @@ def import_configuration(spec: ConfigurationSpec, outdir: str | Path) -> list[in
     """Write data/raw/<configuration>/<length>.json for every length the files hold (and the load and
     reused-context files, recording that nothing of theirs was imported); returns the lengths."""
     from ...engines import get_adapter
-    from ..sweep import EMPTY_WORKLOADS, FORMATS as WORKLOAD_FORMATS, RAW_FORMAT, model_provenance, write_json
+    from ..provenance import model_provenance
+    from ..rawfiles import EMPTY_WORKLOADS, FORMATS as WORKLOAD_FORMATS, RAW_FORMAT, write_json
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,79 @@
+"""The server's own /metrics through a load point: scraped at an interval, each sample with its GET's start and end.
+
+Each engine's metric names (the adapter's metric_names: canonical name -> the sample names it may have)
+are read from the Prometheus exposition; counts of requests and counters are summed over the server's
+label sets, the others (token counts, fractions of the pool, replicated per rank) taken at their largest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# Canonical metrics summed over the server's label sets (requests, counters); the others (token counts,
+# fractions of the pool) are replicated per rank and taken at their largest
+SUMMED = ("running", "queued", "retracted_total", "preemptions_total", "gen_throughput")
+
+
+def parse_metrics(text: str, names: dict[str, tuple[str, ...]]) -> dict[str, float]:
+    """The canonical metrics `names` finds in a Prometheus exposition (the first sample name found of each)."""
+    by_name: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            by_name.setdefault(sample.name, []).append(float(sample.value))
+    out = {}
+    for canonical, candidates in names.items():
+        found = next((by_name[n] for n in candidates if n in by_name), None)
+        if found:
+            out[canonical] = sum(found) if canonical in SUMMED else max(found)
+    return out
+
+
+class Scraper:
+    """GET the server's metrics every interval_s while a point runs; samples at the midpoint of each GET, with the
+    GET's start and end (the server's answer is from some moment between them)."""
+
+    def __init__(self, client: httpx.AsyncClient, url: str, names: dict, interval_s: float, t0: float):
+        self.client, self.url, self.names, self.interval_s, self.t0 = client, url, names, interval_s, t0
+        self.samples: list[list] = []
+        self.error: str | None = None
+        self._task: asyncio.Task | None = None
+
+    async def _loop(self) -> None:
+        while True:
+            await self.sample()
+            await asyncio.sleep(self.interval_s)
+
+    async def sample(self) -> None:
+        a = time.perf_counter()
+        try:
+            r = await self.client.get(self.url, timeout=max(5.0, 4 * self.interval_s))
+        except httpx.HTTPError as exc:
+            self.error = f"{self.url}: {type(exc).__name__}: {exc}"
+            return
+        b = time.perf_counter()
+        if r.status_code != 200:
+            self.error = f"{self.url} answered HTTP {r.status_code}"
+            return
+        values = parse_metrics(r.text, self.names)
+        if not values:
+            self.error = f"{self.url} has none of {', '.join(sorted(self.names))}"
+        # the server answered at some moment of the GET: its start and end kept beside the midpoint
+        self.samples.append([round((a + b) / 2 - self.t0, 6), values, round(a - self.t0, 6), round(b - self.t0, 6)])
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> dict:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            await self.sample()  # the state once the point ended
+        return {"path": self.url, "interval_s": self.interval_s, "samples": self.samples,
+                "names": {k: list(v) for k, v in self.names.items()}, "error": self.error}

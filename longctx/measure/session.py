@@ -1,0 +1,243 @@
+"""The configuration's server for one run: started when first needed, probed, health-checked, restarted, stopped.
+
+A managed server (one longctx launches) is started in its own process group on a free port
+(measure.process), waited for until healthy, asked what it is (its info endpoints, its KV pool as the
+adapter reads it, the telemetry source), and its prompts probed once (measure.prompts). After a fault
+(it died, or stopped answering its health path) it is stopped and the next measurement starts it
+again, at most server.max_restarts times. An external server is only connected to and checked.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import httpx
+
+from ..engines import ConfigurationSpec, EngineAdapter
+from ..specs.pool import observed_pool
+from .health import ExternalServer, NoHealthPath, ServerError
+from .process import ManagedServer, PortTaken, free_port, pid_file, reap_stray
+from .prompts import Prompter, PromptError, probe as prompt_probe, tokenizer_path
+from .telemetry import telemetry_source
+from .transport import timed_client
+
+log = logging.getLogger("longctx.measure.session")
+# One line per bring-up attempt and per length: what `longctx bench --log` also shows on the console
+progress = logging.getLogger("longctx.progress")
+
+PORT_ATTEMPTS = 5  # launches on fresh ports when another process took the chosen one
+HEALTH_TIMEOUT_S = 10.0  # what a server answering its health path after a failed length must answer within
+# Thread limits a workflow job inherits (Snakemake sets them to the job's threads). The server's
+# threading belongs to its configuration (engine flags or `env`), so they are not passed on.
+THREAD_LIMIT_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def fetch_server_info(client: httpx.Client, base: str, api) -> dict:
+    """Everything the server says about itself at the API's info endpoints, merged."""
+    info: dict = {}
+    for path in api.info_paths:
+        try:
+            r = client.get(base + path, timeout=10)
+            if r.status_code == 200:
+                body = r.json()
+                for key, value in (body.items() if isinstance(body, dict) else [("value", body)]):
+                    info.setdefault(key, value)
+                info.setdefault("endpoints", []).append(path)
+        except (httpx.HTTPError, ValueError):
+            continue
+    return info
+
+
+def server_env(spec: ConfigurationSpec) -> dict[str, str]:
+    """The configuration's environment variables, plus LONGCTX_KERNEL_DIR (the absolute path of the
+    kernel build it uses) for any engine: a server patched to run the kernel under study finds it there."""
+    env = dict(spec.env or {})
+    if spec.kernel_build:
+        env.setdefault("LONGCTX_KERNEL_DIR", str(Path(spec.kernel_build).resolve()))
+    return env
+
+
+class FatalServerError(ServerError):
+    """A server that no restart can bring up (its engine rejects the command line)."""
+
+
+class Session:
+    """The configuration's server: started when first needed, restarted on a fresh port after it
+    died or hung (at most server.max_restarts times), stopped by its process group at the end."""
+
+    def __init__(self, adapter: EngineAdapter, spec: ConfigurationSpec, server_log: Path, provenance_: dict):
+        self.adapter, self.spec, self.log_path, self.prov = adapter, spec, server_log, provenance_
+        self.api = adapter.api(spec)
+        # the health probes in order (the first that answers 200 is used), or the configured path alone
+        self.health_paths = (spec.server["health_path"],) if spec.server.get("health_path") else self.api.health_paths
+        self.health_path: str | None = None  # the one chosen at start-up
+        self.version = adapter.installed_version(spec) if adapter.managed else None
+        self.server = None
+        self.base: str | None = None
+        self.source = None
+        self.random_weights = bool(spec.model.get("random_weights"))
+        self.starts = 0
+        self.preflight_done = False
+        tokenizer_path(spec.model)  # a model.tokenizer that is not there is a config error, before any server starts
+        self.prompter: Prompter | None = None  # decided by the prompt probe once the server first answers
+        self.client = timed_client()
+        self.prov.update(installed_version=self.version, api=self.api.kind, flush_path=self.api.flush_path,
+                         server_log=str(server_log) if adapter.managed else None, starts=0)
+        if adapter.managed:  # a server an earlier run of this configuration left behind (its bench was killed)
+            stray = reap_stray(pid_file(server_log), spec.server["stop_timeout_s"])
+            if stray:
+                progress.warning("%s: %s", spec.name, stray)
+                self.prov["stray_server"] = stray
+
+    def up(self) -> None:
+        if self.server is not None and self.server.alive():
+            return
+        self.down()
+        limit = 1 + self.spec.server["max_restarts"]
+        last = None
+        while self.starts < limit:
+            self.starts += 1
+            progress.info("%s: %s (attempt %d of at most %d)", self.spec.name, "starting the server" if self.adapter.managed
+                          else f"connecting to the external server at {self.spec.url}", self.starts, limit)
+            try:
+                self._start()
+                self._probe()
+                return
+            except (FatalServerError, NoHealthPath):
+                raise
+            except ServerError as exc:
+                last = str(exc)
+                progress.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
+                self.down()
+        raise ServerError(f"the server could not be (re)started after {self.starts} starts; last: {last}")
+
+    def _start(self) -> None:
+        a, spec = self.adapter, self.spec
+        timeout = spec.startup_timeout_s or spec.server["startup_timeout_s"]
+        if a.managed:
+            cmd, startup_s = self._start_managed(timeout)
+        else:
+            cmd, self.base = None, spec.url.rstrip("/")
+            self.server = ExternalServer(self.base)
+            try:
+                self.health_path, startup_s = self.server.wait_ready(self.health_paths, timeout)
+            except ServerError as exc:  # longctx cannot start it: a restart would only wait again
+                raise FatalServerError(f"the external server of configuration {spec.name!r} (configurations."
+                                       f"{spec.name}.url: {spec.url}) is not ready: {exc}") from None
+        progress.info("%s: server up in %.1f s (pid %s, %s), health on %s", spec.name, startup_s, self.server.pid,
+                 self.log_path if a.managed else self.base, self.health_path)
+        info = fetch_server_info(self.client, self.base, self.api)
+        log_text = self.log_path.read_text(errors="replace") if a.managed else ""
+        tele = telemetry_source(a, spec, self.server.pid, self.base)
+        self.source = tele.source
+        self.random_weights = bool(spec.model.get("random_weights") or info.get("random_weights"))
+        self.prov.update(
+            launch_command=cmd, base_url=self.base, server_pid=self.server.pid, startup_s=startup_s, starts=self.starts,
+            health_path=self.health_path,
+            server_info=info, engine_version=info.get("version") or self.version,
+            kv_pool={"tokens": a.pool_tokens(info), "log": a.kv_pool_from_log(log_text), "budget": a.kv_budget(spec)},
+            telemetry=tele.description, telemetry_scope=tele.scope(), device=tele.device,
+        )
+
+    def _probe(self) -> None:
+        """Once per sweep: how this server takes prompts and counts tokens (measure.prompts)."""
+        if self.prompter is not None:
+            return
+        spec = self.spec
+        try:
+            plan, self.prompter = prompt_probe(self.client, self.base + self.api.generate_path, self.api.kind,
+                                               self.adapter.served_model(spec), spec.protocol, spec.model,
+                                               spec.protocol["request_timeout_s"])
+        except PromptError as exc:  # the same server would answer the same: no restart helps
+            raise FatalServerError(f"the prompt probe of configuration {spec.name!r} failed: {exc}") from None
+        self.prov["prompt_probe"] = plan.to_dict()
+        progress.info("%s: prompt probe: %s", spec.name, plan.describe())
+
+    def _start_managed(self, timeout: float) -> tuple[list[str], float]:
+        """Launch on a free port; when another process takes that port first (another bench job
+        on the node), launch again on another, up to PORT_ATTEMPTS times: that is not a restart."""
+        a, spec = self.adapter, self.spec
+        host = spec.server["host"]
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = free_port(host)
+            self.base = f"http://{host}:{port}"
+            cmd = a.launch_command(spec, host, port, self.version)
+            if not self.preflight_done:
+                problem = a.preflight(spec, cmd)
+                if problem:
+                    raise FatalServerError(problem)
+                self.preflight_done = True
+            self.server = ManagedServer(cmd, self.log_path, env=server_env(spec),
+                                        stop_timeout_s=spec.server["stop_timeout_s"], unset=THREAD_LIMIT_VARS)
+            self.server.start()
+            try:
+                self.health_path, startup_s = self.server.wait_ready(self.base, self.health_paths, timeout, port=port)
+                return cmd, startup_s
+            except PortTaken as exc:
+                log.warning("%s: %s; launching on another port (%d of %d)", spec.name, exc, attempt, PORT_ATTEMPTS)
+        raise ServerError(f"every one of {PORT_ATTEMPTS} ports was taken by another process before the server bound it")
+
+    def refuses(self, length: int, output_tokens: int) -> str | None:
+        """Why a request of `length` prompt and output_tokens output tokens cannot be served, from what the
+        server reported at start-up (its context length, its KV pool's tokens), or None."""
+        info = self.prov.get("server_info") or {}
+        models = info.get("data") if isinstance(info.get("data"), list) else []
+        try:
+            context = self.adapter.context_length(self.spec.args, info)
+        except (TypeError, ValueError):
+            context = None
+        context = context or next((m.get("max_model_len") for m in models if isinstance(m, dict) and m.get("max_model_len")), None)
+        pool, _ = observed_pool(self.prov)
+        need = length + output_tokens
+        if context and need > int(context):
+            return (f"not sent: {length} prompt and {output_tokens} output tokens exceed the context length of "
+                    f"{int(context)} tokens the server reports")
+        if pool and need > int(pool):
+            return (f"not sent: {length} prompt and {output_tokens} output tokens exceed the {int(pool)} tokens of the KV "
+                    "pool the server allocated")
+        return None
+
+    def flush(self, timeout_s: float) -> str | None:
+        """Empty the server's prefix cache where its API has a flush path: None, or why it failed."""
+        if not self.api.flush_path:
+            return None
+        try:
+            r = self.client.post(self.base + self.api.flush_path, timeout=min(30.0, timeout_s))
+            return None if r.status_code == 200 else f"flush_cache answered HTTP {r.status_code}"
+        except httpx.HTTPError as exc:
+            return f"flush_cache failed: {exc}"
+
+    def alive(self) -> bool:
+        return self.server is not None and self.server.alive()
+
+    def healthy(self) -> bool:
+        """Alive and answering the health path chosen at start-up within a few seconds."""
+        if not self.alive():
+            return False
+        try:
+            return self.client.get(self.base + self.health_path, timeout=HEALTH_TIMEOUT_S).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def fault(self, during: str, then: str) -> str:
+        """Why a server that failed its health check `during` something failed (it died, or it stopped
+        answering its health path), in words with its log's path; the server is stopped, so that `then`
+        (the next length, the next point) starts it again."""
+        if self.alive():
+            reason = (f"the server stopped answering {self.health_path} {during}; it is restarted for {then}; "
+                      f"server log: {self.log_path}")
+        else:
+            reason = self.server.died_message(f"the server died {during}")
+        self.down()
+        return reason
+
+    def down(self) -> None:
+        if self.server is not None and self.adapter.managed:
+            self.server.stop()
+        self.server = None
+
+    def close(self) -> None:
+        self.client.close()  # first: a server waits for its open responses before it exits
+        self.down()

@@ -1,0 +1,350 @@
+"""Kernel-timestamped connections: when a request's first byte was written and when each read's bytes arrived.
+
+A timed connection notes the moment a request's first byte goes to the socket (``request_sent``) and
+the arrival of the bytes of its latest read (``read_at``), both on time.perf_counter's clock. Arrival
+is Linux's receive timestamp (SO_TIMESTAMPNS) of the newest bytes where the socket gives one, so that
+neither httpx's request set-up (about 0.5 ms on a busy 2-core machine), nor its HTTP parsing, nor the
+client being scheduled late counts; reads go one stream event at a time (a peek to the SSE blank line),
+so that events waiting together keep their own stamps.
+
+``WireStream`` is the blocking connection (httpcore's sync backend underneath), ``AsyncWireStream`` the
+asyncio one (its own non-blocking socket, read as soon as the event loop sees it readable), TLS
+connections are timed at their reads. ``SEND_AT`` holds an asyncio request's first byte until its
+scheduled time (an open loop's arrivals). The transports and pools that use them are in
+measure.transport; what is read from them, in measure.stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import select
+import socket
+import struct
+import sys
+import time
+
+import httpcore
+
+# Linux's SO_TIMESTAMPNS (the asm-generic value, x86 and arm alike); Python's socket module does not name it
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
+_TIMESPEC = struct.Struct("@ll")  # SCM_TIMESTAMPNS: struct timespec, CLOCK_REALTIME
+_CMSG_BYTES = 64
+
+
+def read_clocks(tries: int = 5) -> tuple[float, int]:
+    """perf_counter and the wall clock (ns) read together: the wall clock between two perf_counter
+    reads, the closest pair of a few, so that a preemption between the reads does not shift one."""
+    best = None
+    for _ in range(tries):
+        a, real, b = time.perf_counter(), time.time_ns(), time.perf_counter()
+        if best is None or b - a < best[0]:
+            best = (b - a, (a + b) / 2, real)
+        if b - a < 2e-6:
+            break
+    return best[1], best[2]
+
+
+class Stamped:
+    """What a timed connection notes (see WireStream), and the kernel stamp of a read made into
+    ``read_at``; shared by the blocking and the asyncio streams."""
+
+    def _start_stamps(self, sock) -> None:
+        self._sock = sock
+        self.arrival_clock = "socket"
+        if _SO_TIMESTAMPNS is not None and type(sock) is socket.socket:  # not through TLS
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                self.arrival_clock = "kernel"
+            except OSError:
+                pass
+        self.request_sent: float | None = None
+        self.read_at: float | None = None
+        self.read_stamped = False
+        self._last_stamp = 0.0
+        self._after_read = True  # HTTP/1.1 without pipelining: the first write after a read starts a request
+
+    def _writing(self, buffer: bytes) -> None:
+        """Called right before a write's first byte goes to the socket."""
+        if buffer and self._after_read:
+            self.request_sent = time.perf_counter()
+            self._after_read = False
+            self._last_stamp = 0.0
+
+    def _stamp(self, ancillary) -> None:
+        """A read just returned (with the ancillary data of recvmsg, or None where it was a plain read)."""
+        self.read_at = time.perf_counter()
+        self.read_stamped = False
+        for level, kind, payload in ancillary or ():
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(payload)
+                now, now_real_ns = read_clocks()
+                age = (now_real_ns - (sec * 1_000_000_000 + nsec)) * 1e-9
+                if age >= 0:  # else the wall clock was stepped: keep the read's own time
+                    # never before the request, nor before the previous read's bytes: bytes the kernel
+                    # kept together share one stamp, which each read converts with its own clock pair
+                    self.read_at = max(now - age, self.request_sent or 0.0, self._last_stamp)
+                    self.read_stamped = True
+                    self._last_stamp = self.read_at
+        self._after_read = True
+
+    def _read_event(self, max_bytes: int) -> tuple[bytes, list]:
+        """One recvmsg: the timestamp is that of the newest bytes read, so read one stream event at a
+        time (up to its blank line), and events waiting together keep their own where the kernel kept
+        them apart (it may merge waiting bytes and keep the newest time)."""
+        waiting = self._sock.recv(max_bytes, socket.MSG_PEEK)
+        cut = waiting.find(b"\n\n")
+        if cut >= 0:
+            cut += 2
+            if waiting.startswith(b"\r\n", cut):  # the chunk's own end (chunked encoding): not a read of its own
+                cut += 2
+        data, ancillary, _, _ = self._sock.recvmsg(cut if cut >= 0 else max_bytes, _CMSG_BYTES)
+        return data, ancillary
+
+
+class WireStream(Stamped, httpcore.NetworkStream):
+    """A connection's socket that notes when a request's first byte was written (``request_sent``)
+    and when the bytes of the latest read arrived (``read_at``), both on time.perf_counter's clock.
+
+    Arrival is the kernel's receive timestamp of the newest bytes in the read where the socket
+    gives one (``arrival_clock == "kernel"``), converted from CLOCK_REALTIME by how long ago it
+    was; otherwise the moment the read returned ("socket"). Even a timestamping socket gets no
+    stamp on some packets: Linux turns receive timestamps on lazily (a deferred static key) when
+    the first socket asks after none did, so the packets of the next few milliseconds carry none;
+    ``read_stamped`` says whether the latest read had one.
+    """
+
+    def __init__(self, inner: httpcore.NetworkStream):
+        self._inner = inner
+        self._start_stamps(inner.get_extra_info("socket"))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._writing(buffer)
+        self._inner.write(buffer, timeout)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self.arrival_clock != "kernel":
+            data = self._inner.read(max_bytes, timeout)
+            self._stamp(None)
+            return data
+        try:
+            self._sock.settimeout(timeout)
+            data, ancillary = self._read_event(max_bytes)
+        except socket.timeout as exc:
+            raise httpcore.ReadTimeout(str(exc)) from exc
+        except OSError as exc:
+            raise httpcore.ReadError(str(exc)) from exc
+        self._stamp(ancillary)
+        return data
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None) -> "WireStream":
+        return WireStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str):
+        return self._inner.get_extra_info(info)
+
+
+
+def _wake(fut: asyncio.Future, exc: BaseException | None = None) -> None:
+    if not fut.done():
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether a read would return at once (bytes waiting, or the peer closed); a closed socket is."""
+    if sock.fileno() < 0:
+        return True
+    poll = select.poll()
+    poll.register(sock.fileno(), select.POLLIN)
+    return bool(poll.poll(0))
+
+
+# A request's first byte is held until this perf_counter time where it is set (an open loop's schedule): the
+# request is built and its connection taken beforehand, so that its send time is its scheduled time and not
+# that plus httpx's set-up (0.3 to 1 ms here, more on a busy loop)
+SEND_AT: contextvars.ContextVar[float | None] = contextvars.ContextVar("longctx_send_at", default=None)
+SPIN_S = 0.0015  # the last stretch before a hold's end is waited out spinning (epoll's timeout has a millisecond's grain)
+
+
+async def _hold_until(target: float | None) -> None:
+    if target is None:
+        return
+    ahead = target - time.perf_counter() - SPIN_S
+    if ahead > 0:
+        await asyncio.sleep(ahead)
+    while time.perf_counter() < target:
+        pass
+
+
+
+class AsyncWireStream(Stamped, httpcore.AsyncNetworkStream):
+    """WireStream on asyncio: the connection's own non-blocking socket, read when the event loop says
+    it is readable (``loop.add_reader``; asyncio has no ``sock_recvmsg``) with the same peek to the blank
+    line, the same recvmsg and kernel stamp; written directly (the first byte's time is
+    ``request_sent``), waiting for writability only where the socket's buffer is full."""
+
+    def __init__(self, sock: socket.socket):
+        sock.setblocking(False)
+        self._loop = asyncio.get_running_loop()
+        self._start_stamps(sock)
+
+    async def _ready(self, add, remove, deadline: float | None, timeout_exc: type[Exception]) -> None:
+        fut = self._loop.create_future()
+        fd = self._sock.fileno()
+        add(fd, _wake, fut)
+        timer = None
+        if deadline is not None:
+            timer = self._loop.call_at(deadline, _wake, fut, timeout_exc("timed out"))
+        try:
+            await fut
+        finally:
+            remove(fd)
+            if timer is not None:
+                timer.cancel()
+
+    def _read_now(self, max_bytes: int) -> bytes:
+        """One read (an event, with its kernel stamp where the socket gives them), stamped at once."""
+        if self.arrival_clock == "kernel":
+            data, ancillary = self._read_event(max_bytes)
+        else:
+            data, ancillary = self._sock.recv(max_bytes), None
+        self._stamp(ancillary)
+        return data
+
+    def _on_readable(self, fut: asyncio.Future, max_bytes: int) -> None:
+        """The loop's reader callback: the read is made here, as soon as the loop sees the socket readable,
+        not when the waiting task next runs. With many streams the loop takes an iteration or two to run
+        that task (64 streams in lockstep: 10 ms an iteration here), and an event read after the next one
+        arrived carries the newer one's stamp (the kernel merges waiting segments)."""
+        if fut.done():
+            return
+        try:
+            fut.set_result(self._read_now(max_bytes))
+        except (BlockingIOError, InterruptedError):
+            return  # not readable after all: the reader stays registered
+        except OSError as exc:
+            fut.set_exception(httpcore.ReadError(str(exc)))
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            return self._read_now(max_bytes)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as exc:
+            raise httpcore.ReadError(str(exc)) from exc
+        fut = self._loop.create_future()
+        fd = self._sock.fileno()
+        self._loop.add_reader(fd, self._on_readable, fut, max_bytes)
+        timer = None
+        if timeout is not None:
+            timer = self._loop.call_later(timeout, _wake, fut, httpcore.ReadTimeout("timed out"))
+        try:
+            return await fut
+        finally:
+            self._loop.remove_reader(fd)
+            if timer is not None:
+                timer.cancel()
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else self._loop.time() + timeout
+        view = memoryview(buffer)
+        if buffer and self._after_read:
+            await _hold_until(SEND_AT.get())
+        self._writing(buffer)
+        while view:
+            try:
+                view = view[self._sock.send(view):]
+            except (BlockingIOError, InterruptedError):
+                await self._ready(self._loop.add_writer, self._loop.remove_writer, deadline, httpcore.WriteTimeout)
+            except OSError as exc:
+                raise httpcore.WriteError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        self._sock.close()
+
+    async def start_tls(self, ssl_context, server_hostname=None, timeout=None) -> httpcore.AsyncNetworkStream:
+        """TLS through anyio's stream over this socket; timed at its reads, as WireStream is through TLS."""
+        import anyio.abc
+        import anyio.streams.tls
+
+        try:
+            with anyio.fail_after(timeout):
+                plain = await anyio.abc.SocketStream.from_socket(self._sock)
+                tls = await anyio.streams.tls.TLSStream.wrap(plain, ssl_context=ssl_context, hostname=server_hostname,
+                                                             standard_compatible=False)
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout("TLS handshake timed out") from exc
+        except (OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+            raise httpcore.ConnectError(f"TLS: {type(exc).__name__}: {exc}") from exc
+        return _AsyncTLSWire(tls)
+
+    def get_extra_info(self, info: str):
+        sock = self._sock
+        if info == "socket":
+            return sock
+        if info in ("client_addr", "server_addr"):
+            try:
+                return sock.getsockname() if info == "client_addr" else sock.getpeername()
+            except OSError:
+                return None
+        if info == "is_readable":  # the pool asks whether an idle connection was closed by the server
+            return _readable(sock)
+        return None
+
+
+class _AsyncTLSWire(Stamped, httpcore.AsyncNetworkStream):
+    """An asyncio TLS connection (an anyio TLS stream), timed at its reads ("socket": no kernel stamps
+    through TLS) and writes."""
+
+    def __init__(self, tls):
+        import anyio
+
+        self._tls, self._anyio = tls, anyio
+        self._start_stamps(None)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        anyio = self._anyio
+        try:
+            with anyio.fail_after(timeout):
+                data = await self._tls.receive(max_bytes)
+        except anyio.EndOfStream:
+            data = b""
+        except TimeoutError as exc:
+            raise httpcore.ReadTimeout("read timed out") from exc
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise httpcore.ReadError(f"{type(exc).__name__}: {exc}") from exc
+        self._stamp(None)
+        return data
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if not buffer:
+            return
+        anyio = self._anyio
+        self._writing(buffer)
+        try:
+            with anyio.fail_after(timeout):
+                await self._tls.send(buffer)
+        except TimeoutError as exc:
+            raise httpcore.WriteTimeout("write timed out") from exc
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise httpcore.WriteError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self._tls.aclose()
+
+    def get_extra_info(self, info: str):
+        anyio = self._anyio
+        if info == "ssl_object":
+            return self._tls.extra(anyio.streams.tls.TLSAttribute.ssl_object, None)
+        if info == "socket":
+            return self._tls.extra(anyio.abc.SocketAttribute.raw_socket, None)
+        if info == "is_readable":
+            sock = self._tls.extra(anyio.abc.SocketAttribute.raw_socket, None)
+            return sock is None or _readable(sock)
+        return None
