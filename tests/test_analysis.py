@@ -112,7 +112,8 @@ def test_fit_all_needs_enough_lengths():
 
 # --- intervals, regime changes, the study's figures -----------------------------------------------
 
-from longctx.core.fitting import regime_change  # noqa: E402
+from longctx.analysis.fits import PREDICTED, prediction_check  # noqa: E402
+from longctx.core.fitting import LEVEL, regime_change_in  # noqa: E402
 from longctx.report.diagnosis import diagnose  # noqa: E402
 from longctx.report.figures import ANALYSIS_FIGURES, FIGURES  # noqa: E402
 
@@ -199,17 +200,25 @@ def _piecewise(L, t0, beta, knee, factor):
     return t0 + beta * np.minimum(L, knee) + factor * beta * np.maximum(L - knee, 0)
 
 
+def _regime_change(kind: str, lengths, y, tolerance: float, n_boot: int) -> dict | None:
+    """The regime change as fits.json finds it (longctx.analysis.fits): regime_change_in over the prediction
+    check's cuts of the rows (longctx.core.fitting.holdout)."""
+    rows = pd.DataFrame({"length": lengths, PREDICTED[kind]: y})
+    cuts = (prediction_check({kind: rows}, n_boot, LEVEL, 0).get(kind) or {}).get("cuts", [])
+    return regime_change_in(kind, cuts, tolerance)
+
+
 def test_regime_change_is_found_where_the_model_stops_fitting():
     L = np.repeat(2.0 ** np.arange(10, 17), 3)  # 1k .. 64k
     rng = np.random.default_rng(4)
     y = _piecewise(L, 2e-3, 2e-7, 16384, 3.0) * (1 + 0.01 * rng.standard_normal(L.size))
-    rc = regime_change("decode", L, y, tolerance=0.2, n_boot=300)
+    rc = _regime_change("decode", L, y, tolerance=0.2, n_boot=300)
     assert rc["fitted_up_to"] == 16384 and rc["from_length"] == 32768 and rc["direction"] == "slower"
     assert rc["deviation"] == pytest.approx(_piecewise(32768, 2e-3, 2e-7, 16384, 3.0) / (2e-3 + 2e-7 * 32768) - 1, rel=0.1)
     # one model throughout: no regime change, for decode and for prefill
-    assert regime_change("decode", L, (2e-3 + 2e-7 * L) * (1 + 0.01 * rng.standard_normal(L.size)), 0.2, 300) is None
+    assert _regime_change("decode", L, (2e-3 + 2e-7 * L) * (1 + 0.01 * rng.standard_normal(L.size)), 0.2, 300) is None
     ttft = (0.05 + 2e-5 * L + 1e-8 * L**2) * (1 + 0.01 * rng.standard_normal(L.size))
-    assert regime_change("prefill", L, ttft, 0.2, 300) is None
+    assert _regime_change("prefill", L, ttft, 0.2, 300) is None
 
 
 KIMI_ARCH = {"num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 64, "kv_lora_rank": 512,

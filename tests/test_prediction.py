@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from longctx.analysis.fits import prediction_check
-from longctx.core.fitting import regime_change
+from longctx.core.fitting import regime_change_in
 from longctx.report import wording
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]
@@ -48,7 +48,7 @@ def test_a_miss_is_tied_to_the_regime_change_it_is():
     check = prediction_check({"prefill": None, "decode": g}, 400, 0.95, 0)
     head = check["decode"]["headline"]
     assert head["inside"] is False and head["rate_deviation"] == pytest.approx(-0.5, abs=0.03)
-    rc = regime_change("decode", g["length"], g["step_s"], 0.2, 400, 0.95, 0)
+    rc = regime_change_in("decode", check["decode"]["cuts"], 0.2)  # as longctx.analysis.fits finds it
     assert rc["from_length"] == 16384 and rc["direction"] == "slower"
     said = wording.prediction({"prediction": check, "decode": {"regime_change": rc}})
     assert re.search(r"decode rate within 5\d% \(outside its interval, 5\d% slower than predicted: the regime change "

@@ -32,6 +32,9 @@ settings, the kernel timed alone at the same shape, the verify width.
 
 from __future__ import annotations
 
+from ..core.fitting import reciprocal_interval
+from ..specs.model import ModelSpec
+
 BOUNDS = {"roof_share": 0.5, "dominant_share": 0.5}
 FIT_QUALITY = {"min_r2": 0.8, "max_relative_interval": 1.0}
 ROOFS = ("measured", "datasheet")
@@ -144,7 +147,7 @@ def decode(fit: dict | None, steps: dict[int, float], length: int, kv_bytes: flo
         return {**out, "class": "unknown"}
     rate = kv_bytes / beta
     ci = (fit.get("ci") or {}).get("beta_s_per_token")
-    rate_ci = [kv_bytes / ci[1] if ci and ci[1] else None, kv_bytes / ci[0] if ci and ci[0] else None] if ci else None
+    rate_ci = reciprocal_interval(kv_bytes, ci)
     out["bandwidth"] = {"Bps": rate, "ci": rate_ci, "pct": _pcts(rate, bw_roofs),
                         "pct_ci": {w: [100 * x / roof if x else None for x in rate_ci] for w, roof in bw_roofs.items()} if rate_ci else None}
     if intensity:
@@ -175,19 +178,27 @@ def _median_bounds(steps: dict[int, float], length: int, kv_bytes: float | None,
     return out
 
 
-def prefill(fit: dict | None, ttft: dict[int, float], length: int, flops_per_pair: float | None, ceilings: dict,
+def attention_rate(flops_per_pair: float, c: float, ci) -> tuple[float, list | None]:
+    """The attention's FLOP rate that the prefill fit's quadratic term c (> 0) stands for, with its interval from c's:
+    a prompt of L tokens holds L (L + 1) / 2 (query, key) pairs, so c L^2 seconds buy flops_per_pair / 2 FLOP per L^2."""
+    per_token2 = flops_per_pair / 2
+    return per_token2 / c, reciprocal_interval(per_token2, ci)
+
+
+def prefill(fit: dict | None, ttft: dict[int, float], length: int, spec: ModelSpec | None, ceilings: dict,
             settings: dict) -> dict | None:
     """The prefill phase's class at `length` (see the module's words). ttft: median TTFT per length;
-    flops_per_pair: the attention FLOPs per (query, key) pair (None where the model is not described exactly)."""
+    spec: the model spec, for the attention's FLOPs (None where it does not describe the model exactly)."""
     if not fit or length not in ttft:
         return None
+    flops_per_pair = spec.prefill_flops_per_pair() if spec else None
     st = {**BOUNDS, **(settings.get("bounds") or {})}
     q = quality(fit, "prefill", settings)
     flop_roofs = _roofs(ceilings, "flops")
     out = {"phase": "prefill", "length": length, "ttft_s": ttft[length], "quality": q, "thresholds": st, "share": None,
            "compute": None, "basis": None, "medians": None}
     if flops_per_pair and ttft[length] > 0:  # the attention's FLOPs over the whole TTFT: a lower bound of its rate
-        lower = flops_per_pair * length * (length + 1) / 2 / ttft[length]
+        lower = spec.prefill_attention_flops(length) / ttft[length]
         out["medians"] = {"lower_flops": lower, "lower_pct_compute": _pcts(lower, flop_roofs)}
     if not q["usable"]:
         if out["medians"] and _reaches(out["medians"]["lower_pct_compute"], st["roof_share"]):
@@ -201,10 +212,8 @@ def prefill(fit: dict | None, ttft: dict[int, float], length: int, flops_per_pai
         return {**out, "class": "linear"}
     if not flops_per_pair:
         return {**out, "class": "unknown"}
-    rate = flops_per_pair / 2 / c
-    ci = (fit.get("ci") or {}).get("c_s_per_token2")
-    out["compute"] = {"flops": rate, "pct": _pcts(rate, flop_roofs),
-                      "ci": [flops_per_pair / 2 / ci[1] if ci[1] else None, flops_per_pair / 2 / ci[0] if ci[0] else None] if ci else None}
+    rate, ci = attention_rate(flops_per_pair, c, (fit.get("ci") or {}).get("c_s_per_token2"))
+    out["compute"] = {"flops": rate, "pct": _pcts(rate, flop_roofs), "ci": ci}
     if not flop_roofs:
         return {**out, "class": "unknown"}
     return {**out, "class": "compute" if _reaches(out["compute"]["pct"], st["roof_share"]) else "latency"}

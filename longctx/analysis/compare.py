@@ -19,11 +19,14 @@ interval is the central `confidence` share of those ratios. The verdict follows 
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import numpy as np
 import pandas as pd
 
+from ..core.fitting import median_draws, percentile_interval
+from ..core.numbers import ratio as ratio_of
 from .fits import SETTINGS
 from .tables import ok_rows
 
@@ -31,8 +34,7 @@ FASTER, SLOWER, SAME, NO_INTERVAL = "faster", "slower", "no measurable differenc
 VERDICTS = (FASTER, SLOWER, SAME, NO_INTERVAL)
 # metric: (column of results.csv, whether a smaller value is faster)
 METRICS = {"ttft": ("ttft_s", True), "decode": ("decode_tok_s", False)}
-MIN_TRIALS = 2  # on each side, for an interval
-MIN_DRAWS = 10  # usable resampled ratios, for an interval (as longctx.core.fitting.Fit.interval asks)
+MIN_TRIALS = 2  # on each side, for an interval (and at least longctx.core.fitting.MIN_DRAWS usable resampled ratios)
 
 
 def verdict(ci) -> str:
@@ -41,19 +43,6 @@ def verdict(ci) -> str:
         return NO_INTERVAL
     lo, hi = ci
     return FASTER if lo > 1 else SLOWER if hi < 1 else SAME
-
-
-def _medians_of_resamples(values: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """The median of each of n_boot resamples (with replacement, of the same size) of values."""
-    idx = rng.integers(0, len(values), size=(n_boot, len(values)))
-    return np.median(values[idx], axis=1)
-
-
-def _ratio(num, den):
-    """num / den where den > 0 (NaN elsewhere); works on arrays and scalars alike."""
-    num, den = np.asarray(num, float), np.asarray(den, float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
 def speedup(base, other, smaller_is_faster: bool, n_boot: int = SETTINGS["bootstrap"],
@@ -67,18 +56,15 @@ def speedup(base, other, smaller_is_faster: bool, n_boot: int = SETTINGS["bootst
     if not len(b) or not len(o):
         return None
     num, den = (b, o) if smaller_is_faster else (o, b)
-    ratio = float(_ratio(np.median(num), np.median(den)))
-    if not np.isfinite(ratio):
+    ratio = ratio_of(np.median(num), np.median(den))
+    if ratio is None or not math.isfinite(ratio):
         return None
     ci = None
     if n_boot and min(len(b), len(o)) >= MIN_TRIALS:
         rng = rng if rng is not None else np.random.default_rng(SETTINGS["seed"])
-        draws = _ratio(_medians_of_resamples(num, n_boot, rng), _medians_of_resamples(den, n_boot, rng))
-        draws = draws[np.isfinite(draws)]
-        if draws.size >= MIN_DRAWS:
-            tail = (1 - level) / 2
-            lo, hi = np.quantile(draws, [tail, 1 - tail])
-            ci = [float(lo), float(hi)]
+        n, d = median_draws(num, n_boot, rng), median_draws(den, n_boot, rng)
+        # the ratio of each pair of resampled medians, where the denominator is positive (NaN elsewhere: left out)
+        ci = percentile_interval(np.divide(n, d, out=np.full(n.shape, np.nan), where=d > 0), level)
     return {"ratio": ratio, "ci": ci, "verdict": verdict(ci), "trials": int(len(o)), "baseline_trials": int(len(b))}
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from ..core.fitting import LEVEL, Fit, decode_summary, holdout, prefill_summary, regime_change_in
+from ..core.fitting import LEVEL, Fit, decode_summary, holdout, prefill_summary, reciprocal_interval, regime_change_in
 from ..core.numbers import is_number
 from . import bounds, kernel_records
 from ..specs.pool import observed_pool
@@ -30,6 +30,15 @@ SETTINGS = {"bootstrap": 1000, "confidence": LEVEL, "seed": 0, "regime_tolerance
 # the distinct lengths each fit needs (longctx.core.fitting.Fit: a + bL + cL^2; t0 + beta L)
 FIT_LENGTHS = {"prefill": 3, "decode": 2}
 PARTIAL_MODES = ("exclude", "include")
+
+
+def bootstrap_settings(fits: dict | None, settings: dict | None = None) -> dict:
+    """bootstrap, confidence and seed as fits.json's settings give them (defaults: SETTINGS), `settings` (--settings)
+    overriding them: what the analyses after the fits resample with."""
+    keys = ("bootstrap", "confidence", "seed")
+    st = {k: ((fits or {}).get("settings") or {}).get(k, SETTINGS[k]) for k in keys}
+    st.update({k: settings[k] for k in keys if k in (settings or {})})
+    return st
 
 
 def max_length(entry: dict) -> tuple[int | None, str | None]:
@@ -194,12 +203,9 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
             dec["ci"][f"bw_pct_{which}"] = [_pct(x * 1e9, ref) if x is not None else None for x in ci] if ref else None
     pre = out.get("prefill")
     if pre and exact and pre["c_s_per_token2"] > 0:
-        # attention FLOPs of a prompt: L(L+1)/2 pairs x per-pair FLOPs, so c L^2 buys per_pair/2 FLOP per L^2
-        rate = exact.prefill_flops_per_pair() / 2 / pre["c_s_per_token2"]
+        rate, pre["ci"]["attention_flops"] = bounds.attention_rate(exact.prefill_flops_per_pair(), pre["c_s_per_token2"],
+                                                                   pre["ci"].get("c_s_per_token2"))
         pre["attention_flops"] = rate
-        c_ci = pre["ci"].get("c_s_per_token2")
-        pre["ci"]["attention_flops"] = [exact.prefill_flops_per_pair() / 2 / c_ci[1] if c_ci[1] else None,
-                                        exact.prefill_flops_per_pair() / 2 / c_ci[0] if c_ci[0] else None] if c_ci else None
         for which in ("datasheet", "measured"):
             pre[f"attention_pct_{which}"] = _pct(rate, (ceil.get(which) or {}).get("flops"))
     # extrapolation to the longest request the deployment could serve
@@ -217,8 +223,7 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
             ex[key], ex["ci_" + key] = value, ci
             if kind == "decode":
                 ex["decode_tok_s"] = tokens_per_step / value
-                ex["ci_decode_tok_s"] = [tokens_per_step / ci[1] if ci[1] else None,
-                                         tokens_per_step / ci[0] if ci[0] else None] if ci else None
+                ex["ci_decode_tok_s"] = reciprocal_interval(tokens_per_step, ci)
                 ex["tokens_per_step"] = tokens_per_step
         out["extrapolation"] = ex
     q = adapter.verify_width(args)
@@ -249,8 +254,7 @@ def _with_bounds(out: dict, fits: dict, p: pd.DataFrame, d: pd.DataFrame, kv, ex
     out["bounds"] = {
         "decode": bounds.decode(out.get("decode"), steps, top(steps), kv, exact.decode_flops_per_kv_token() * q if exact else None,
                                 q, ceil, st) if steps else None,
-        "prefill": bounds.prefill(out.get("prefill"), ttfts, top(ttfts), exact.prefill_flops_per_pair() if exact else None,
-                                  ceil, st) if ttfts else None,
+        "prefill": bounds.prefill(out.get("prefill"), ttfts, top(ttfts), exact, ceil, st) if ttfts else None,
     }
     return out
 

@@ -29,14 +29,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.fitting import percentile_interval, resamples
 from ..core.numbers import finite, json_plain
 from ..specs.pool import observed_pool
-from .fits import SETTINGS
+from .fits import bootstrap_settings
 from .load import CLIENT_HIGH, CLIENT_LOW, INTERFERENCE_COLUMNS, METRICS_COLUMNS, REQUEST_COLUMNS
 from .memory import adapter_of
 from .slo import DEFAULT_SLO, frontier, goodput
+from .tables import failure_reasons
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+MEDIAN = {"p50": 0.5}
 
 FIGURES = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "queue": "queue_s", "schedule_lag": "schedule_lag_s"}
 
@@ -48,18 +51,6 @@ def rng_for(seed: int, *keys) -> np.random.Generator:
     return np.random.default_rng([int(seed), *(zlib.crc32(str(k).encode()) for k in keys)])
 
 
-def interval(draws: np.ndarray | None, level: float) -> tuple[float | None, float | None]:
-    """The central `level` interval of bootstrap draws (None, None: no draws, or fewer than 10 finite)."""
-    if draws is None:
-        return None, None
-    d = draws[np.isfinite(draws)]
-    if d.size < 10:
-        return None, None
-    tail = (1 - level) / 2
-    lo, hi = np.quantile(d, [tail, 1 - tail])
-    return float(lo), float(hi)
-
-
 def percentiles(values, n_boot: int, level: float, rng: np.random.Generator, qs: dict = QUANTILES) -> dict:
     """{p50: {value, low, high}, p90, p99, n} of the finite values; low and high from a percentile bootstrap
     (None with fewer than 2 values or no resamples)."""
@@ -68,11 +59,17 @@ def percentiles(values, n_boot: int, level: float, rng: np.random.Generator, qs:
     out: dict = {"n": int(v.size)}
     draws = None
     if n_boot and v.size >= 2:
-        draws = np.quantile(v[rng.integers(0, v.size, size=(n_boot, v.size))], list(qs.values()), axis=1)
+        draws = np.quantile(resamples(v, n_boot, rng), list(qs.values()), axis=1)
     for i, (name, q) in enumerate(qs.items()):
-        lo, hi = interval(draws[i], level) if draws is not None else (None, None)
+        lo, hi = (percentile_interval(draws[i], level) if draws is not None else None) or (None, None)
         out[name] = {"value": float(np.quantile(v, q)) if v.size else None, "low": lo, "high": hi}
     return out
+
+
+def median_estimate(values, st: dict, *key) -> dict:
+    """{value, low, high}: the median of the finite values with its percentile-bootstrap interval (percentiles; st:
+    bootstrap, confidence and seed; key: the figure's own generator, rng_for)."""
+    return percentiles(values, st["bootstrap"], st["confidence"], rng_for(st["seed"], *key), MEDIAN)["p50"]
 
 
 def pooled_percentiles(lists: list[list[float]], n_boot: int, level: float, rng: np.random.Generator,
@@ -95,14 +92,8 @@ def pooled_percentiles(lists: list[list[float]], n_boot: int, level: float, rng:
         draws.append(np.nanquantile(m[idx].reshape(idx.shape[0], -1), list(QUANTILES.values()), axis=1))
     d = np.concatenate(draws, axis=1)
     for i, name in enumerate(QUANTILES):
-        out[name]["low"], out[name]["high"] = interval(d[i], level)
+        out[name]["low"], out[name]["high"] = percentile_interval(d[i], level) or (None, None)
     return out
-
-
-def _reasons(rows: pd.DataFrame) -> list[str]:
-    bad = rows[~rows["status"].eq("ok")]
-    counts = bad["reason"].fillna("no reason given").astype(str).value_counts(sort=False)
-    return [r if c == 1 else f"{r} ({c})" for r, c in sorted(counts.items(), key=lambda x: (-x[1], x[0]))]
 
 
 def point(rows: pd.DataFrame, slo: dict, st: dict, key: tuple) -> dict:
@@ -113,7 +104,7 @@ def point(rows: pd.DataFrame, slo: dict, st: dict, key: tuple) -> dict:
     duration = finite(rows["duration_s"].dropna().max()) if rows["duration_s"].notna().any() else None
     n_boot, level, seed = st["bootstrap"], st["confidence"], st["seed"]
     out = {"level": _level(rows["level"].iloc[0]), "length": int(length), "n": len(reqs), "ok": len(ok),
-           "failed": len(reqs) - len(ok), "reasons": _reasons(rows), "duration_s": duration,
+           "failed": len(reqs) - len(ok), "reasons": failure_reasons(rows), "duration_s": duration,
            "output_tokens": finite(rows["output_tokens"].dropna().median()) if rows["output_tokens"].notna().any() else None}
     for name, column in FIGURES.items():
         out[name] = percentiles(ok[column], n_boot, level, rng_for(seed, *key, name))
@@ -145,11 +136,10 @@ def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
     points = []
     for length, g in df.groupby("length", sort=True):
         o = g[g["status"].eq("ok")]
-        med = {"p50": 0.5}
-        wg = percentiles(o["worst_gap_s"], n_boot, level, rng_for(seed, name, length, "worst_gap"), med)["p50"]
-        ex = percentiles(o["extra_s"], n_boot, level, rng_for(seed, name, length, "extra"), med)["p50"]
+        wg = median_estimate(o["worst_gap_s"], st, name, length, "worst_gap")
+        ex = median_estimate(o["extra_s"], st, name, length, "extra")
         background = pd.to_numeric(g["background"], errors="coerce").dropna()
-        points.append({"length": int(length), "n": len(o), "failed": len(g) - len(o), "reasons": _reasons(g),
+        points.append({"length": int(length), "n": len(o), "failed": len(g) - len(o), "reasons": failure_reasons(g),
                        "background": int(background.iloc[0]) if len(background) else None,
                        "worst_gap": wg, "extra": ex, "steady_itl_s": finite(o["steady_itl_s"].median()),
                        "window_s": finite(o["window_s"].median()), "injected_ttft_s": finite(o["injected_ttft_s"].median())})
@@ -174,7 +164,7 @@ def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
         i = rng.integers(0, len(x), len(x))
         if len(np.unique(x[i])) >= 2:
             draws.append(_ols(x[i], y[i])[1])
-    lo, hi = interval(np.asarray(draws, float), level) if draws else (None, None)
+    lo, hi = percentile_interval(draws, level) or (None, None)
     basis = "chunks" if chunk else "linear"
     return {"points": points, "fit": {"basis": basis, "chunk": chunk, "a_s": a, "slope_s": k, "low": lo, "high": hi,
                                       "r2": r2, "n": len(x), "per_chunk_s": k if chunk else None,
@@ -197,7 +187,7 @@ def _share(ok: pd.DataFrame, n_boot: int, level: float, rng) -> dict:
     for _ in range(n_boot):
         i = rng.integers(0, len(x), len(x))
         draws.append(float((x[i] * y[i]).sum() / (x[i] ** 2).sum()))
-    lo, hi = interval(np.asarray(draws, float), level) if draws else (None, None)
+    lo, hi = percentile_interval(draws, level) or (None, None)
     return {"share": float((x * y).sum() / (x**2).sum()), "share_low": lo, "share_high": hi}
 
 
@@ -248,14 +238,13 @@ def analyze_load(requests: pd.DataFrame, interference_df: pd.DataFrame, metrics:
     slo = {**DEFAULT_SLO, **(settings.get("slo") or {})}
     load = settings.get("load") or {}
     margin = float(((load.get("metrics") or {}).get("kv_margin")) if (load.get("metrics") or {}).get("kv_margin") is not None else DEFAULT_MARGIN)
-    st = {k: ((fits or {}).get("settings") or {}).get(k, SETTINGS[k]) for k in ("bootstrap", "confidence", "seed")}
-    st.update({k: settings[k] for k in ("bootstrap", "confidence", "seed") if k in settings})
+    st = bootstrap_settings(fits, settings)
     names = sorted(set(requests["configuration"].dropna()) | set(interference_df["configuration"].dropna())
                    | set(metrics["configuration"].dropna()))
     out = {"slo": slo, "settings": {**st, "kv_margin": margin}, "configurations": {}}
     for name in names:
         r = requests[requests["configuration"] == name]
-        conf: dict = {"failed": _reasons(r[r["kind"].isna()]), "closed": [], "open": []}
+        conf: dict = {"failed": failure_reasons(r[r["kind"].isna()]), "closed": [], "open": []}
         for kind in ("closed", "open"):
             for (level, length), g in r[r["kind"] == kind].groupby(["level", "length"], sort=True):
                 p = point(g, slo, st, (name, kind, level, length))

@@ -26,6 +26,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from ..core.words import listed
 from ..engines import EngineAdapter, get_adapter
 from ..specs.model import ModelSpec, ModelSpecError
 from ..specs.pool import PoolError, PoolSizing, observed_pool
@@ -227,8 +228,7 @@ def plan_configuration(entry: dict, fractions: list[float], longest: int | None)
                              "does not model (it has no mem-fraction-static)")
         else:
             missing = [WHAT[k] for k in ("memory_bytes", "weights_bytes", "cell_bytes") if mm[k] is None]
-            listed = missing[0] if len(missing) == 1 else ", ".join(missing[:-1]) + " and " + missing[-1]
-            out["reason"] = f"the pool cannot be modelled: {listed} {'is' if len(missing) == 1 else 'are'} unknown"
+            out["reason"] = f"the pool cannot be modelled: {listed(missing)} {'is' if len(missing) == 1 else 'are'} unknown"
         if mm["cell_bytes"] is None and mm["cell_source"]:
             out["reason"] += f" (KV bytes per token: {mm['cell_source']})"
         a = out.get("allocated")

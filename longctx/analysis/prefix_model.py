@@ -32,16 +32,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..core.fitting import LEVEL, BasisFit
-from ..core.numbers import finite, is_number, json_plain
-from .fits import SETTINGS
-from .load_summary import interval, percentiles, rng_for
+from ..core.fitting import LEVEL, BasisFit, median_draws, percentile_interval
+from ..core.numbers import finite, is_number, json_plain, ratio
+from .fits import bootstrap_settings
+from .load_summary import median_estimate, rng_for
 from .prefix import CHECKS, COLUMNS
-from .tables import ok_rows
+from .tables import failure_reasons, ok_rows
 
 NAMES = ("a_s", "b_s_per_token", "c_s_per_token2")
 MODEL = "ttft = a + b*(L - P) + c*(L^2 - P^2)"
-MEDIAN = {"p50": 0.5}
 CURVE_POINTS = 60
 
 
@@ -86,12 +85,6 @@ def _num(df: pd.DataFrame, column: str) -> np.ndarray:
     return pd.to_numeric(df[column], errors="coerce").to_numpy(float) if column in df else np.full(len(df), np.nan)
 
 
-def _reasons(rows: pd.DataFrame) -> list[str]:
-    bad = rows[~rows["status"].eq("ok")]
-    counts = bad["reason"].fillna("no reason given").astype(str).value_counts(sort=False)
-    return [r if c == 1 else f"{r} ({c})" for r, c in sorted(counts.items(), key=lambda x: (-x[1], x[0]))]
-
-
 def _fit_rows(g: pd.DataFrame, cold: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
     """(L, P, TTFT) of the hit-rate trials and the cold trials the model is fitted to, and how many of each."""
     hit = g[(g["kind"] == "hit_rate") & (g["role"] == "trial") & g["status"].eq("ok")]
@@ -125,17 +118,6 @@ def _cold_check(fit: PrefixFit, cold: dict | None) -> dict | None:
         out[name] = {"prefix": v, "prefix_ci": ci_v, "cold": c, "cold_ci": ci_c,
                      "ratio": v / c if c else None, "prefix_inside_cold": inside(v, ci_c), "cold_inside_prefix": inside(c, ci_v)}
     return out
-
-
-def _median(values, st: dict, *key) -> dict:
-    return percentiles(values, st["bootstrap"], st["confidence"], rng_for(st["seed"], *key), MEDIAN)["p50"]
-
-
-def _median_draws(values: np.ndarray, n_boot: int, rng) -> np.ndarray | None:
-    v = values[np.isfinite(values)]
-    if not n_boot or v.size < 2:
-        return None
-    return np.median(v[rng.integers(0, v.size, size=(n_boot, v.size))], axis=1)
 
 
 
@@ -176,18 +158,14 @@ class _Cold:
             basis = "measured"
         values = values[np.isfinite(values) & (values > 0)]
         if values.size:
-            draws = _median_draws(values, st["bootstrap"], rng_for(st["seed"], self.name, "cold", L))
-            lo, hi = interval(draws, st["confidence"])
+            draws = median_draws(values, st["bootstrap"], rng_for(st["seed"], self.name, "cold", L))
+            lo, hi = percentile_interval(draws, st["confidence"]) or (None, None)
             return {"value": float(np.median(values)), "low": lo, "high": hi}, draws, basis
         f = self.fit
         if f and all(is_number(f.get(k)) for k in NAMES):
             value = f["a_s"] + f["b_s_per_token"] * L + f["c_s_per_token2"] * L * L
             return {"value": float(value), "low": None, "high": None}, None, "cold fit"
         return None, None, None
-
-
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return num / den if is_number(num) and is_number(den) and den > 0 else None
 
 
 def _point(g: pd.DataFrame, fit: PrefixFit | None, cold: _Cold, st: dict, key: tuple) -> dict:
@@ -205,32 +183,32 @@ def _point(g: pd.DataFrame, fit: PrefixFit | None, cold: _Cold, st: dict, key: t
     P = float(L - np.median(new)) if new.size else float(expected or 0)
     out = {"length": L, "hit_rate": h, "prefix_tokens": _opt_int(first.get("prefix_tokens")), "expected_cached": expected,
            "cached": P, "n": int(len(trials)), "ok": int(len(ok)), "failed": int(len(trials) - len(ok)),
-           "reasons": _reasons(g[g["role"] != "warm"]),
+           "reasons": failure_reasons(g[g["role"] != "warm"]),
            "warm": None, "status": first.get("point_status") if isinstance(first.get("point_status"), str) else None}
     warm = g[g["role"] == "warm"]
     if len(warm):
         w = warm.iloc[0]
         out["warm"] = {"status": w["status"], "reason": w["reason"] if isinstance(w["reason"], str) else None,
                        "ttft_s": finite(w["ttft_s"])}
-    out["ttft"] = _median(y, st, *key, "ttft")
-    draws = _median_draws(y, st["bootstrap"], rng_for(st["seed"], *key, "ttft_draws"))
+    out["ttft"] = median_estimate(y, st, *key, "ttft")
+    draws = median_draws(y, st["bootstrap"], rng_for(st["seed"], *key, "ttft_draws"))
     out["predicted"] = fit.estimate(L, P) if fit else None
-    out["deviation"] = _ratio(out["ttft"]["value"], (out["predicted"] or {}).get("value"))
+    out["deviation"] = ratio(out["ttft"]["value"], (out["predicted"] or {}).get("value"))
     out["deviation"] = out["deviation"] - 1 if out["deviation"] is not None else None
     c, c_draws, basis = cold.at(L)
     out["cold"] = {**c, "basis": basis} if c else None
-    measured = _ratio((c or {}).get("value"), out["ttft"]["value"])
+    measured = ratio((c or {}).get("value"), out["ttft"]["value"])
     lo = hi = None
     if measured is not None and draws is not None and c_draws is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
-            lo, hi = interval(c_draws / draws, st["confidence"])
+            lo, hi = percentile_interval(c_draws / draws, st["confidence"]) or (None, None)
     out["saving"] = {"ratio": measured, "low": lo, "high": hi,
                      "seconds": c["value"] - out["ttft"]["value"] if measured is not None else None}
     if fit:
         d_hit, d_cold = fit.predict_draws(L, P), fit.predict_draws(L, 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
-            plo, phi = interval(d_cold[:, 0] / d_hit[:, 0], st["confidence"]) if d_hit is not None else (None, None)
-        value = _ratio(float(fit.predict(L, 0.0)[0]), float(fit.predict(L, P)[0]))
+            plo, phi = (percentile_interval(d_cold[:, 0] / d_hit[:, 0], st["confidence"]) if d_hit is not None else None) or (None, None)
+        value = ratio(float(fit.predict(L, 0.0)[0]), float(fit.predict(L, P)[0]))
         out["saving_predicted"] = {"ratio": value, "low": plo, "high": phi,
                                    "seconds": float(fit.predict(L, 0.0)[0] - fit.predict(L, P)[0])}
     else:
@@ -255,7 +233,7 @@ def _conversation(g: pd.DataFrame, fit: PrefixFit | None) -> dict:
         if fit and L is not None and P is not None:
             row["predicted"] = fit.estimate(L, P)
             row["cold_predicted_s"] = float(fit.predict(L, 0.0)[0])
-            dev = _ratio(row["ttft_s"], row["predicted"]["value"])
+            dev = ratio(row["ttft_s"], row["predicted"]["value"])
             row["deviation"] = dev - 1 if dev is not None else None
         rows.append(row)
     devs = [abs(r["deviation"]) for r in rows if r["deviation"] is not None]
@@ -266,7 +244,7 @@ def _conversation(g: pd.DataFrame, fit: PrefixFit | None) -> dict:
             "max_context": _opt_int(first.get("max_context")),
             "status": first.get("point_status") if isinstance(first.get("point_status"), str) else None,
             "reason": first.get("point_reason") if isinstance(first.get("point_reason"), str) else None,
-            "reasons": _reasons(g), "n": len(rows), "ok": len(ok), "failed": len(rows) - len(ok),
+            "reasons": failure_reasons(g), "n": len(rows), "ok": len(ok), "failed": len(rows) - len(ok),
             "median_abs_deviation": float(np.median(devs)) if devs else None,
             "turns": rows, "check": _check_counts(turns)}
 
@@ -287,7 +265,7 @@ def _configuration(name: str, g: pd.DataFrame, cold_rows: pd.DataFrame, cold_fit
     hit = g[g["kind"] == "hit_rate"]
     caches = hit["cache"].dropna() if len(hit) else g["cache"].dropna()
     cache = bool(caches.iloc[0]) if len(caches) else None
-    out: dict = {"granularity": granularity, "cache": cache, "failed": _reasons(g[g["kind"].isna()]),
+    out: dict = {"granularity": granularity, "cache": cache, "failed": failure_reasons(g[g["kind"].isna()]),
                  "model": None, "cold_check": None, "curves": None, "points": [], "conversations": []}
     L, P, y, n_hit, n_cold = _fit_rows(g, cold_rows)
     out["fitted_on"] = {"hit_rate_trials": n_hit, "cold_trials": n_cold}
@@ -308,7 +286,7 @@ def _configuration(name: str, g: pd.DataFrame, cold_rows: pd.DataFrame, cold_fit
     for (length, h), p in hit[hit["length"].notna() & hit["hit_rate"].notna()].groupby(["length", "hit_rate"], sort=True):
         out["points"].append(_point(p, fit, cold, st, (name, int(length), float(h))))
     unplaced = hit[hit["length"].isna() | hit["hit_rate"].isna()]
-    out["failed"] += _reasons(unplaced)
+    out["failed"] += failure_reasons(unplaced)
     conv = g[g["kind"] == "conversation"]
     for _, c in conv.groupby("point", sort=True):
         out["conversations"].append(_conversation(c, fit))
@@ -330,10 +308,8 @@ def _configuration(name: str, g: pd.DataFrame, cold_rows: pd.DataFrame, cold_fit
 
 
 def analyze_prefix(prefix: pd.DataFrame, results: pd.DataFrame | None, fits: dict | None, settings: dict | None = None) -> dict:
-    settings = settings or {}
     prefix = prefix.reindex(columns=[*COLUMNS, *(c for c in prefix.columns if c not in COLUMNS)])
-    st = {k: ((fits or {}).get("settings") or {}).get(k, SETTINGS[k]) for k in ("bootstrap", "confidence", "seed")}
-    st.update({k: settings[k] for k in ("bootstrap", "confidence", "seed") if k in settings})
+    st = bootstrap_settings(fits, settings)
     cold_all = ok_rows(results) if results is not None and len(results) else pd.DataFrame(columns=["configuration", "length", "ttft_s"])
     out = {"model": MODEL, "settings": st, "configurations": {}}
     for name in sorted(set(prefix["configuration"].dropna().astype(str))):

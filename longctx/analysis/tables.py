@@ -16,6 +16,14 @@ def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[(df["status"] == "ok") & df["ttft_s"].notna()]
 
 
+def failure_reasons(rows: pd.DataFrame) -> list[str]:
+    """The reasons of the rows that did not succeed (status other than ok), the most frequent first (then
+    alphabetically), each with its count where it is more than one: ["timeout (3)", "HTTP 500"]."""
+    bad = rows[~rows["status"].eq("ok")]
+    counts = bad["reason"].fillna("no reason given").astype(str).value_counts(sort=False)
+    return [r if c == 1 else f"{r} ({c})" for r, c in sorted(counts.items(), key=lambda x: (-x[1], x[0]))]
+
+
 def concurrency_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per configuration, length and concurrency: median TTFT and per-request decode rate, and the
     median of the batches' overall output rate."""

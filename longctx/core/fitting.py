@@ -7,9 +7,10 @@ attention (quadratic) work overtakes the linear work. Decode: seconds per decode
 t(L) = t0 + beta L; each step reads L x kv_bytes_per_token bytes of KV cache, so
 kv_bytes_per_token / beta is the effective KV read bandwidth. Intervals: a residual bootstrap
 (Fit; BasisFit is the same machinery over any given basis columns, as the prefix-cache cost model
-of longctx.analysis.prefix_model uses). A regime change is a length from which the model fitted to
-the shorter lengths stops fitting (regime_change). Pure maths on arrays: the sweep's timeout predictor and the analysis both
-use it.
+of longctx.analysis.prefix_model uses), and the bootstrap's shared pieces: resamples, median_draws,
+percentile_interval, reciprocal_interval. A regime change is a length from which the model fitted to the shorter
+lengths stops fitting (holdout makes those fits, regime_change_in finds where they stop). Pure maths on arrays: the
+sweep's timeout predictor and the analysis both use it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from scipy.stats import chi2
 
 
 LEVEL = 0.95
+MIN_DRAWS = 10  # usable bootstrap draws a percentile interval needs
 
 
 def _scaled(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -97,6 +99,49 @@ def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
     return 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else None
 
 
+def resamples(values, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """n_boot resamples of values (one per row), each drawn with replacement and of the same size."""
+    v = np.asarray(values)
+    return v[rng.integers(0, v.size, size=(n_boot, v.size))]
+
+
+def median_draws(values, n_boot: int, rng: np.random.Generator) -> np.ndarray | None:
+    """The bootstrap draws of the median of the finite values: the median of each of their n_boot resamples;
+    None without resamples or with fewer than 2 finite values."""
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    if not n_boot or v.size < 2:
+        return None
+    return np.median(resamples(v, n_boot, rng), axis=1)
+
+
+def percentile_interval(values, level: float, unbounded: bool = False) -> list[float | None] | None:
+    """The central `level` interval [low, high] of bootstrap draws (their percentiles); None without draws or with
+    fewer than MIN_DRAWS usable ones. NaN draws are left out, and so are infinite ones, unless `unbounded`: then an
+    infinite draw is a value beyond every bound (a quantity with no finite value in that draw, as the crossover
+    b / c where c is 0), and an end it reaches is None."""
+    if values is None:
+        return None
+    v = np.asarray(values, float)
+    v = v[~np.isnan(v)] if unbounded else v[np.isfinite(v)]
+    if v.size < MIN_DRAWS:
+        return None
+    tail = (1 - level) / 2
+    if not unbounded:
+        lo, hi = np.quantile(v, [tail, 1 - tail])
+        return [float(lo), float(hi)]
+    lo, hi = np.quantile(np.clip(v, -1e300, 1e300), [tail, 1 - tail])
+    return [float(lo) if abs(lo) < 1e299 else None, float(hi) if abs(hi) < 1e299 else None]
+
+
+def reciprocal_interval(k: float, ci, scale: float = 1.0) -> list[float | None] | None:
+    """The interval of k / x / scale (k > 0) from x's interval ci = [low, high]: the map decreases, so the ends
+    swap; an end of ci at 0 or None gives None (unbounded). None without ci."""
+    if not ci:
+        return None
+    return [k / ci[1] / scale if ci[1] else None, k / ci[0] / scale if ci[0] else None]
+
+
 class BasisFit:
     """A model linear in non-negative coefficients over given basis columns (X: one row per
     observation, one column per coefficient, `names` naming them), weighted by a noise model: each
@@ -162,17 +207,10 @@ class BasisFit:
     def predict_draws(self, *inputs) -> np.ndarray | None:
         return None if self.draws is None else self.draws @ self.design(*inputs).T
 
-    def interval(self, values) -> list[float] | None:
-        """The percentile interval of bootstrap values (one per draw; NaN draws are left out)."""
-        if values is None:
-            return None
-        v = np.asarray(values, float)
-        v = v[~np.isnan(v)]
-        if v.size < 10:
-            return None
-        tail = (1 - self.level) / 2
-        lo, hi = np.quantile(np.clip(v, -1e300, 1e300), [tail, 1 - tail])
-        return [float(lo) if abs(lo) < 1e299 else None, float(hi) if abs(hi) < 1e299 else None]  # None: unbounded
+    def interval(self, values) -> list[float | None] | None:
+        """The percentile interval of bootstrap values (one per draw) at the fit's level: percentile_interval, an
+        infinite draw unbounded (None: that end is unbounded)."""
+        return percentile_interval(values, self.level, unbounded=True)
 
     def curve_interval(self, *inputs) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
         d = self.predict_draws(*inputs)
@@ -235,11 +273,8 @@ def decode_summary(f: Fit, kv_bytes_per_token: float | None) -> dict:
     bw = kv_bytes_per_token / beta if kv_bytes_per_token and beta > 0 else None
     out = {"model": "step = t0 + beta*L", **f.summary(), "kv_bytes_per_token": kv_bytes_per_token,
            "bw_eff_bytes_per_s": bw, "bw_eff_GBps": bw / 1e9 if bw else None}
-    ci = out["ci"]["beta_s_per_token"]
-    out["ci"]["bw_eff_GBps"] = None
-    if ci and kv_bytes_per_token:  # a monotone map of beta: its interval maps over (reversed)
-        out["ci"]["bw_eff_GBps"] = [kv_bytes_per_token / ci[1] / 1e9 if ci[1] else None,
-                                    kv_bytes_per_token / ci[0] / 1e9 if ci[0] else None]
+    # a monotone map of beta: its interval maps over (reversed)
+    out["ci"]["bw_eff_GBps"] = reciprocal_interval(kv_bytes_per_token, out["ci"]["beta_s_per_token"], 1e9) if kv_bytes_per_token else None
     return out
 
 
@@ -275,18 +310,12 @@ def holdout(kind: str, lengths, y, n_boot: int = 400, level: float = LEVEL, seed
     return out
 
 
-def regime_change(kind: str, lengths, y, tolerance: float, n_boot: int = 400, level: float = LEVEL, seed: int = 0) -> dict | None:
-    """The first length from which the model fitted to the shorter lengths stops fitting: at that
-    length and every longer one the median lies outside the fit's interval and more than
-    `tolerance` (relative) away from its prediction, on the same side. None when the model holds.
-    (The cuts start one length past the model's coefficients: a fit with a residual.)"""
-    return regime_change_in(kind, holdout(kind, lengths, y, n_boot, level, seed, min_lengths=len(Fit.KINDS[kind]) + 1),
-                            tolerance)
-
-
 def regime_change_in(kind: str, cuts: list[dict], tolerance: float) -> dict | None:
-    """regime_change over cuts holdout already made (those with fewer fitted lengths than it starts from are
-    passed over): the prediction check and the regime detection walk the same fits."""
+    """The first length from which the model fitted to the shorter lengths stops fitting, over cuts holdout made:
+    at that length and every longer one the median lies outside the fit's interval and more than `tolerance`
+    (relative) away from its prediction, on the same side. None when the model holds. A cut fitted to no more
+    lengths than the model has coefficients (a fit without a residual) is passed over. The prediction check
+    (longctx.analysis.fits.prediction_check) and the regime detection walk the same cuts."""
     for cut in cuts:
         if cut["lengths_fitted"] <= len(Fit.KINDS[kind]):
             continue

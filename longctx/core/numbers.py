@@ -24,6 +24,11 @@ def finite(x) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def ratio(num, den) -> float | None:
+    """num / den as a float where both are numbers (is_number) and den > 0, else None."""
+    return float(num) / float(den) if is_number(num) and is_number(den) and float(den) > 0 else None
+
+
 def json_plain(x):
     """x with numpy's scalars as Python's and non-finite floats as None, dict keys as strings: what
     json.dumps writes as strict JSON (the analyses' outputs)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..core.words import listed
 from .numbers import is_number, rounded
 from .summary import CLASS
 from .wording import partial_text, planner_reason
@@ -365,8 +366,7 @@ def _unusable(name: str, rows: pd.DataFrame) -> list[str]:
 
 
 def _lengths(ls: list[int]) -> str:
-    text = [f"{x:,}" for x in sorted(ls)]
-    return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " and " + text[-1]
+    return listed([f"{x:,}" for x in sorted(ls)])
 
 
 def diagnose(med: pd.DataFrame, fits: dict, planner: dict | None = None, headline: dict | None = None,

@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..analysis.compare import VERDICTS, against_baseline
 from ..analysis.fits import SETTINGS
+from ..core.numbers import ratio
 from .numbers import is_number
 
 # (key, header, kind): the table's columns, in order, with the format kind of each (longctx.report.numbers).
@@ -66,8 +67,8 @@ def headline(med: pd.DataFrame, baseline: str | None, names: list[str] | None = 
                 "length": int(r["length"]),
                 "ttft_s": ttft if is_number(ttft) else None,
                 "decode_tok_s": rate if is_number(rate) else None,
-                "ttft_speedup": _ratio(b["ttft_s"], ttft) if b is not None else None,
-                "decode_speedup": _ratio(rate, b["decode_tok_s"]) if b is not None else None,
+                "ttft_speedup": ratio(b["ttft_s"], ttft) if b is not None else None,
+                "decode_speedup": ratio(rate, b["decode_tok_s"]) if b is not None else None,
                 "is_baseline": name == base,
                 # fewer successful trials than configured (longctx.analysis.tables.medians): marked in the table
                 "partial": bool(r.get("partial", False)),
@@ -85,7 +86,3 @@ def headline(med: pd.DataFrame, baseline: str | None, names: list[str] | None = 
             "intervals": {"bootstrap": int(st["bootstrap"]), "confidence": float(st["confidence"]),
                           "compared": bool(verdicts),
                           "verdicts": {v: verdicts.count(v) for v in VERDICTS}}}
-
-
-def _ratio(num, den) -> float | None:
-    return float(num) / float(den) if is_number(num) and is_number(den) and float(den) > 0 else None

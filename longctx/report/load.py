@@ -73,10 +73,6 @@ def slo_value(slo: dict | None, key: str, length: int | None = None) -> float | 
     return None
 
 
-def _join(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
 def _level_words(kind: str, level) -> str:
     if kind == "closed":
         return f"{_num(level)} in flight"

@@ -29,6 +29,7 @@ import math
 
 import pandas as pd
 
+from ..core.words import listed
 from .load import slo_words, time_words
 from .prefix import sentence as prefix_sentence
 from .numbers import is_number, rounded, sig
@@ -75,7 +76,7 @@ def _whole_pct(x: float) -> str:
 def _names(names: list[str], total: int) -> str:
     if len(names) == total and total > 1:
         return "every configuration"
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return listed(names)
 
 
 def _pct(pcts: dict) -> tuple[str, float] | None:
@@ -340,7 +341,7 @@ def _frontier(load: dict | None) -> str | None:
         return None
     slo = (load or {}).get("slo") or {}
     words = slo_words(slo)
-    said = _and(words) if words else "the SLOs"
+    said = listed(words) if words else "the SLOs"
     if is_number(slo.get("attainment")) and slo["attainment"] < 1:
         said += f" (for {slo['attainment']:.0%} of requests)"
     verb = "holds" if len(words) == 1 else "hold"
@@ -358,15 +359,11 @@ def _frontier(load: dict | None) -> str | None:
             text += f" at {_requests(at)}"
         parts.append(text + (f" ({how})" if how else ""))
     lead = f"At {_requests(max(common))}, {said} {verb} " if common else f"{said[0].upper()}{said[1:]} {verb} "
-    return lead + _and(parts) + "."
+    return lead + listed(parts) + "."
 
 
 def _requests(c) -> str:
     return f"{int(c):,} concurrent request{'s' if c != 1 else ''}"
-
-
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _interference(load: dict | None) -> str | None:

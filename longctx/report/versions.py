@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.hashing import digest
+from ..core.numbers import ratio
 from .numbers import is_number
 
 LOG = "log.json"
@@ -117,10 +118,10 @@ def comparison(versions_dir: str | Path, previous: dict | None, now: list[dict])
         a, b = old[key], new[key]
         rows.append({"configuration": key[0], "length": key[1],
                      "ttft_before_s": a["ttft_s"], "ttft_now_s": b["ttft_s"],
-                     "ttft_diff_s": _diff(b["ttft_s"], a["ttft_s"]), "ttft_ratio": _ratio(b["ttft_s"], a["ttft_s"]),
+                     "ttft_diff_s": _diff(b["ttft_s"], a["ttft_s"]), "ttft_ratio": ratio(b["ttft_s"], a["ttft_s"]),
                      "decode_before_tok_s": a["decode_tok_s"], "decode_now_tok_s": b["decode_tok_s"],
                      "decode_diff_tok_s": _diff(b["decode_tok_s"], a["decode_tok_s"]),
-                     "decode_ratio": _ratio(b["decode_tok_s"], a["decode_tok_s"])})
+                     "decode_ratio": ratio(b["decode_tok_s"], a["decode_tok_s"])})
     return {"previous": previous, "rows": rows, "missing": None,
             "only_now": [{"configuration": c, "length": n} for c, n in sorted(new.keys() - old.keys())],
             "only_before": [{"configuration": c, "length": n} for c, n in sorted(old.keys() - new.keys())]}
@@ -128,7 +129,3 @@ def comparison(versions_dir: str | Path, previous: dict | None, now: list[dict])
 
 def _diff(now, before) -> float | None:
     return now - before if is_number(now) and is_number(before) else None
-
-
-def _ratio(now, before) -> float | None:
-    return now / before if is_number(now) and is_number(before) and before > 0 else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from ..core.words import listed
 from ..engines import get_adapter
 
 DEVICES = ("cpu", "gpu", "remote")
@@ -192,7 +193,7 @@ def planner_reason(p: dict) -> str | None:
     missing = [words for key, words in PLANNER_INPUTS.items() if key in mm and mm[key] is None]
     if not missing:
         return None
-    text = f"the pool cannot be modelled: {_join(missing)} {'is' if len(missing) == 1 else 'are'} unknown"
+    text = f"the pool cannot be modelled: {listed(missing)} {'is' if len(missing) == 1 else 'are'} unknown"
     if mm.get("cell_bytes") is None and mm.get("cell_source"):
         text += f" ({mm['cell_source']})"
     return text
@@ -206,14 +207,10 @@ def _unkey(text: str) -> str:
     if m:
         keys = m.group(1).split(", ")
         words = [PLANNER_INPUTS[k] for k in keys]
-        text = text[:m.start()] + f"{_join(words)} {'is' if len(words) == 1 else 'are'} unknown" + text[m.end():]
+        text = text[:m.start()] + f"{listed(words)} {'is' if len(words) == 1 else 'are'} unknown" + text[m.end():]
     for key, words in PLANNER_INPUTS.items():
         text = text.replace(key, words)
     return text
-
-
-def _join(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def without_ceilings(fit: dict, where: str | None) -> dict:
@@ -355,7 +352,7 @@ def partial_lengths(med, analysis: dict) -> dict:
         named.append(f"{len(rows) - PARTIAL_LISTED} more")
     n = len(rows)
     out["said"] = (f"{n} length{' was' if n == 1 else 's were'} measured by fewer successful trials than configured "
-                   f"({_join(named)})")
+                   f"({listed(named)})")
     out["it"] = "it is" if n == 1 else "they are"
     mode = (analysis.get("settings") or {}).get("partial_lengths", "exclude")
     configs = analysis.get("configurations") or {}
@@ -370,7 +367,7 @@ def partial_lengths(med, analysis: dict) -> dict:
     fell = [f"{name}'s {kind} fit" for name in sorted({r["configuration"] for r in rows})
             for kind in ("prefill", "decode") if ((configs.get(name) or {}).get(kind) or {}).get("on_partial_lengths")]
     out["use"] = " and left out of the fits and of the regime detection" + (
-        f", but for {_join(fell)}, which stand{'s' if len(fell) == 1 else ''} on {'it' if n == 1 else 'them'}: "
+        f", but for {listed(fell)}, which stand{'s' if len(fell) == 1 else ''} on {'it' if n == 1 else 'them'}: "
         "too few other lengths were measured." if fell else ".")
     return out
 
@@ -380,7 +377,7 @@ PREDICTED_WORDS = {"prefill": "TTFT", "decode": "decode rate"}
 
 def _miss(kind: str, h: dict, fit: dict) -> str:
     """Where a prediction fell: inside its interval, or outside it and by how much, tied to the regime change
-    the fits detected (longctx.core.fitting.regime_change) where there is one at or before that length."""
+    the fits detected (longctx.core.fitting.regime_change_in) where there is one at or before that length."""
     dev = h["deviation"] if kind == "prefill" else h["rate_deviation"]
     if h["inside"] is not False:
         return "inside its interval"

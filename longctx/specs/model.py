@@ -163,7 +163,7 @@ class ModelSpec:
 
     def prefill_attention_flops(self, length: int | float, per_rank: bool = True):
         """Causal attention over a prompt of `length` tokens: L (L + 1) / 2 pairs, counted once."""
-        return length * (length + 1) / 2 * self.prefill_flops_per_pair(per_rank)
+        return self.prefill_flops_per_pair(per_rank) * length * (length + 1) / 2
 
     def decode_attention_flops(self, length, query_tokens: int = 1, per_rank: bool = True):
         """One decode (or verify) step: query_tokens queries against `length` KV tokens."""

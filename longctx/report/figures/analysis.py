@@ -18,7 +18,7 @@ from ...core.fitting import decode_curve, prefill_curve  # noqa: E402
 from ..numbers import rounded  # noqa: E402
 from . import ANALYSIS_FIGURES  # noqa: E402
 from ...analysis.memory import pool_tokens  # noqa: E402
-from .style import outputs, save, shade, styles  # noqa: E402
+from .style import begin, outputs, save, shade, styles  # noqa: E402
 
 
 def length_label(n: float) -> str:
@@ -246,9 +246,7 @@ def plot_prediction(fits: dict, sty: dict, outdir: Path) -> None:
 
 def plot_analysis(results_csv: str | Path, fits_json: str | Path, planner_json: str | Path, style: str | Path,
                   outdir: str | Path) -> list[Path]:
-    plt.style.use(str(style))
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    outdir = begin(style, outdir)
     df = pd.read_csv(results_csv)
     analysis = json.loads(Path(fits_json).read_text())
     fits = analysis["configurations"]

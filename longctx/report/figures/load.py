@@ -29,18 +29,12 @@ import pandas as pd  # noqa: E402
 from ...core.numbers import is_number  # noqa: E402
 from .. import load as loadview  # noqa: E402
 from . import LOAD_FIGURES  # noqa: E402
-from .style import BAND_ALPHA, not_measured, outputs, save, spans_decades, styles  # noqa: E402
+from .style import (LENGTH_MARKERS, begin, empty, empty_figure, errorbars, outputs, panels, save, shade,  # noqa: E402
+                    spans_decades, stat, styles)
 
 # a marker per prompt length within a configuration's lines (the configuration keeps its colour and line style)
-LENGTH_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 SLO_STYLE = {"color": "0.45", "linestyle": "--", "linewidth": 0.9, "marker": ""}
 FLAG_STYLE = {"linestyle": "none", "marker": "X", "color": "#D55E00", "markeredgecolor": "black", "markersize": 7}
-
-
-def _empty(ax, what: str) -> None:
-    """An axes with nothing to draw: the words, no ticks, no frame."""
-    ax.set_axis_off()
-    not_measured(ax, what)
 
 
 def _length_text(L) -> str:
@@ -49,29 +43,15 @@ def _length_text(L) -> str:
 
 def _stat(p: dict, key: str, q: str) -> tuple[float, float, float] | None:
     """(value, low, high) of p[key][q]; the interval's missing ends at the value."""
-    s = (p.get(key) or {}).get(q) or {}
-    v = s.get("value")
-    if not is_number(v):
-        return None
-    lo, hi = s.get("low"), s.get("high")
-    return float(v), float(lo) if is_number(lo) else float(v), float(hi) if is_number(hi) else float(v)
+    return stat((p.get(key) or {}).get(q))
 
 
 def _series(ax, x, stats, s: dict, marker: str, hollow: bool, label: str | None, scale: float = 1.0,
             joined: bool = True) -> None:
     """Estimates (value, low, high) at x as markers (joined by a line with `joined`), the intervals as bars."""
-    keep = [(xi, st) for xi, st in zip(x, stats) if st is not None]
-    if not keep:
-        return
-    xs = np.array([k[0] for k in keep], float)
-    v = np.array([k[1][0] for k in keep]) * scale
-    lo = np.array([k[1][1] for k in keep]) * scale
-    hi = np.array([k[1][2] for k in keep]) * scale
-    yerr = np.vstack([np.maximum(v - lo, 0), np.maximum(hi - v, 0)])
     line = "none" if not joined else s["linestyle"] if not hollow else ":"
-    ax.errorbar(xs, v, yerr=yerr, color=s["color"], linestyle=line, marker=marker,
-                markerfacecolor="white" if hollow else s["color"], capsize=2, elinewidth=0.8, label=label,
-                alpha=0.75 if hollow else 1.0)
+    errorbars(ax, x, stats, scale, color=s["color"], linestyle=line, marker=marker,
+              markerfacecolor="white" if hollow else s["color"], label=label, alpha=0.75 if hollow else 1.0)
 
 
 def _slo_lines(ax, slo: dict, key: str, scale: float = 1.0) -> None:
@@ -121,7 +101,7 @@ def plot_latency(load: dict, sty: dict, outdir: Path) -> None:
         for ax, key, ylabel, title in ((top, "ttft", "TTFT (s)", f"TTFT p50 (filled), p99 (hollow), {what}"),
                                        (bottom, "itl", "ITL p99 (ms)", f"Inter-token latency p99, {what}")):
             if not ys[key]:
-                _empty(ax, f"no {what} workload" if not xs else f"no {key.upper()} in the {what}")
+                empty(ax, f"no {what} workload" if not xs else f"no {key.upper()} in the {what}")
                 continue
             _slo_lines(ax, slo, "ttft_s" if key == "ttft" else "itl_s", 1.0 if key == "ttft" else 1e3)
             ax.set(xlabel=xlabel, ylabel=ylabel)
@@ -149,7 +129,7 @@ def plot_interference(load: dict, sty: dict, outdir: Path) -> None:
             continue
         s = sty[name]
         L = [p["length"] for p in pts]
-        _series(ax, L, [_gap(p) for p in pts], s, s["marker"], False, f"{name} (median worst gap)", joined=False)
+        _series(ax, L, [stat(p.get("worst_gap")) for p in pts], s, s["marker"], False, f"{name} (median worst gap)", joined=False)
         drawn += L
         fit = inter.get("fit")
         grid = np.linspace(1, max(L), 400)
@@ -157,11 +137,11 @@ def plot_interference(load: dict, sty: dict, outdir: Path) -> None:
         if curve is not None:
             y, (lo, hi) = curve
             if lo is not None and hi is not None:
-                ax.fill_between(grid, lo, hi, color=s["color"], alpha=BAND_ALPHA, linewidth=0)
+                shade(ax, grid, (lo, hi), s)
             what = (f"{int(fit['chunk']):,}-token chunks" if fit.get("basis", "chunks") == "chunks" else "linear in L")
             ax.plot(grid, y, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit ({what})")
     if not drawn:
-        _empty(ax, "no interference probe (load.interference.lengths)")
+        empty(ax, "no interference probe (load.interference.lengths)")
     else:
         ax.set(xlabel="injected prompt length L (tokens)", ylabel="worst gap of a running stream (s)",
                title="Interference: one long prefill against running decodes")
@@ -169,15 +149,6 @@ def plot_interference(load: dict, sty: dict, outdir: Path) -> None:
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
     save(fig, outdir, "interference")
-
-
-def _gap(p: dict) -> tuple[float, float, float] | None:
-    g = p.get("worst_gap") or {}
-    v = g.get("value")
-    if not is_number(v):
-        return None
-    lo, hi = g.get("low"), g.get("high")
-    return float(v), float(lo) if is_number(lo) else float(v), float(hi) if is_number(hi) else float(v)
 
 
 def _named(m: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -190,9 +161,7 @@ def plot_metrics(load: dict, metrics: pd.DataFrame, sty: dict, outdir: Path) -> 
     names = sorted(set(metrics["configuration"].dropna().astype(str))) if len(metrics) else []
     confs = load.get("configurations") or {}
     if not names:
-        fig, ax = plt.subplots()
-        _empty(ax, "no server metrics over the load workloads (load.metrics)")
-        save(fig, outdir, "load_metrics")
+        empty_figure(outdir, "load_metrics", "no server metrics over the load workloads (load.metrics)")
         return
     fig, axes = plt.subplots(len(names), 2, figsize=(6.7, 2.3 * len(names)), squeeze=False)
     for (left, right), name in zip(axes, names):
@@ -213,7 +182,7 @@ def plot_metrics(load: dict, metrics: pd.DataFrame, sty: dict, outdir: Path) -> 
             left.set_ylim(bottom=0)
             left.legend(fontsize=6)
         else:
-            _empty(left, f"{name}: no running or queued series")
+            empty(left, f"{name}: no running or queued series")
         used = _named(m, "used_tokens")
         if used.empty:  # the usage as a share of the pool, where the server gives only that
             usage, pool = _named(m, "token_usage"), _named(m, "pool_tokens")
@@ -221,7 +190,7 @@ def plot_metrics(load: dict, metrics: pd.DataFrame, sty: dict, outdir: Path) -> 
                 used = usage.assign(value=usage["value"] * float(pool["value"].iloc[-1]))
         low, high = _named(m, "client_resident_low"), _named(m, "client_resident_high")
         if used.empty and low.empty:
-            _empty(right, f"{name}: no KV usage series")
+            empty(right, f"{name}: no KV usage series")
             continue
         if len(low) and len(high):
             band = pd.merge_asof(low[["t_s", "value"]], high[["t_s", "value"]], on="t_s", suffixes=("_low", "_high"),
@@ -249,17 +218,10 @@ def plot_frontier(load: dict, sty: dict, outdir: Path) -> None:
     """Per configuration: measured passes and fails on the (concurrency, L) plane, the pool's bound and the frontier."""
     confs = {n: c for n, c in sorted((load.get("configurations") or {}).items()) if (c or {}).get("frontier")}
     if not confs:
-        fig, ax = plt.subplots()
-        _empty(ax, "no SLO frontier (no closed-loop grid, or no SLO set)")
-        save(fig, outdir, "frontier")
+        empty_figure(outdir, "frontier", "no SLO frontier (no closed-loop grid, or no SLO set)")
         return
-    n = len(confs)
-    cols = min(n, 3)
-    rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6.7, 2.8 * rows), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.set_axis_off()
-    for ax, (name, c) in zip(axes.flat, confs.items()):
+    fig, axes = panels(len(confs), 3, 2.8)
+    for ax, (name, c) in zip(axes, confs.items()):
         s = sty[name]
         front = sorted(c["frontier"], key=lambda r: r["concurrency"])
         cs = np.array([r["concurrency"] for r in front], float)
@@ -283,7 +245,7 @@ def plot_frontier(load: dict, sty: dict, outdir: Path) -> None:
                         label="frontier from the model")
         Ls = [L for _, L in passes + fails] + [y for _, y in ok]
         if not Ls:
-            _empty(ax, f"{name}: no length measured under load")
+            empty(ax, f"{name}: no length measured under load")
             continue
         ax.set(xlabel="concurrency c", ylabel="prompt length L (tokens)", title=name)
         if spans_decades(cs):
@@ -301,9 +263,7 @@ def plot_frontier(load: dict, sty: dict, outdir: Path) -> None:
 
 def plot_load(load_json: str | Path | None, metrics_csv: str | Path | None, style: str | Path, outdir: str | Path) -> list[Path]:
     """Every figure of LOAD_FIGURES in outdir (each says "not measured" where its data is absent)."""
-    plt.style.use(str(style))
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    outdir = begin(style, outdir)
     load = loadview.read(load_json)
     metrics = loadview.read_metrics(metrics_csv)
     names = sorted(set(load.get("configurations") or {}) | (set(metrics["configuration"].dropna().astype(str)) if len(metrics) else set()))

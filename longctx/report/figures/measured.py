@@ -25,7 +25,7 @@ from ...analysis import bands  # noqa: E402
 from ...analysis.tables import medians, ok_rows, step_seconds  # noqa: E402
 from ...core.fitting import decode_curve, prefill_curve  # noqa: E402
 from . import FIGURES  # noqa: E402
-from .style import length_axis, not_measured, outputs, save, shade, spans_decades, styles  # noqa: E402
+from .style import begin, length_axis, not_measured, outputs, save, shade, spans_decades, styles  # noqa: E402
 
 
 def _tokens_per_step(med: pd.DataFrame, grid) -> np.ndarray | float:
@@ -183,9 +183,7 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
              itl_depth_csv: str | Path | None = None, provenance_json: str | Path | None = None) -> list[Path]:
     """Every figure of FIGURES in outdir; provenance_json (its protocol's trials) tells the overview's
     partial lengths (longctx.analysis.tables.medians)."""
-    plt.style.use(str(style))
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    outdir = begin(style, outdir)
     df = pd.read_csv(results_csv)
     analysis = json.loads(Path(fits_json).read_text())
     fits = analysis["configurations"]

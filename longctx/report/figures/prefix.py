@@ -27,40 +27,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from ...core.numbers import is_number  # noqa: E402
 from .. import prefix as prefixview  # noqa: E402
 from . import PREFIX_FIGURES  # noqa: E402
-from .style import BAND_ALPHA, not_measured, outputs, save, spans_decades, styles  # noqa: E402
-
-LENGTH_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-
-
-def _empty(ax, what: str) -> None:
-    ax.set_axis_off()
-    not_measured(ax, what)
-
-
-def _stat(x: dict | None) -> tuple[float, float, float] | None:
-    if not isinstance(x, dict) or not is_number(x.get("value")):
-        return None
-    v = float(x["value"])
-    lo, hi = x.get("low"), x.get("high")
-    return v, float(lo) if is_number(lo) else v, float(hi) if is_number(hi) else v
-
-
-def _errorbar(ax, x, stats, **kw) -> None:
-    keep = [(xi, s) for xi, s in zip(x, stats) if s is not None]
-    if not keep:
-        return
-    xs = np.array([k[0] for k in keep], float)
-    v, lo, hi = (np.array([k[1][i] for k in keep]) for i in range(3))
-    ax.errorbar(xs, v, yerr=np.vstack([np.maximum(v - lo, 0), np.maximum(hi - v, 0)]), capsize=2, elinewidth=0.8, **kw)
-
-
-def _grid(n: int) -> tuple:
-    cols = min(n, 2)
-    rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6.7, 2.9 * rows), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.set_axis_off()
-    return fig, list(axes.flat[:n])
+from .style import (LENGTH_MARKERS, begin, empty, empty_figure, errorbars, outputs, panels, save, shade,  # noqa: E402
+                    spans_decades, stat, styles)
 
 
 def _hit_colours(rates) -> dict[float, tuple]:
@@ -73,18 +41,16 @@ def plot_ttft(doc: dict, outdir: Path) -> None:
     """Median TTFT against L per hit rate, with the fitted surface's curves."""
     confs = {n: c for n, c in sorted((doc.get("configurations") or {}).items()) if (c or {}).get("points")}
     if not confs:
-        fig, ax = plt.subplots()
-        _empty(ax, "no prefix hit-rate point (prefix.hit_rates)")
-        save(fig, outdir, "prefix_ttft")
+        empty_figure(outdir, "prefix_ttft", "no prefix hit-rate point (prefix.hit_rates)")
         return
-    fig, axes = _grid(len(confs))
+    fig, axes = panels(len(confs), 2, 2.9)
     for ax, (name, c) in zip(axes, confs.items()):
         points = c["points"]
         colours = _hit_colours([p["hit_rate"] for p in points] + [0.0])
         lengths = sorted({p["length"] for p in points})
         for h in sorted({p["hit_rate"] for p in points}):
             pts = sorted((p for p in points if p["hit_rate"] == h), key=lambda p: p["length"])
-            _errorbar(ax, [p["length"] for p in pts], [_stat(p.get("ttft")) for p in pts], color=colours[h], linestyle="none",
+            errorbars(ax, [p["length"] for p in pts], [stat(p.get("ttft")) for p in pts], color=colours[h], linestyle="none",
                       marker="o", label=f"h = {h:.0%}")
         curves = c.get("curves") or {}
         grid = np.asarray(curves.get("length") or [], float)
@@ -93,7 +59,7 @@ def plot_ttft(doc: dict, outdir: Path) -> None:
             if h not in colours or not len(grid):
                 continue
             if cur.get("lo") is not None and cur.get("hi") is not None:
-                ax.fill_between(grid, cur["lo"], cur["hi"], color=colours[h], alpha=BAND_ALPHA, linewidth=0)
+                shade(ax, grid, (cur["lo"], cur["hi"]), {"color": colours[h]})
             ax.plot(grid, cur["fit"], color=colours[h], marker="", linestyle="-" if h else "--",
                     label="model, cold" if h == 0 and not any(p["hit_rate"] == 0 for p in points) else None)
         ax.set(xlabel="prompt length L (tokens)", ylabel="TTFT (s)", title=f"{name}: TTFT by prefix hit rate h")
@@ -120,13 +86,13 @@ def plot_saving(doc: dict, sty: dict, outdir: Path) -> None:
             row = sorted((p for p in pts if p["length"] == L), key=lambda p: p["hit_rate"])
             x = [100 * p["hit_rate"] for p in row]
             marker = LENGTH_MARKERS[i % len(LENGTH_MARKERS)]
-            measured = [_stat(prefixview.saving(p.get("saving"))) for p in row]
-            predicted = [_stat(prefixview.saving(p.get("saving_predicted"))) for p in row]
-            _errorbar(ax, x, measured, color=s["color"], linestyle=s["linestyle"], marker=marker, label=f"{name}, L = {L:,}")
-            _errorbar(ax, x, predicted, color=s["color"], linestyle="none", marker=marker, markerfacecolor="white", alpha=0.75)
+            measured = [stat(prefixview.saving(p.get("saving"))) for p in row]
+            predicted = [stat(prefixview.saving(p.get("saving_predicted"))) for p in row]
+            errorbars(ax, x, measured, color=s["color"], linestyle=s["linestyle"], marker=marker, label=f"{name}, L = {L:,}")
+            errorbars(ax, x, predicted, color=s["color"], linestyle="none", marker=marker, markerfacecolor="white", alpha=0.75)
             drawn += [m[0] for m in measured + predicted if m]
     if not drawn:
-        _empty(ax, "no saving against cold (no hit-rate point above 0 with a cold TTFT)")
+        empty(ax, "no saving against cold (no hit-rate point above 0 with a cold TTFT)")
     else:
         ax.axhline(1.0, color="0.45", linestyle=":", linewidth=0.9, marker="")
         ax.set(xlabel="prefix hit rate h (%)", ylabel="saving: cold TTFT / TTFT", title="Saving against cold (filled: measured, hollow: the model)")
@@ -143,11 +109,9 @@ def plot_conversation(doc: dict, outdir: Path) -> None:
     """Per configuration: each turn's TTFT, with the cache and the control, against the model's prediction."""
     confs = {n: c for n, c in sorted((doc.get("configurations") or {}).items()) if (c or {}).get("conversations")}
     if not confs:
-        fig, ax = plt.subplots()
-        _empty(ax, "no growing conversation (prefix.conversation)")
-        save(fig, outdir, "prefix_conversation")
+        empty_figure(outdir, "prefix_conversation", "no growing conversation (prefix.conversation)")
         return
-    fig, axes = _grid(len(confs))
+    fig, axes = panels(len(confs), 2, 2.9)
     for ax, (name, c) in zip(axes, confs.items()):
         ys = []
         for conv in c["conversations"]:
@@ -157,19 +121,19 @@ def plot_conversation(doc: dict, outdir: Path) -> None:
             x = [t["turn"] for t in turns]
             measured = [(t["ttft_s"], t["ttft_s"], t["ttft_s"]) if is_number(t.get("ttft_s")) else None for t in turns]
             label = "with the cache" if cached else "control (flushed)"
-            _errorbar(ax, x, measured, color=colour, linestyle="none", marker="o", markerfacecolor=colour if cached else "white",
+            errorbars(ax, x, measured, color=colour, linestyle="none", marker="o", markerfacecolor=colour if cached else "white",
                       label=f"{label}: measured")
-            pred = [_stat(t.get("predicted")) for t in turns]
+            pred = [stat(t.get("predicted")) for t in turns]
             px = [xi for xi, p in zip(x, pred) if p]
             if px:
                 v = np.array([p[0] for p in pred if p])
                 lo, hi = np.array([p[1] for p in pred if p]), np.array([p[2] for p in pred if p])
-                ax.fill_between(px, lo, hi, color=colour, alpha=BAND_ALPHA, linewidth=0)
+                shade(ax, px, (lo, hi), {"color": colour})
                 ax.plot(px, v, color=colour, linestyle="-" if cached else "--", marker="", label=f"{label}: model")
                 ys += list(v)
             ys += [m[0] for m in measured if m]
         if not ys:
-            _empty(ax, f"{name}: no turn measured")
+            empty(ax, f"{name}: no turn measured")
             continue
         ax.set(xlabel="turn", ylabel="TTFT (s)", title=f"{name}: growing conversation")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -182,9 +146,7 @@ def plot_conversation(doc: dict, outdir: Path) -> None:
 
 def plot_prefix(prefix_json: str | Path | None, style: str | Path, outdir: str | Path) -> list[Path]:
     """Every figure of PREFIX_FIGURES in outdir (each says "not measured" where its data is absent)."""
-    plt.style.use(str(style))
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    outdir = begin(style, outdir)
     doc = prefixview.read(prefix_json)
     sty = styles(sorted(doc.get("configurations") or {}))
     plot_ttft(doc, outdir)

@@ -1,5 +1,6 @@
-"""What every figure shares: the configurations' styles (from templates/plot.mplstyle's cycle),
-length axes, interval bands, and saving in each of FORMATS (PDF for LaTeX, PNG for Markdown)."""
+"""What every figure shares: the start of a plotting command (begin), the configurations' styles (from
+templates/plot.mplstyle's cycle), length axes, grids of panels, estimates with their intervals as bars or
+bands, axes and figures with nothing to draw, and saving in each of FORMATS (PDF for LaTeX, PNG for Markdown)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ...core.numbers import is_number  # noqa: E402
 from . import FORMATS  # noqa: E402
 
 BAND_ALPHA = 0.15
+LENGTH_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")  # one per prompt length, in turn
 # Metadata that would make two saves of the same figure differ (dates, the writer's version).
 _METADATA = {"pdf": {"CreationDate": None, "ModDate": None}, "png": {"Software": None}}
+
+
+def begin(style: str | Path, outdir: str | Path) -> Path:
+    """A plotting command's start: the style sheet in use, outdir made; returns outdir as a Path."""
+    plt.style.use(str(style))
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    return outdir
 
 
 def save(fig, outdir: Path, stem: str) -> None:
@@ -54,6 +65,51 @@ def length_axis(ax, lengths) -> None:
 def not_measured(ax, what: str) -> None:
     """An axes with nothing to draw says so (a run whose every length failed still gets its figure)."""
     ax.text(0.5, 0.5, f"not measured: {what}", transform=ax.transAxes, ha="center", va="center")
+
+
+def empty(ax, what: str) -> None:
+    """An axes with nothing to draw: the words (not_measured), no ticks, no frame."""
+    ax.set_axis_off()
+    not_measured(ax, what)
+
+
+def empty_figure(outdir: Path, stem: str, what: str) -> None:
+    """The figure `stem` with one empty axes saying what is not measured."""
+    fig, ax = plt.subplots()
+    empty(ax, what)
+    save(fig, outdir, stem)
+
+
+def panels(n: int, cols: int, height: float) -> tuple:
+    """A figure of n panels, at most `cols` a row, each row `height` inches high: (fig, the n axes); the grid's
+    spare axes are switched off."""
+    cols = min(n, cols)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.7, height * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_axis_off()
+    return fig, list(axes.flat[:n])
+
+
+def stat(x: dict | None) -> tuple[float, float, float] | None:
+    """(value, low, high) of an estimate {value, low, high}, a missing end of its interval at the value; None
+    without a value."""
+    if not isinstance(x, dict) or not is_number(x.get("value")):
+        return None
+    v = float(x["value"])
+    lo, hi = x.get("low"), x.get("high")
+    return v, float(lo) if is_number(lo) else v, float(hi) if is_number(hi) else v
+
+
+def errorbars(ax, x, stats, scale: float = 1.0, **kw) -> None:
+    """Estimates (value, low, high) at x (those that are not None) times scale as markers, their intervals as
+    bars; kw: matplotlib's errorbar styling."""
+    keep = [(xi, st) for xi, st in zip(x, stats) if st is not None]
+    if not keep:
+        return
+    xs = np.array([k[0] for k in keep], float)
+    v, lo, hi = (np.array([k[1][i] for k in keep]) * scale for i in range(3))
+    ax.errorbar(xs, v, yerr=np.vstack([np.maximum(v - lo, 0), np.maximum(hi - v, 0)]), capsize=2, elinewidth=0.8, **kw)
 
 
 def shade(ax, x, band, style) -> None:
