@@ -152,9 +152,10 @@ def test_a_yaml_error_names_the_file_line_and_column(tmp_path):
 
 
 def test_snakemake_s_own_yaml_error_names_the_file_and_line(tmp_path):
-    """The README's command with a broken --configfile: Snakemake reads that file before our Snakefile
-    and, left alone, says only "Config file is not valid JSON or YAML"; longctx.snakemake_hook (a .pth
-    file that `make setup` installs) makes it name the file, the line and the column, as PyYAML marks them."""
+    """The documented command (docs/configuration.md) with a broken --configfile: Snakemake reads that file
+    before our Snakefile and, left alone, says only "Config file is not valid JSON or YAML";
+    longctx.snakemake_hook (a .pth file that `make setup` installs) makes it name the file, the line and
+    the column, as PyYAML marks them."""
     bad = tmp_path / "my.yaml"
     bad.write_text("lengths: [64, 128\nmodel: {name: x}\n")
     out = snakemake(tmp_path, "-n", "-s", str(ROOT / "Snakefile"), "--configfile", str(bad), check=False)

@@ -1,4 +1,4 @@
-"""The package's layout: data flows one way through the stages (README, "Where things are").
+"""The package's layout: data flows one way through the stages (docs/layout.md, "The package").
 
 Every import in longctx/ is read with ast (module-level and late imports alike) and checked
 against the stage order; the tests at the bottom make sure the checker itself catches what it is
@@ -195,6 +195,25 @@ def test_data_flows_one_way_through_the_stages():
 
 def test_only_the_engines_know_which_engine_they_drive():
     assert engine_tests(PACKAGE) == []
+
+
+# measure/ is one concept per module (docs/layout.md names each): a module that outgrows this holds two
+MEASURE_MAX_LINES = 400
+
+
+def oversized(directory: Path, limit: int = MEASURE_MAX_LINES) -> list[str]:
+    """The modules under directory longer than limit lines, with their length."""
+    return [f"{p.relative_to(directory.parent)}: {n} lines" for p in sorted(directory.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > limit]
+
+
+def test_measure_keeps_one_concept_per_module():
+    assert oversized(PACKAGE / "measure") == []
+
+
+def test_the_size_check_finds_a_module_that_grew(tmp_path):
+    root = _package(tmp_path, {"measure/small.py": "x = 1\n", "measure/big.py": "x = 1\n" * (MEASURE_MAX_LINES + 1)})
+    assert oversized(root / "measure") == [f"measure/big.py: {MEASURE_MAX_LINES + 1} lines"]
 
 
 def test_every_stage_of_the_order_is_a_package_or_a_module_that_exists():
