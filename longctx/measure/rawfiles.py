@@ -63,15 +63,20 @@ def resume_key(spec: ConfigurationSpec, kernel: dict | None, version: str | None
                    "kernel": kernel and kernel["build_hash"], "version": version})
 
 
-def resumable_any(resume_dir: Path | None, length: int, key: str) -> dict | None:
-    """A kept length of the same key, whatever its status (an adaptive sweep replays its trials)."""
+def read_kept(resume_dir: Path | None, name: str) -> dict | None:
+    """resume_dir/<name>.json as an earlier run kept it, or None (no resume directory, no file, or not readable)."""
     if resume_dir is None:
         return None
     try:
-        kept = json.loads((resume_dir / f"{length}.json").read_text())
+        return json.loads((resume_dir / f"{name}.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return kept if kept.get("resume_key") == key else None
+
+
+def resumable_any(resume_dir: Path | None, length: int, key: str) -> dict | None:
+    """A kept length of the same key, whatever its status (an adaptive sweep replays its trials)."""
+    kept = read_kept(resume_dir, str(length))
+    return kept if kept and kept.get("resume_key") == key else None
 
 
 def resumable(resume_dir: Path | None, length: int, key: str) -> dict | None:
@@ -87,13 +92,11 @@ def workloads_file(what: str, settings: dict, key: str, common: dict, prov: dict
     <what>.json written with every point done so far (and kept in resume_dir), its fields(points) beside the
     status; the workloads after the lengths (load, prefix) write theirs so."""
     file_key = digest({"resume_key": key, what: settings})
-    kept = None
-    if resume_dir is not None:
-        try:
-            before = json.loads((resume_dir / f"{what}.json").read_text())
-            kept = stored(before) if before.get(f"{what}_key") == file_key else None
-        except (OSError, json.JSONDecodeError, KeyError):
-            kept = None
+    before = read_kept(resume_dir, what)
+    try:
+        kept = stored(before) if before and before.get(f"{what}_key") == file_key else None
+    except KeyError:
+        kept = None
 
     def keep(points: list[dict]) -> None:
         bad = [p for p in points if p["status"] != "ok"]
