@@ -180,8 +180,14 @@ def test_ngram_speculation_turns_mixed_chunk_off_as_sglang_does(caplog):
 
 # The decoding stream's length: it must outlast the long prompt's prefill, sent after its third event. 300 tokens
 # (0.13 s here) once ended 70 ms before that prefill did, the long request sent late in a busy suite run;
-# 2,000 (under 1 s) leave the margin, within the context length (2,048) and, beside the long prompt, the pool (4,096)
+# 2,000 (under 1 s) leave the margin, within the context length (2,048).
 SHORT_TOKENS = 2000
+# The long prompt's decode after its prefill: both requests then run together while /metrics is scraped. With 1
+# token, the two ran together only for the prefill (about 40 ms here), and the scrapes (a new connection each, one
+# every 10-15 ms) caught num_running_reqs at 2 once per run, and in 2 runs of 10 not at all; with 100 tokens and one
+# kept connection, 18 to 22 scrapes of a run see it. 100 keep the prompt within the context length (1,900 + 100)
+# and both requests within the pool (2,020 + 2,000 of 4,096 tokens).
+LONG_TOKENS = 100
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["prefill-first", "mixed-chunk"])
@@ -210,12 +216,15 @@ def test_over_http_the_stream_stalls_for_the_whole_prefill_unless_mixed(tmp_path
                         if len(events[name]) >= 3:
                             three.set()
 
-        def poll():
-            while not stop.is_set():
-                text = httpx.get(base_url + "/metrics").text
-                samples.append({line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                                if line.startswith(("sglang:num_running_reqs{", "sglang:cache_hit_rate{"))})
-                time.sleep(0.005)
+        def poll():  # one kept connection: a new one per GET took most of the time between scrapes
+            with httpx.Client() as client:
+                while not stop.is_set():
+                    scrape(client.get(base_url + "/metrics").text)
+                    time.sleep(0.005)
+
+        def scrape(text: str) -> None:
+            samples.append({line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                            if line.startswith(("sglang:num_running_reqs{", "sglang:cache_hit_rate{"))})
 
         short = threading.Thread(target=stream, args=("short", {"input_ids": prompt(20, 3), "stream": True,
                                                                 "sampling_params": {"max_new_tokens": SHORT_TOKENS, "ignore_eos": True}}))
@@ -223,7 +232,7 @@ def test_over_http_the_stream_stalls_for_the_whole_prefill_unless_mixed(tmp_path
         assert three.wait(60)
         poller = threading.Thread(target=poll)
         poller.start()
-        stream("long", {"input_ids": prompt(1900, 4), "stream": True, "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}})
+        stream("long", {"input_ids": prompt(1900, 4), "stream": True, "sampling_params": {"max_new_tokens": LONG_TOKENS, "ignore_eos": True}})
         stop.set()
         poller.join()
         short.join(120)

@@ -121,8 +121,11 @@ def test_a_real_sweep_shows_its_progress_and_predicts_its_time_left(tmp_path):
     the trials' lines reach the log alone (they take less than its 10 s)."""
     spec = tiny_spec("page1", lengths=[512, 1024, 2048, 4096])
     spec.args.update({"context-length": 8192, "max-total-tokens": 16384})
-    spec.protocol.update(warmup=1, trials=2, output_tokens=32, concurrency=[2],
-                         itl_depth={"length": 4096, "output_tokens": 500})
+    # enough decoding that the lines from the third length on leave a second or more to check (the tiny model
+    # decodes about 2,000 tokens/s here: with 32 output tokens and a 500-token ITL-depth request the whole sweep took
+    # 2 s after start-up, and only 4 lines of the first run, none of the second, had a second left)
+    spec.protocol.update(warmup=1, trials=2, output_tokens=128, concurrency=[2],
+                         itl_depth={"length": 4096, "output_tokens": 2000})
     console, log = _bench(spec, tmp_path, "first", "--progress-every", "0")
     lengths = [line for line in console if re.match(r"page1 L=\d+ \(\d of 4 lengths\)", line)]
     for i, L in enumerate(spec.lengths, 1):
