@@ -28,8 +28,10 @@ def reader():
     """Answers from the text it is given: 'Dog.' when the needle is in it; 4 characters a token."""
 
     async def generate(request):
-        body = await request.json()
-        text = body["text"]
+        # as a FastAPI server parses a body (llama.cpp's, vLLM's): by its Content-Type, HTTP 500 without one
+        if request.headers.get("content-type") != "application/json":
+            return JSONResponse({"error": "body is not JSON"}, status_code=500)
+        text = (await request.json())["text"]
         return JSONResponse({"text": " Dog." if "password is Dog" in text else " Cat.",
                              "meta_info": {"prompt_tokens": len(text) // 4, "completion_tokens": 2}})
 

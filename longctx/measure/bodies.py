@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import json
 
+# what every request body is sent with: a server that parses by the header (FastAPI: llama.cpp's, vLLM's)
+# answers HTTP 500 or 422 to a JSON body sent without it
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
 def sglang_body(prompt: list[int] | str, max_new_tokens: int, rid: str | None = None, stream: bool = True) -> bytes:
     """/generate with a token-id prompt (input_ids) or a text one (text)."""
     body = {

@@ -13,6 +13,8 @@ import json
 
 import httpx
 
+from .bodies import JSON_HEADERS
+
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 
@@ -26,12 +28,12 @@ def _ask(client: httpx.Client, base: str, api: str, model: str, text: str, max_t
     """(prompt tokens the server counted, generated text) for a greedy, non-streamed request."""
     if api == "sglang":
         body = {"text": text, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0}}
-        r = client.post(base + "/generate", content=json.dumps(body), timeout=timeout_s)
+        r = client.post(base + "/generate", content=json.dumps(body), headers=JSON_HEADERS, timeout=timeout_s)
         r.raise_for_status()
         out = r.json()
         return out["meta_info"]["prompt_tokens"], out["text"]
     body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0.0}
-    r = client.post(base + "/v1/completions", content=json.dumps(body), timeout=timeout_s)
+    r = client.post(base + "/v1/completions", content=json.dumps(body), headers=JSON_HEADERS, timeout=timeout_s)
     r.raise_for_status()
     out = r.json()
     return out["usage"]["prompt_tokens"], out["choices"][0]["text"]

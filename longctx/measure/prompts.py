@@ -29,7 +29,7 @@ import httpx
 import numpy as np
 
 from ..core.errors import ConfigError
-from .bodies import request_body
+from .bodies import JSON_HEADERS, request_body
 from .stream import EVENT_RULES, StreamRecord, astream_generate, stream_generate
 from .workload import PREFIX_TOKENS, prompt_ids
 
@@ -270,7 +270,7 @@ def _non_streamed(client: httpx.Client, url: str, api: str, prompt, model: str, 
     """The server's counts (prompt, completion) from one non-streamed request, and what it answered."""
     try:
         r = client.post(url, content=request_body(api, prompt, PROBE_OUTPUT, model, stream=False),
-                        headers={"Content-Type": "application/json"}, timeout=timeout_s)
+                        headers=JSON_HEADERS, timeout=timeout_s)
     except httpx.HTTPError as exc:
         return None, f"non-streamed request: {type(exc).__name__}: {exc}"
     if r.status_code != 200:

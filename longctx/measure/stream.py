@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from .bodies import JSON_HEADERS
 from .wire import Stamped
 
 # SGLang 0.5.23's speculative fields in the final meta_info
@@ -234,9 +235,6 @@ class StreamParser:
             _count_openai(rec, self.seen_tokens, self.events)
 
 
-_HEADERS = {"Content-Type": "application/json"}
-
-
 def _begin(rec: StreamRecord, timeout_s: float, api: str, events: str) -> tuple[StreamParser, httpx.Timeout]:
     rec.t_sent = rec.t_call = time.perf_counter()
     return StreamParser(rec, api, events, rec.t_sent + timeout_s, timeout_s), httpx.Timeout(timeout_s, connect=10.0)
@@ -271,7 +269,7 @@ def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: floa
     rec = record if record is not None else StreamRecord()
     try:
         parser, timeout = _begin(rec, timeout_s, api, events)
-        with client.stream("POST", url, content=body, headers=_HEADERS, timeout=timeout) as resp:
+        with client.stream("POST", url, content=body, headers=JSON_HEADERS, timeout=timeout) as resp:
             wire = _opened(rec, resp)
             if resp.status_code != 200:
                 _http_error(rec, resp.status_code, resp.read())
@@ -297,7 +295,7 @@ async def astream_generate(client: httpx.AsyncClient, url: str, body: bytes, tim
     rec = record if record is not None else StreamRecord()
     try:
         parser, timeout = _begin(rec, timeout_s, api, events)
-        async with client.stream("POST", url, content=body, headers=_HEADERS, timeout=timeout) as resp:
+        async with client.stream("POST", url, content=body, headers=JSON_HEADERS, timeout=timeout) as resp:
             wire = _opened(rec, resp)
             if resp.status_code != 200:
                 _http_error(rec, resp.status_code, await resp.aread())
