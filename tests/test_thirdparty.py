@@ -28,19 +28,15 @@ import httpx
 import pandas as pd
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from longctx import config as lcfg
 from longctx.engines import get_adapter
 
 from .conftest import ROOT, copy_workflow
 from .test_workflow import snakemake
+from .vllm_cpu import counter, require_vllm, start_vllm, ttft_histogram
 
-VLLM_PYTHON = os.environ.get("LONGCTX_VLLM_PYTHON")
-if not (VLLM_PYTHON and Path(VLLM_PYTHON).exists()):
-    if os.environ.get("LONGCTX_REQUIRE_ENGINE_PARSERS"):
-        raise RuntimeError(f"LONGCTX_VLLM_PYTHON={VLLM_PYTHON!r} is not a Python with vLLM: run `make vllm`")
-    pytest.skip("vLLM's CPU build is not installed here (make test installs it)", allow_module_level=True)
+VLLM_PYTHON = require_vllm()
 
 pytestmark = [pytest.mark.slow, pytest.mark.thirdparty]
 
@@ -109,16 +105,8 @@ def tiny_llama(tmp_path_factory) -> Path:
 
 def start_vllm_server(tmp_path_factory, tiny_llama) -> dict:
     """vLLM started as the workflow starts it (the adapter's command line and environment), not yet waited for."""
-    from longctx.measure.process import ManagedServer, free_port
-    from longctx.measure.session import server_env
-
-    adapter = get_adapter("vllm")
     spec = lcfg.configuration_spec(vllm_config(str(tiny_llama)), "vllm-cpu")
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    server = ManagedServer(adapter.launch_command(spec, "127.0.0.1", port, None), log, env=server_env(spec))
-    server.start()
-    return {"base": f"http://127.0.0.1:{port}", "port": port, "model": adapter.served_model(spec), "log": log, "server": server}
+    return start_vllm(spec, tmp_path_factory.mktemp("vllm-server"))
 
 
 EARLY: dict = {}  # vllm_server's server when vllm_workflow started it
@@ -306,22 +294,6 @@ def test_vllms_benchmark_client_runs_beside_ours_against_the_reference_engine(tm
 
 # --- TTFT against vLLM's own server-side record --------------------------------------------------
 
-TTFT_METRIC = "vllm:time_to_first_token_seconds"
-
-
-def ttft_histogram(text: str) -> tuple[float, float]:
-    """vLLM's TTFT histogram, summed over its label sets: (sum of seconds, count of requests)."""
-    total = count = 0.0
-    for family in text_string_to_metric_families(text):
-        if family.name == TTFT_METRIC:
-            for s in family.samples:
-                if s.name == TTFT_METRIC + "_sum":
-                    total += s.value
-                elif s.name == TTFT_METRIC + "_count":
-                    count += s.value
-    return total, count
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory, tiny_llama):
     """vLLM started as the workflow starts it (start_vllm_server): the one vllm_workflow started while its
@@ -386,11 +358,6 @@ _BENCH_LENGTHS = ("import sys; from vllm.benchmarks.serve import add_cli_args, m
                   "args, lengths = sys.argv[1:sys.argv.index('--')], sys.argv[sys.argv.index('--') + 1:]; "
                   "[main(p.parse_args(args + ['--random-input-len', n, '--result-filename', f'vllm-bench-{n}.json'])) "
                   "for n in lengths]")
-
-
-def counter(text: str, name: str) -> float:
-    """A vLLM Prometheus counter, summed over its label sets."""
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name + "_total")
 
 
 def test_vllms_own_bench_serve_results_are_imported_as_vllm_counted_them(vllm_server, tiny_llama, tmp_path):
