@@ -10,7 +10,8 @@ Where the server has a mem-fraction-static (SGLang, the reference engine, an ext
 server), the pool follows SGLang's sizing rule (longctx.specs.pool.PoolSizing, which the reference
 engine itself allocates by), per GPU: tokens = ((M - weights) - M (1 - f)) // cell bytes, capped
 by max-total-tokens and rounded down to the page size. M and the weights come from the server
-where it reports them (the reference engine); otherwise M is the GPU's memory as NVML reports it
+where it reports them (the reference engine); otherwise M is the GPU's memory as NVML reports it (for
+a GPU the config names, imported results' hardware.gpu: its datasheet memory, longctx/specs/hardware.yaml)
 and the weights (everything SGLang subtracts before the pool) are backed out of the pool the
 server allocated at its mem-fraction-static. For a server without one (vLLM sizes its pool from
 gpu-memory-utilization or VLLM_CPU_KVCACHE_SPACE by a rule of its own) nothing is tabulated: the
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from ..core.words import listed
 from ..engines import EngineAdapter, get_adapter
+from ..specs import hardware
 from ..specs.model import ModelSpec, ModelSpecError
 from ..specs.pool import PoolError, PoolSizing, observed_pool
 
@@ -36,8 +38,9 @@ SGLANG_RULE = "SGLang's (mem-fraction-static)"
 
 
 def adapter_of(entry: dict) -> EngineAdapter:
-    """The adapter of the engine that served a provenance entry."""
-    return get_adapter(entry["engine"])
+    """The adapter of the engine that served a provenance entry, bound to what the entry says of its flags
+    (imported results: the engine whose flags their args are, and their tp_size)."""
+    return get_adapter(entry["engine"]).for_record(entry.get("imported"))
 
 
 def spec_of(entry: dict) -> ModelSpec | None:
@@ -119,14 +122,19 @@ def memory_model(entry: dict) -> dict:
     gpus = (entry.get("hardware") or {}).get("gpus") or []
     if info.get("memory_total_bytes"):
         mm["memory_bytes"], mm["memory_source"] = int(info["memory_total_bytes"]), "the server (memory free before loading)"
-    elif gpus and adapter.compute_device(args) == "gpu":
-        mm["memory_bytes"], mm["memory_source"] = int(gpus[0]["memory_total_bytes"]), f"NVML: {gpus[0]['name']}, GPU 0"
+    elif gpus and adapter.compute_device(args) == "gpu" and entry.get("device") != "cpu":
+        mm["memory_bytes"], mm["memory_source"] = gpu_memory(gpus[0])
     if info.get("weights_bytes") is not None:
         mm["weights_bytes"], mm["weights_source"] = int(info["weights_bytes"]), "the server"
     elif mm["memory_bytes"] and mm["observed_tokens"] and mm["cell_bytes"] and mm["mem_fraction_static"] \
             and mm["observed_tokens"] != mm["max_total_tokens"]:
         m, f = mm["memory_bytes"], float(mm["mem_fraction_static"])
         mm["weights_bytes"] = int(m * f - mm["observed_tokens"] * mm["cell_bytes"])
+        # backed out, the rest lands on the edge of a whole token, where floating point can lose that token: a byte
+        # less of weights makes the configured fraction give back the pool the server allocated, not one token less
+        for _ in range(2):
+            if mm["weights_bytes"] > 0 and (pool_tokens(mm, f, capped=False) or 0) < mm["observed_tokens"]:
+                mm["weights_bytes"] -= 1
         mm["weights_source"] = "backed out of the pool the server allocated (weights, activations and all else SGLang sets aside)"
     if info.get("req_to_token_bytes") is not None:
         mm["req_to_token_bytes"], mm["req_to_token_source"] = int(info["req_to_token_bytes"]), "the server (int64 table)"
@@ -136,6 +144,18 @@ def memory_model(entry: dict) -> dict:
     else:
         mm["req_to_token_bytes"], mm["req_to_token_source"] = None, None
     return mm
+
+
+def gpu_memory(gpu: dict) -> tuple[int | None, str | None]:
+    """A GPU's memory and where the figure came from: NVML's reading where the machine that measured was read,
+    else the datasheet's for its name (a GPU named in the config: imported results); (None, None) for neither."""
+    if gpu.get("memory_total_bytes"):
+        return int(gpu["memory_total_bytes"]), f"NVML: {gpu.get('name')}, GPU 0"
+    sheet = hardware.match(gpu.get("name"))
+    if sheet is None:
+        return None, None
+    return int(sheet["memory_si"]), (f"the datasheet: {sheet['name']}, {sheet['memory']['value']:g} {sheet['memory']['unit']} "
+                                     f"({hardware.TABLE_PATH.name}; no NVML reading of that machine)")
 
 
 def pool_tokens(mm: dict, fraction: float, capped: bool = True) -> int | None:
@@ -204,7 +224,8 @@ def plan_configuration(entry: dict, fractions: list[float], longest: int | None)
         out["kv_bytes_per_token"] = {
             "served": spec.kv_bytes_per_token(), "served_dtype": spec.kv_cache_dtype, "attention": spec.attention,
             "tp_size": spec.tp_size, "all_ranks": spec.kv_bytes_per_token_all_ranks(), "source": mm["cell_source"],
-            "fp8": replace(spec, kv_cache_dtype="fp8_e4m3").kv_bytes_per_token() if arch else None,
+            # priced only where the engine offers it (SGLang's and vLLM's --kv-cache-dtype; not llama.cpp, not ours)
+            "fp8": replace(spec, kv_cache_dtype=fp8).kv_bytes_per_token() if arch and (fp8 := adapter_of(entry).fp8_kv_dtype) else None,
             "mha_equivalent": spec.mha_equivalent_kv_bytes_per_token() if arch and spec.attention == "mla" else None,
         }
     if mm["observed_tokens"]:
@@ -224,8 +245,7 @@ def plan_configuration(entry: dict, fractions: list[float], longest: int | None)
                              + (f"in blocks of a size not known here ({mm['kv_block_source']})" if not mm["kv_block_size"]
                                 else "at a KV figure not known here"))
         elif not mm["sizing_rule"]:
-            out["reason"] = (f"no pool is tabulated: {adapter_of(entry).title} sizes its KV pool by a rule the planner "
-                             "does not model (it has no mem-fraction-static)")
+            out["reason"] = f"no pool is tabulated: {adapter_of(entry).title} {adapter_of(entry).pool_rule}"
         else:
             missing = [WHAT[k] for k in ("memory_bytes", "weights_bytes", "cell_bytes") if mm[k] is None]
             out["reason"] = f"the pool cannot be modelled: {listed(missing)} {'is' if len(missing) == 1 else 'are'} unknown"

@@ -103,9 +103,25 @@ class EngineAdapter(ABC):
     # what an OpenAI request adds for the generated token ids to come back in the stream (vLLM's; SGLang's
     # /generate streams them anyway): a conversation then carries them exactly
     output_ids_request: dict | None = None
+    # the KV cache dtype its --kv-cache-dtype offers besides the model's own, which the planner prices (none: it
+    # offers no other, or longctx does not know its flags)
+    fp8_kv_dtype: str | None = None
+    # how its server sizes its KV pool, where the planner does not model it (words after the engine's title)
+    pool_rule = "sizes its KV pool by a rule the planner does not model (it has no mem-fraction-static)"
+    api_key_flag: str | None = "api-key"  # the flag that makes the server require a Bearer key (SGLang's)
+    # the environment variable the engine reads its key from (vLLM's VLLM_API_KEY): used in place of the flag,
+    # so that the key is not on the process table (SGLang's server takes the flag only)
+    api_key_var: str | None = None
 
     def api(self, spec: ConfigurationSpec) -> Api:
         return SGLANG
+
+    def for_record(self, record: dict | None) -> "EngineAdapter":
+        """The adapter that reads a configuration's flags, given what its record says of them beyond the flags
+        (imported results: config key server_engine, the engine whose flags its args are, and tp_size; from
+        the configuration's keys or its provenance's `imported`): itself, for every engine that runs or
+        reaches its server."""
+        return self
 
     @abstractmethod
     def launch_command(self, spec: ConfigurationSpec, host: str, port: int, version: str | None) -> list[str]:
@@ -113,6 +129,14 @@ class EngineAdapter(ABC):
 
     def python(self, spec: ConfigurationSpec) -> str:
         return spec.python or "python3"
+
+    def with_api_key(self, command: list[str], env: dict[str, str], key: str | None) -> tuple[list[str], dict[str, str]]:
+        """The command and environment that start the server requiring `key` (unchanged without one)."""
+        if not key:
+            return command, env
+        if self.api_key_var:
+            return command, {**env, self.api_key_var: key}
+        return [*command, f"--{self.api_key_flag}", key], env
 
     def served_args(self, spec: ConfigurationSpec) -> dict[str, Any]:
         """The configuration's flags as the server is started with them: its own, plus the flag that turns
@@ -161,6 +185,11 @@ class EngineAdapter(ABC):
         for key in args:
             if key.replace("_", "-") in self.managed_args:
                 raise ConfigError(f"config key '{where}.{key}' is set by longctx itself; remove it")
+            if self.api_key_flag and key.replace("_", "-") == self.api_key_flag:
+                raise ConfigError(f"config key '{where}.{key}': give the server's API key by "
+                                  f"configurations.{configuration}.api_key_env, the name of an environment variable "
+                                  "that holds it (longctx then sends it with every request and writes it nowhere); "
+                                  "remove it from args")
         parser = self.parser()
         if parser is None:
             return
@@ -169,7 +198,7 @@ class EngineAdapter(ABC):
             for opt in action.option_strings:
                 if opt.startswith("--"):
                     options[opt[2:]] = action
-        allowed = sorted(set(options) - self.managed_args - {"help"})
+        allowed = sorted(set(options) - self.managed_args - {"help", self.api_key_flag})
         for key, value in args.items():
             flag = key.replace("_", "-")
             action = options.get(flag)

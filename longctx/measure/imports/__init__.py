@@ -22,7 +22,7 @@ import importlib
 import math
 import statistics
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,8 +235,12 @@ def imported_provenance(spec: ConfigurationSpec, runs: list[Run], paths: list[Pa
     cached = [q for r in runs for q in r.requests if q.ok and q.cached_tokens]
     notes = [f"{len(cached)} of {sum(q.ok for r in runs for q in r.requests)} successful requests were served partly from "
              "the server's prefix cache (its cached count is above 0): their TTFT is not a cold prefill's"] if cached else []
+    if any(_utc(r.started_at) not in (None, r.started_at) for r in runs):
+        notes.append(f"{tool} dates its runs in its machine's local time without the zone: the dates are read as UTC")
     return {
         "format": imp["format"], "tool": tool, "notes": notes,
+        # what the config says of the runs' server beyond its flags (longctx.engines.imported: for_record reads them)
+        "server_engine": imp.get("server_engine"), "tp_size": imp.get("tp_size"),
         "tool_version": imp.get("tool_version") or (", ".join(versions) if versions else None),
         "version_source": ("config key tool_version" if imp.get("tool_version") else
                            "the files" if versions else (runs[0].version_source if runs else "no run was read")),
@@ -273,8 +277,9 @@ def import_configuration(spec: ConfigurationSpec, outdir: str | Path) -> list[in
     device = spec.device or "remote"
     prov = {
         # the model as the config describes it, as for an external server
-        **model_provenance(get_adapter(spec.engine), spec),
-        "args": {},
+        **model_provenance(get_adapter(spec.engine).for_record(imp), spec),
+        # the flags the runs' server ran with, as the config gives them (in server_engine's names; imported below)
+        "args": dict(spec.args),
         "device": device,
         # the machine the runs were measured on, as the config names it (not this one: none of its ceilings apply)
         "hardware": {"source": "config", "gpus": [{"name": hw["gpu"]}] * (hw.get("count") or 1) if hw.get("gpu") else [],
@@ -293,9 +298,9 @@ def import_configuration(spec: ConfigurationSpec, outdir: str | Path) -> list[in
     run_id = digest([f["sha256"] for f in prov["imported"]["files"]])
     common = {"format": RAW_FORMAT, "configuration": spec.name, "engine": spec.engine, "run_id": run_id,
               "spec_hash": digest(spec.to_dict()), "provenance": prov}
-    # the runs' dates where the files give them with their time zone (vLLM's is local time, zone unsaid: the
-    # report's own date, the last measurement's, must not depend on where it is rendered)
-    dates = sorted(d for d in (_aware(r.started_at) for r in runs) if d)
+    # the runs' dates; one the file gives without its zone (vLLM's local time) read as UTC, so that the report's own
+    # date, the last measurement's, does not depend on where it is rendered (the provenance's notes say so)
+    dates = sorted(d for d in (_utc(r.started_at) for r in runs) if d)
     for g in groups:
         trials, batches = [], {}
         for run, i in g.members:
@@ -327,8 +332,12 @@ def import_configuration(spec: ConfigurationSpec, outdir: str | Path) -> list[in
     return [g.length for g in groups]
 
 
-def _aware(stamp: str | None) -> str | None:
+def _utc(stamp: str | None) -> str | None:
+    """The stamp with its time zone, one without taken as UTC; None where there is none (or it is no ISO 8601 date)."""
+    if not stamp:
+        return None
     try:
-        return stamp if stamp and datetime.fromisoformat(stamp).tzinfo else None
+        when = datetime.fromisoformat(stamp)
     except ValueError:
         return None
+    return stamp if when.tzinfo else when.replace(tzinfo=timezone.utc).isoformat()
