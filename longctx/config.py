@@ -13,6 +13,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 
 from .core.errors import ConfigError
+from .core.secrets import HIDDEN, mask, mask_argv
 from .engines import ConfigurationSpec, get_adapter
 from .engines.imported import IMPORTED_KEYS
 
@@ -246,13 +247,17 @@ CONFIG_SOURCES_VAR = "LONGCTX_CONFIG_SOURCES"
 
 
 def redacted(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with every configuration's env values hidden, but those report.env_shown names: what
-    may reach a Snakemake param, a log or the report (the values stay in the config file)."""
+    """The config with every configuration's env values hidden, but those report.env_shown names, and every
+    secret-named value elsewhere (an args key such as hf-token, a secret flag's word in extra_args;
+    longctx.core.secrets): what may reach a Snakemake param, a log or the report (the values stay in the
+    config file)."""
     shown = set(config.get("report", {}).get("env_shown") or ())
-    out = copy.deepcopy(config)
-    for conf in out.get("configurations", {}).values():
+    out = mask(copy.deepcopy(config))
+    for name, conf in out.get("configurations", {}).items():
         if conf.get("env"):
-            conf["env"] = {k: (v if k in shown else "(hidden)") for k, v in conf["env"].items()}
+            conf["env"] = {k: (v if k in shown else HIDDEN) for k, v in config["configurations"][name]["env"].items()}
+        if conf.get("extra_args"):
+            conf["extra_args"] = mask_argv(conf["extra_args"])
     return out
 
 

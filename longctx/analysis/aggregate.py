@@ -21,6 +21,7 @@ COLUMNS = [
     "usage_source", "tokens_estimated", "early_stop", "length_fault", "length_reason",
     "spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts",
     "kv_bytes_per_token", "kv_pool_tokens", "run_id", "batch_output_tok_s", "needle",
+    "needle_answer", "needle_reason",
     *(f"{window}_{m}_mean" for window in ("prefill", "decode") for m in (*NVML_METRICS, *PSUTIL_METRICS)),
 ]
 
@@ -73,6 +74,8 @@ def _rows(path: Path, partial_dir: Path | None = None) -> tuple[list[dict], dict
         "kv_pool_tokens": observed_pool(prov)[0],  # the server's info, else its log (vLLM reports it only there)
         "run_id": raw.get("run_id"),
         "needle": (raw.get("needle") or {}).get("status"),
+        "needle_answer": (raw.get("needle") or {}).get("answer"),  # the model's words, where it answered
+        "needle_reason": (raw.get("needle") or {}).get("reason"),  # why it failed, was not run, or is off its length
         "length_fault": length_fault(raw),
         "length_reason": raw.get("reason"),  # the length's own: its trials' reasons, a failed warm-up, a fault
     }

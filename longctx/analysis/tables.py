@@ -98,9 +98,10 @@ def medians(df: pd.DataFrame, provenance: dict | None = None) -> pd.DataFrame:
     chose = chosen_trials(provenance)
     out["configured"] = [t if c in chose else asked[c] for c, t in zip(out["configuration"], out["trials"])]
     out["partial"] = (out["ok"] > 0) & (out["ok"] < out["configured"])
-    if "needle" in df:
-        needle = df.groupby(["configuration", "length"])["needle"].first()
-        out["needle"] = [needle.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
+    for column in ("needle", "needle_answer", "needle_reason"):
+        if column in df:
+            first = df.groupby(["configuration", "length"])[column].first()
+            out[column] = [first.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
     reasons = df[df["status"] != "ok"].groupby(["configuration", "length"])["reason"].first()
     out["reason"] = [reasons.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -46,6 +47,9 @@ class ConfigurationSpec:
     url: str | None = None  # external: the server's base URL
     api: str | None = None  # external: sglang | openai
     startup_timeout_s: float | None = None  # bring-up timeout (default: server.startup_timeout_s)
+    # the environment variable that holds the server's API key (read at run time, never written); None: no key.
+    # Left out of to_dict when None (spec_hash of a configuration without one stays)
+    api_key_env: str | None = field(default=None, metadata={"omit_if_none": True})
     # external: where the server computes, cpu | gpu (of this machine) | remote; None: remote. Left out
     # of to_dict when None, so that the specs (and spec_hash) of configurations that do not set it stay as they were.
     device: str | None = field(default=None, metadata={"omit_if_none": True})
@@ -60,6 +64,25 @@ class ConfigurationSpec:
     # config key lengths.adaptive: the sweep chooses its lengths (from `lengths`, the grid) while it runs
     # (longctx.measure.adaptive); None for a fixed sweep, left out of to_dict then
     adaptive: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+
+    def api_key(self) -> str | None:
+        """The server's API key, from the environment variable api_key_env names (None where it names none);
+        ConfigError when that variable is unset or empty."""
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env, "")
+        if not key:
+            from ..core.errors import ConfigError
+
+            raise ConfigError(f"config key 'configurations.{self.name}.api_key_env': the environment variable "
+                              f"{self.api_key_env} is not set (or empty); export the server's API key in it, or "
+                              "remove the key for a server that takes none")
+        return key
+
+    def auth_headers(self) -> dict[str, str]:
+        """What every request to the server carries: its API key as a Bearer token, where it has one."""
+        key = self.api_key()
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a plain dictionary (a deep copy): what spec_hash and resume_key digest."""

@@ -79,15 +79,15 @@ class HealthProbes:
 
 
 def wait_health(base: str, paths: tuple[str, ...], timeout_s: float, alive=lambda: True, died=lambda: "",
-                absent_grace_s: float = ABSENT_GRACE_S) -> tuple[str, float]:
+                absent_grace_s: float = ABSENT_GRACE_S, headers: dict | None = None) -> tuple[str, float]:
     """Probe base + each of paths, in order, until the first one that does not say "not here" (4xx)
     answers 200: that path and the seconds it took. ServerError if alive() turns false or timeout_s
     passes (naming what each path answered); NoHealthPath as soon as every path has said "not here"
-    for absent_grace_s: the server answers, but not on any of them."""
+    for absent_grace_s: the server answers, but not on any of them. headers: sent with every probe (an API key's)."""
     probes = HealthProbes(base, paths)
     t0 = time.monotonic()
     deadline, absent_since = t0 + timeout_s, None
-    with httpx.Client() as client:
+    with httpx.Client(headers=headers) as client:
         while True:
             if not alive():
                 raise ServerError(died())
@@ -112,8 +112,8 @@ class ExternalServer:
 
     pid = None
 
-    def __init__(self, base_url: str):
-        self.base_url = base_url
+    def __init__(self, base_url: str, headers: dict | None = None):
+        self.base_url, self.headers = base_url, headers
 
     def __enter__(self) -> "ExternalServer":
         return self
@@ -130,7 +130,7 @@ class ExternalServer:
     def wait_ready(self, paths: tuple[str, ...], timeout_s: float) -> tuple[str, float]:
         """The health path and the seconds it took, within seconds: the server is up or it is not
         (at most EXTERNAL_WAIT_S, or timeout_s if shorter; "not here" on every path fails at once)."""
-        return wait_health(self.base_url, paths, min(timeout_s, EXTERNAL_WAIT_S), absent_grace_s=0)
+        return wait_health(self.base_url, paths, min(timeout_s, EXTERNAL_WAIT_S), absent_grace_s=0, headers=self.headers)
 
     def died_message(self, what: str) -> str:
         return f"{what} (external server at {self.base_url})"

@@ -317,9 +317,10 @@ def describe(point: dict) -> str:
     return line + (f" ({point['reason'][:200]})" if point.get("reason") else "")
 
 
-def new_client() -> httpx.AsyncClient:
-    """The load workloads' client: socket-timed, a connection per request, as many at once as are sent."""
-    return async_timed_client()
+def new_client(headers: dict | None = None) -> httpx.AsyncClient:
+    """The load workloads' client: socket-timed, a connection per request, as many at once as are sent;
+    headers (the server's API key) go with every request."""
+    return async_timed_client(headers=headers)
 
 
 LEVEL_KEYS = {"closed": "concurrency", "open": "rate", "interference": "trial"}
@@ -374,7 +375,7 @@ def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, f
             return one * max(1, in_flight)
 
         async def run() -> dict:
-            async with new_client() as client:
+            async with new_client(session.headers) as client:
                 flush = None
                 if spec.protocol["flush_cache"] and session.api.flush_path:
                     async def flush():

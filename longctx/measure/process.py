@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 
+from ..core.secrets import mask_argv
 from .health import ServerError, wait_health
 
 # How servers (uvicorn, SGLang, vLLM) say that their port was taken.
@@ -190,7 +191,7 @@ class ManagedServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.log_offset = log.tell()
-            log.write(f"$ {' '.join(self.command)}\n".encode())
+            log.write(f"$ {' '.join(mask_argv(self.command))}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -198,7 +199,7 @@ class ManagedServer:
             )
         try:
             created = psutil.Process(self.proc.pid).create_time()
-            self.pid_file.write_text(json.dumps({"pid": self.proc.pid, "create_time": created, "command": self.command}))
+            self.pid_file.write_text(json.dumps({"pid": self.proc.pid, "create_time": created, "command": mask_argv(self.command)}))
         except (OSError, psutil.Error):
             pass  # gone already: wait_ready says why
 
@@ -221,13 +222,14 @@ class ManagedServer:
         """Poll url until it answers 200; the seconds it took (wait_ready with url as the only probe)."""
         return self.wait_ready(url, ("",), timeout_s, port)[1]
 
-    def wait_ready(self, base: str, paths: tuple[str, ...], timeout_s: float, port: int | None = None) -> tuple[str, float]:
-        """Wait for start-up, then the health path (wait_health) and the seconds it took. With `port`,
+    def wait_ready(self, base: str, paths: tuple[str, ...], timeout_s: float, port: int | None = None,
+                   headers: dict | None = None) -> tuple[str, float]:
+        """Wait for start-up, then the health path (wait_health, its probes sent with headers) and the seconds it took. With `port`,
         PortTaken (the server stopped) when the server could not bind it, or when what answers there is
         another process's server."""
         try:
             found = wait_health(base, paths, timeout_s, self.alive,
-                                lambda: self.died_message("the server exited during start-up"))
+                                lambda: self.died_message("the server exited during start-up"), headers=headers)
         except ServerError as exc:
             foreign = self.foreign_listeners(port)
             self.stop()

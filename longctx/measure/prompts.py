@@ -300,6 +300,17 @@ def _event_rule(rec: StreamRecord, completion: int) -> tuple[str, bool]:
     return "every", False
 
 
+def _authorized(rec: StreamRecord, client: httpx.Client) -> None:
+    """PromptError where the server refused the request as unauthorized (401, 403): a missing or wrong API key,
+    not a prompt it cannot take (no other prompt is tried)."""
+    if rec.http_status in (401, 403):
+        sent = "authorization" in client.headers
+        raise PromptError(f"the server refused the request as unauthorized (HTTP {rec.http_status}): "
+                          + ("it refused the API key sent (is the variable api_key_env names the server's key?)" if sent
+                             else "it wants an API key; name the environment variable that holds it in the "
+                                  "configuration's api_key_env"))
+
+
 def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, model_cfg: dict, timeout_s: float) -> tuple[PromptPlan, Prompter]:
     """Ask the server once (twice or three times where the first answers say to) how it takes
     prompts and counts tokens; the plan and the Prompter that follows it. PromptError where it takes
@@ -314,6 +325,7 @@ def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, mod
     if wanted != "text":
         rec = stream_generate(client, url, request_body(api, ids, PROBE_OUTPUT, model), timeout_s, api, "every")
         plan.answers.append(_answer(rec, f"token-id prompt of {PROBE_TOKENS}"))
+        _authorized(rec, client)
         if not rec.ok and wanted == "token_ids":
             raise PromptError(f"the server takes no token-id prompt (protocol.prompt: token_ids): {plan.answers[-1]}")
     prompt: list[int] | str = ids
@@ -326,6 +338,7 @@ def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, mod
         prompt = text_prompts.text(PROBE_TOKENS, proto["seed"], "probe")
         rec = stream_generate(client, url, request_body(api, prompt, PROBE_OUTPUT, model), timeout_s, api, "every")
         plan.answers.append(_answer(rec, f"text prompt of {PROBE_TOKENS} tokens"))
+        _authorized(rec, client)
         if not rec.ok:
             raise PromptError("the server took neither prompt the probe sent: " + "; ".join(plan.answers))
         plan.prompt, plan.tokenizer, plan.tokenizer_library = "text", str(tok.path), tok.library

@@ -10,10 +10,12 @@ again, at most server.max_restarts times. An external server is only connected t
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import httpx
 
+from ..core.secrets import mask, mask_argv, scrub
 from ..engines import ConfigurationSpec, EngineAdapter
 from ..specs.pool import observed_pool
 from .health import ExternalServer, NoHealthPath, ServerError
@@ -26,6 +28,7 @@ log = logging.getLogger("longctx.measure.session")
 # One line per bring-up attempt and per length: what `longctx bench --log` also shows on the console
 progress = logging.getLogger("longctx.progress")
 
+_UNAUTHORIZED = re.compile(r"\b40[13]\b")
 PORT_ATTEMPTS = 5  # launches on fresh ports when another process took the chosen one
 HEALTH_TIMEOUT_S = 10.0  # what a server answering its health path after a failed length must answer within
 # Thread limits a workflow job inherits (Snakemake sets them to the job's threads). The server's
@@ -82,7 +85,9 @@ class Session:
         self.preflight_done = False
         tokenizer_path(spec.model)  # a model.tokenizer that is not there is a config error, before any server starts
         self.prompter: Prompter | None = None  # decided by the prompt probe once the server first answers
-        self.client = timed_client()
+        self.api_key = spec.api_key()  # unset variable: a config error, before any server starts
+        self.headers = spec.auth_headers()  # every client of this server sends them (measure.load's too)
+        self.client = timed_client(headers=self.headers)
         self.prov.update(installed_version=self.version, api=self.api.kind, flush_path=self.api.flush_path,
                          server_log=str(server_log) if adapter.managed else None, starts=0)
         if adapter.managed:  # a server an earlier run of this configuration left behind (its bench was killed)
@@ -108,7 +113,7 @@ class Session:
             except (FatalServerError, NoHealthPath):
                 raise
             except ServerError as exc:
-                last = str(exc)
+                last = self.scrub(str(exc))
                 progress.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
                 self.down()
         raise ServerError(f"the server could not be (re)started after {self.starts} starts; last: {last}")
@@ -120,12 +125,15 @@ class Session:
             cmd, startup_s = self._start_managed(timeout)
         else:
             cmd, self.base = None, spec.url.rstrip("/")
-            self.server = ExternalServer(self.base)
+            self.server = ExternalServer(self.base, self.headers)
             try:
                 self.health_path, startup_s = self.server.wait_ready(self.health_paths, timeout)
             except ServerError as exc:  # longctx cannot start it: a restart would only wait again
+                hint = ("; it refuses requests without an API key (HTTP 401/403): name the environment variable that "
+                        f"holds it in configurations.{spec.name}.api_key_env"
+                        if not self.api_key and _UNAUTHORIZED.search(str(exc)) else "")
                 raise FatalServerError(f"the external server of configuration {spec.name!r} (configurations."
-                                       f"{spec.name}.url: {spec.url}) is not ready: {exc}") from None
+                                       f"{spec.name}.url: {spec.url}) is not ready: {exc}{hint}") from None
         progress.info("%s: server up in %.1f s (pid %s, %s), health on %s", spec.name, startup_s, self.server.pid,
                  self.log_path if a.managed else self.base, self.health_path)
         info = fetch_server_info(self.client, self.base, self.api)
@@ -134,9 +142,9 @@ class Session:
         self.source = tele.source
         self.random_weights = bool(spec.model.get("random_weights") or info.get("random_weights"))
         self.prov.update(
-            launch_command=cmd, base_url=self.base, server_pid=self.server.pid, startup_s=startup_s, starts=self.starts,
+            launch_command=mask_argv(cmd), base_url=self.base, server_pid=self.server.pid, startup_s=startup_s, starts=self.starts,
             health_path=self.health_path,
-            server_info=info, engine_version=info.get("version") or self.version,
+            server_info=mask(info), engine_version=info.get("version") or self.version,
             kv_pool={"tokens": a.pool_tokens(info), "log": a.kv_pool_from_log(log_text), "budget": a.kv_budget(spec)},
             telemetry=tele.description, telemetry_scope=tele.scope(), device=tele.device,
         )
@@ -169,12 +177,14 @@ class Session:
                 if problem:
                     raise FatalServerError(problem)
                 self.preflight_done = True
-            self.server = ManagedServer(cmd, self.log_path, env=server_env(spec),
+            keyed, env = a.with_api_key(cmd, server_env(spec), self.api_key)
+            self.server = ManagedServer(keyed, self.log_path, env=env,
                                         stop_timeout_s=spec.server["stop_timeout_s"], unset=THREAD_LIMIT_VARS)
             self.server.start()
             try:
-                self.health_path, startup_s = self.server.wait_ready(self.base, self.health_paths, timeout, port=port)
-                return cmd, startup_s
+                self.health_path, startup_s = self.server.wait_ready(self.base, self.health_paths, timeout, port=port,
+                                                                     headers=self.headers)
+                return keyed, startup_s  # recorded masked
             except PortTaken as exc:
                 log.warning("%s: %s; launching on another port (%d of %d)", spec.name, exc, attempt, PORT_ATTEMPTS)
         raise ServerError(f"every one of {PORT_ATTEMPTS} ports was taken by another process before the server bound it")
@@ -231,11 +241,19 @@ class Session:
         else:
             reason = self.server.died_message(f"the server died {during}")
         self.down()
-        return reason
+        return self.scrub(reason)
+
+    def scrub(self, text: str) -> str:
+        """text without the API key (a server's log may print its own flags: SGLang's server_args line)."""
+        return scrub(text, self.api_key)
 
     def down(self) -> None:
         if self.server is not None and self.adapter.managed:
             self.server.stop()
+            if self.api_key and self.log_path.exists():  # the log is ours: it keeps no key once the server is down
+                text = self.log_path.read_text(errors="replace")
+                if self.api_key in text:
+                    self.log_path.write_text(self.scrub(text))
         self.server = None
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import provenance
 from ..core.hashing import digest
+from ..core.secrets import mask
 from ..engines import ConfigurationSpec, get_adapter
 from .adaptive import run_adaptive
 from .load import run_load
@@ -49,7 +50,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     prov = {
         "protocol": spec.protocol,
         **provenance.model_provenance(adapter, spec),
-        "args": spec.args,
+        "args": mask(spec.args),
         "git": provenance.git_info(),
         "packages": provenance.package_versions(),
         "hardware": provenance.hardware(),

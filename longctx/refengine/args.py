@@ -54,6 +54,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                    help="report the cached prompt tokens in the OpenAI usage (prompt_tokens_details.cached_tokens), "
                         "as SGLang's flag does")
     p.add_argument("--random-seed", type=int, default=0)
+    p.add_argument("--api-key", default=None,
+                   help="requests must carry it as a Bearer token, as SGLang's flag asks: every path but /health*, "
+                        "/ready* and /metrics* answers 401 without it")
     p.add_argument("--num-threads", type=int, default=None,
                    help="torch CPU threads (default: the usable CPUs but one, left to the client that times the requests)")
     p.add_argument("--device", default="cpu")

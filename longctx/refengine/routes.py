@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 import uuid
 from collections import deque
@@ -286,5 +287,27 @@ class Routes:
         ]
 
 
+class ApiKeyMiddleware:
+    """SGLang's --api-key (sglang/srt/utils/auth.py): a request without the Bearer token is answered 401, but
+    OPTIONS and the health, readiness and metrics paths (probes and Prometheus carry no secret)."""
+
+    OPEN_PATHS = ("/health", "/ready", "/metrics")
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"].startswith(self.OPEN_PATHS):
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = given.partition(b" ")
+        if scheme.lower() == b"bearer" and secrets.compare_digest(b"Bearer " + token, self.expected):
+            return await self.app(scope, receive, send)
+        await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+
+
 def make_app(engine: Engine) -> Starlette:
-    return Starlette(routes=Routes(engine).table())
+    app = Starlette(routes=Routes(engine).table())
+    if engine.args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=engine.args.api_key)
+    return app

@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> None:
         engine = Engine(args)
     except (PoolError, ValueError) as exc:
         raise SystemExit(f"error: {exc}") from exc
-    log.info("server_args=%s", json.dumps(vars(args), sort_keys=True))
+    shown = {**vars(args), "api_key": "(hidden)" if args.api_key else None}  # the key is not logged
+    log.info("server_args=%s", json.dumps(shown, sort_keys=True))
     engine.scheduler.start()
     # On SIGTERM uvicorn waits for open responses; a stream whose client stopped reading never ends,
     # so the wait is bounded (SGLang, too, exits promptly on SIGTERM)

@@ -28,6 +28,7 @@ import pandas as pd
 import yaml
 
 from .. import __version__
+from ..core.secrets import mask, mask_argv
 from ..analysis import bands
 from ..analysis.tables import concurrency_table, medians
 from ..measure.provenance import git_info, package_versions
@@ -48,8 +49,6 @@ BODY_ORDER = ("diagnosis", "prefill", "decode", "intervals", "roofline", "hardwa
 APPENDIX_ORDER = ("appendix_configuration", "appendix_servers", "appendix_model", "appendix_hardware", "appendix_results",
                   "appendix_versions")
 FRONT = ("summary",)
-# Config keys whose values are not printed (credentials passed to a server through its environment).
-SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|credential", re.I)
 # The data files a report reads: the fields of ReportInputs, in this order, are the keys of
 # rules/common.smk's REPORT_DATA and the options of `longctx render/markdown/plan-section`.
 DATA_FILES = ("results", "fits", "provenance", "itl_depth", "planner", "prefix", "load", "load_metrics")
@@ -144,15 +143,6 @@ def sections(template_dir: str | Path) -> dict[str, list[str]]:
     return {"front": [n for n in FRONT if n in names], "body": known[:cut] + new + known[cut:], "appendix": appendix}
 
 
-def mask(obj):
-    """The configuration with the values of secret-looking keys hidden."""
-    if isinstance(obj, dict):
-        return {k: ("(hidden)" if SECRET_KEY.search(str(k)) and isinstance(v, str) else mask(v)) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [mask(v) for v in obj]
-    return obj
-
-
 def command_lines(cmd) -> list[str]:
     """A launch command: the program on the first line, then one --flag and its value per line."""
     if not cmd:
@@ -167,6 +157,21 @@ def command_lines(cmd) -> list[str]:
         else:
             head.append(word)
     return [" ".join(head), *lines] if head else lines
+
+
+def needle_rows(med: pd.DataFrame) -> list[dict]:
+    """The needle probe per configuration and length, where it was run or said why not: its verdict, the
+    model's answer, and the reason beside a verdict that needs one (failed: the probe got no answer, with the
+    transport's or server's words; not applicable; a prompt that could not be brought to its length)."""
+    if "needle" not in med:
+        return []
+
+    def text(value) -> str | None:
+        return value.strip() if isinstance(value, str) and value.strip() else None
+
+    return [{"configuration": r["configuration"], "length": r["length"], "partial": bool(r.get("partial")),
+             "verdict": r["needle"], "answer": text(r.get("needle_answer")), "reason": text(r.get("needle_reason"))}
+            for r in med.to_dict("records") if text(r.get("needle"))]
 
 
 def failure_rows(df: pd.DataFrame) -> list[dict]:
@@ -243,11 +248,11 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "managed": wording.managed(p),
             "installed_version": p.get("installed_version"),
             "description": ((config or {}).get("configurations", {}).get(name) or {}).get("description") or None,
-            "args": p.get("args", {}),
-            "launch": command_lines(p.get("launch_command")),
+            "args": mask(p.get("args", {})),
+            "launch": command_lines(mask_argv(p.get("launch_command"))),
             "url": p.get("base_url"),
             "server_info_recorded": "server_info" in p,
-            "server_args": wording.server_settings(info),
+            "server_args": wording.server_settings(mask(info)),
             "settings_endpoints": wording.settings_endpoints(info),
             "device": where,
             "device_text": wording.DEVICE_WORDS.get(where, "not recorded") if where else "not recorded",
@@ -347,7 +352,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "hardware_table": f"longctx/{TABLE_PATH.parent.name}/{TABLE_PATH.name}",
         "itl_depth": itl_depth_summary(inputs.itl_depth),
         "concurrency": concurrency_table(df).to_dict("records"),
-        "needle": bool("needle" in med and med["needle"].notna().any()),
+        "needle": needle_rows(med),
         # the load workloads (longctx.report.load.view): the load section and its figures where any was measured
         "load": loadview.view(load, loadview.read_metrics(inputs.load_metrics), order),
         # the prefix cache's hit rates and conversations (longctx.report.prefix.view): its section where measured

@@ -1,0 +1,117 @@
+"""A server behind an API key (issue 31, item 3): `api_key_env` names the environment variable that holds the
+key; the bench reads it, sends it as a Bearer token with every request, gives it to a managed server, and
+writes it nowhere. Secret-named values in args, launch commands and server info are masked wherever they are
+shown.
+
+The reference engine's --api-key does what SGLang's does (sglang/srt/utils/auth.py): 401 without the token,
+the health and metrics paths open. vLLM's own --api-key (through VLLM_API_KEY) is the third-party check, in
+tests/test_realmodel.py."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from longctx import config as lcfg
+from longctx.core.errors import ConfigError
+from longctx.core.secrets import HIDDEN, mask, mask_argv, scrub, secret_name
+from longctx.engines import get_adapter
+from longctx.measure.process import ManagedServer, free_port
+from longctx.measure.sweep import run_configuration
+
+from .conftest import TINY, refengine_command, tiny_spec
+
+VAR = "LONGCTX_TEST_API_KEY"
+
+
+@pytest.fixture
+def key(monkeypatch) -> str:
+    value = "lk-" + secrets.token_hex(16)
+    monkeypatch.setenv(VAR, value)
+    return value
+
+
+def test_secret_names_and_masks():
+    for name in ("api-key", "api_key", "API_KEY", "hf-token", "HF_TOKEN", "AUTH_HEADER", "DB_PASS", "Authorization",
+                 "password", "client_secret", "aws.credentials"):
+        assert secret_name(name), name
+    for name in ("tokenizer", "max_tokens", "max-total-tokens", "api_key_env", "ssl-keyfile", "author", "model-path"):
+        assert not secret_name(name), name
+    # only a text value is hidden: kv_bytes_per_token is named like a token but holds a number
+    assert mask({"a": {"api_key": "k", "kv_bytes_per_token": 5, "tokenizer": "/p"}, "l": [{"hf_token": "t"}]}) == \
+        {"a": {"api_key": HIDDEN, "kv_bytes_per_token": 5, "tokenizer": "/p"}, "l": [{"hf_token": HIDDEN}]}
+    assert mask_argv(["python", "-m", "sglang.launch_server", "--api-key", "K1", "--port", "3", "--hf-token=abc",
+                      "--disable-radix-cache", "--model-path", "m"]) == \
+        ["python", "-m", "sglang.launch_server", "--api-key", HIDDEN, "--port", "3", f"--hf-token={HIDDEN}",
+         "--disable-radix-cache", "--model-path", "m"]
+    assert scrub("key abcd1234 in abcd1234.", "abcd1234") == f"key {HIDDEN} in {HIDDEN}."
+
+
+def test_the_key_reaches_each_engine_its_own_way():
+    """SGLang and the reference engine by their --api-key flag; vLLM by VLLM_API_KEY, off its command line."""
+    cmd, env = ["serve"], {"A": "1"}
+    assert get_adapter("sglang").with_api_key(cmd, env, "K") == (["serve", "--api-key", "K"], env)
+    assert get_adapter("reference").with_api_key(cmd, env, "K") == (["serve", "--api-key", "K"], env)
+    assert get_adapter("vllm").with_api_key(cmd, env, "K") == (cmd, {"A": "1", "VLLM_API_KEY": "K"})
+    assert get_adapter("vllm").with_api_key(cmd, env, None) == (cmd, env)
+
+
+def test_config_errors_name_the_key():
+    raw = lcfg.read(TINY)
+    with pytest.raises(ConfigError, match=r"configurations\.page1\.args\.api-key.*api_key_env"):
+        lcfg.validate(lcfg.merge(raw, {"configurations": {"page1": {"args": {"api-key": "k"}}}}))
+    config = lcfg.validate(lcfg.merge(raw, {"configurations": {"page1": {"api_key_env": "LONGCTX_NOT_SET_ANYWHERE"}}}))
+    spec = lcfg.configuration_spec(config, "page1")
+    with pytest.raises(ConfigError, match=r"configurations\.page1\.api_key_env.*LONGCTX_NOT_SET_ANYWHERE is not set"):
+        spec.auth_headers()
+    with pytest.raises(ConfigError, match=r"api_key_env"):
+        lcfg.validate(lcfg.merge(raw, {"configurations": {"page1": {"api_key_env": "not a name"}}}))
+
+
+def test_redacted_config_hides_secret_args_and_flags():
+    raw = lcfg.read(TINY)
+    config = lcfg.validate(lcfg.merge(raw, {"configurations": {"page1": {
+        "extra_args": ["--hf-token", "hf-secret-1", "--log-level", "info"], "api_key_env": VAR}}}))
+    shown = json.dumps(lcfg.redacted(config))
+    assert "hf-secret-1" not in shown and VAR in shown  # the variable's name is shown, never a value
+
+
+def test_the_reference_engine_refuses_a_request_without_the_key(key, tmp_path):
+    port = free_port()
+    with ManagedServer(refengine_command(port, "--api-key", key), tmp_path / "server.log") as server:
+        base = f"http://127.0.0.1:{port}"
+        server.wait_healthy(base + "/health", 120)
+        body = {"text": "hello", "sampling_params": {"max_new_tokens": 2}}
+        assert httpx.post(base + "/generate", json=body).status_code == 401
+        assert httpx.post(base + "/generate", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.post(base + "/generate", json=body, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        assert httpx.get(base + "/health").status_code == 200  # open, as SGLang's
+        # an external configuration pointed at it without the key is told what to set
+        spec = replace(tiny_spec(lengths=[64]), engine="external", url=base, api="sglang", args={})
+        assert run_configuration(spec, tmp_path / "raw-nokey", tmp_path / "nokey.log") == 1
+        refused = (tmp_path / "raw-nokey" / "64.json").read_text()
+        assert "unauthorized (HTTP 401): it wants an API key" in refused and "api_key_env" in refused
+        # with it, it is measured
+        keyed = replace(spec, api_key_env=VAR)
+        keyed.protocol.update(warmup=0, trials=1, output_tokens=3)
+        assert run_configuration(keyed, tmp_path / "raw-ext", tmp_path / "ext.log") == 0
+    assert key not in (tmp_path / "server.log").read_text()  # its server_args line hides it
+
+
+def test_a_managed_server_with_a_key_is_measured_and_the_key_written_nowhere(key, tmp_path):
+    """The reference engine started by longctx with --api-key: every request carries the key (or it would be
+    refused), and no file the bench wrote holds it: the raw files (launch command, server info, which carries
+    api_key as SGLang's /server_info does), the server log."""
+    spec = replace(tiny_spec(lengths=[64]), api_key_env=VAR)
+    spec.protocol.update(warmup=0, trials=1, output_tokens=3)
+    assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
+    result = json.loads((tmp_path / "raw" / "64.json").read_text())
+    assert [t["status"] for t in result["trials"]] == ["ok"]
+    prov = result["provenance"]
+    assert prov["server_info"]["api_key"] == HIDDEN and prov["launch_command"][-2:] == ["--api-key", HIDDEN]
+    found = [str(p) for p in tmp_path.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+    assert not found, found

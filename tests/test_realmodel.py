@@ -1,0 +1,352 @@
+"""A trained model on two real servers nobody here wrote: SmolLM2-135M-Instruct (tests/realmodel.py) served by
+llama-cpp-python (its own GGUF, Q4_1) and by vLLM's CPU build (the same GGUF made into bf16 safetensors), each
+measured by the whole workflow as `engine: external` (device cpu) with the needle probe on, and what longctx
+recorded held against each server's own record: llama.cpp's per-request perf lines in its log (prompt tokens
+evaluated and their time), vLLM's Prometheus counters and its tokenizer endpoint.
+
+The needle's question is a cloze ("The secret password is"): the model is an instruct model, and the needle
+probe asks through /v1/completions, without the chat template. Measured here, the default question ("What is
+the secret password? Answer with one word.") was answered with an end-of-sequence token (an empty answer) at
+most lengths on both servers, and with "The secret password is The." on vLLM; the cloze was answered "Dog."
+at 256 to 2,048 tokens on both.
+
+    LONGCTX_VLLM_PYTHON=.venv-vllm/bin/python LONGCTX_LLAMACPP_PYTHON=.venv-llamacpp/bin/python \\
+        .venv/bin/python -m pytest tests/test_realmodel.py -s
+prints the figures side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import pytest
+import yaml
+
+from longctx import config as lcfg
+
+from .conftest import ENV, copy_workflow, snakemake
+from .realmodel import PERF, PREFIX_HIT, gguf_path, hf_directory, llamacpp_python
+from .vllm_cpu import counter, require_vllm, start_vllm, ttft_histogram
+
+VLLM_PYTHON = require_vllm()
+LLAMACPP_PYTHON = llamacpp_python()
+GGUF = gguf_path()
+
+pytestmark = [pytest.mark.slow, pytest.mark.thirdparty]
+
+MODEL_NAME = "SmolLM2-135M-Instruct"
+# Prefill runs at ~200 tokens/s on llama.cpp here (2 cores; 11 s at 2,048 tokens, 25 s at 4,096), so 2,048 is the
+# longest length: each workflow run measures for about a minute and a half.
+LENGTHS = [256, 512, 1024, 2048]
+WARMUP, TRIALS = 1, 2
+NEEDLE = {"question": "The secret password is", "answer": "Dog", "output_tokens": 6}  # needle: "The secret password is Dog."
+
+
+def external_config(url: str, model: dict, **conf) -> dict:
+    return lcfg.validate({
+        "lengths": LENGTHS,
+        "protocol": {"warmup": WARMUP, "trials": TRIALS, "output_tokens": 8, "request_timeout_s": 300, "needle": NEEDLE},
+        "calibration": {"copy_mib": 16, "matmul_size": 256, "repeats": 3},  # as tests/configs/tiny.yaml: seconds
+        "analysis": {"bootstrap": 300},
+        "model": {"name": MODEL_NAME, **model},
+        "configurations": {"real": {"engine": "external", "url": url, "api": "openai", "device": "cpu", **conf}},
+    })
+
+
+def run_workflow(work: Path, config: dict) -> Path:
+    copy_workflow(work)
+    (work / "real.yaml").write_text(yaml.safe_dump(config))
+    snakemake(work, "--cores", "1", "report/longctx.pdf", "report/longctx.md", "--configfile", "real.yaml")
+    return work
+
+
+def raw(work: Path, length: int) -> dict:
+    return json.loads((work / "data" / "raw" / "real" / f"{length}.json").read_text())
+
+
+def pdf_text(work: Path) -> str:
+    return subprocess.run(["pdftotext", "-layout", str(work / "report" / "longctx.pdf"), "-"],
+                          capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    """The Hugging Face directory made from the GGUF (tokenizer and config for longctx, weights for vLLM)."""
+    out = hf_directory(GGUF, VLLM_PYTHON)
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["model_type"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
+            cfg["num_hidden_layers"]) == ("llama", 9, 3, 64, 30)
+    return out
+
+
+def check_needles(work: Path) -> dict[int, dict]:
+    """Every length's needle probe answered (pass or fail, never failed: each of its requests got HTTP 200 and
+    an answer), at least one pass; {length: needle record}."""
+    needles = {length: raw(work, length)["needle"] for length in LENGTHS}
+    for length, n in needles.items():
+        assert n["status"] in ("pass", "fail"), (length, n)
+        assert n["length_matched"] and abs(n["prompt_tokens"] - length) <= max(16, 0.02 * length), (length, n)
+        assert n["status"] == ("pass" if "dog" in n["answer"].lower() else "fail")
+    assert any(n["status"] == "pass" for n in needles.values()), needles
+    print("\n" + "\n".join(f"needle at {length}: {n['status']} ({n['prompt_tokens']} tokens): {n['answer']!r}"
+                           for length, n in needles.items()))
+    df = pd.read_csv(work / "data" / "results.csv")
+    assert {(int(r.length), r.needle) for r in df.itertuples()} == {(length, n["status"]) for length, n in needles.items()}
+    return needles
+
+
+def check_report_verdicts(work: Path, needles: dict[int, dict]) -> None:
+    """The model as the report describes it (from the converted config.json: GQA, 2 x 3 KV heads x 64 x 30 layers
+    x 2 bytes = 23,040 KV bytes per token), and the needle section of the PDF: one row per length, its verdict."""
+    text = pdf_text(work)
+    assert re.search(rf"model\s+{MODEL_NAME}, GQA, 23,040 KV bytes per token", text), text[:800]
+    section = text[text.index("Needle probe"):]
+    for length, n in needles.items():
+        assert re.search(rf"real\s+{length:,}\s+{n['status']}\b", section), (length, section[:1500])
+
+
+# --- llama-cpp-python's server ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def llamacpp_server(tmp_path_factory):
+    """llama-cpp-python's OpenAI-compatible server on the GGUF, stopped by its process group. logits_all off: the
+    server's default (on) keeps the logits of every prompt token, which made its prefill ~1.5 times slower here."""
+    from longctx.measure.process import ManagedServer, free_port
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("llamacpp") / "server.log"
+    server = ManagedServer([LLAMACPP_PYTHON, "-m", "llama_cpp.server", "--model", str(GGUF), "--model_alias", MODEL_NAME,
+                            "--n_ctx", "8192", "--logits_all", "False", "--host", "127.0.0.1", "--port", str(port)], log)
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        server.wait_ready(base, ("/v1/models",), 120, port=port)
+        yield {"base": base, "log": log}
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def llamacpp_workflow(llamacpp_server, smollm2, tmp_path_factory):
+    """The workflow against llama.cpp, text prompts built with the converted tokenizer; llama.cpp's log of it."""
+    log = llamacpp_server["log"]
+    start = log.stat().st_size
+    work = run_workflow(tmp_path_factory.mktemp("llamacpp-wf"),
+                        external_config(llamacpp_server["base"], {"tokenizer": str(smollm2), "hf_config": str(smollm2)}))
+    with log.open("rb") as f:
+        f.seek(start)
+        return {"work": work, "log": f.read().decode(errors="replace")}
+
+
+def completions(log_text: str) -> list[dict]:
+    """llama.cpp's record of each completion in its log, in order: the prompt tokens it counted (those it
+    evaluated and those it reused from the previous request's KV cache), the time it spent evaluating them, and
+    the tokens it generated (one from the prompt's logits, then one per decode step: steps + 1, where the last
+    token is not evaluated, as when max_tokens ends the request)."""
+    out, hit = [], 0
+    for m in re.finditer(f"{PREFIX_HIT.pattern}|{PERF.pattern}", log_text):
+        if m[1] is not None:  # a prefix-match line: its reused tokens belong to the next completion's prompt
+            hit = int(m[1])
+            continue
+        out.append({"prompt_tokens": hit + int(m[4]), "prompt_eval_s": float(m[3]) / 1e3, "reused": hit,
+                    "generated": int(m[6]) + 1})
+        hit = 0
+    return out
+
+
+def test_llamacpp_every_length_is_measured_with_text_prompts(llamacpp_workflow, smollm2):
+    """llama-cpp-python takes text prompts only (a token-id prompt fails its request validation): the probe turns
+    to text built with the converted tokenizer, and its non-streamed answer's usage (its stream has none)
+    counts them as longctx does."""
+    work = llamacpp_workflow["work"]
+    df = pd.read_csv(work / "data" / "results.csv")
+    assert len(df) == len(LENGTHS) * TRIALS and (df["status"] == "ok").all(), df[["length", "status", "reason"]]
+    assert (df["prompt_tokens"] == df["length"]).all() and not df["early_stop"].any()
+    probe = raw(work, LENGTHS[0])["provenance"]["prompt_probe"]
+    assert (probe["prompt"], probe["tokenizer"], probe["usage"], probe["added_tokens"]) == ("text", str(smollm2), "response", 0)
+    assert probe["answers"][0].startswith("token-id prompt of 32: HTTP 500"), probe["answers"]
+
+
+def test_llamacpp_counted_and_timed_each_prompt_as_longctx_recorded(llamacpp_workflow):
+    """Third-party truth: llama.cpp's own perf record of every completion (llama_perf_context_print, printed by
+    llama-cpp-python after each one). Each length's warm-up and trials are the first run of consecutive records of
+    exactly L prompt tokens after the previous length's (the needle's tries follow them): llama.cpp counted L
+    tokens in each of longctx's text prompts, and longctx's TTFT (first byte sent to first token received) holds
+    llama.cpp's prompt evaluation and little more. llama.cpp generated the 8 tokens longctx counted (from the
+    stream's events: llama.cpp's stream carries no usage), though it ignores ignore_eos: the model did not stop
+    early on these prompts."""
+    records = completions(llamacpp_workflow["log"])
+    # every completion llama.cpp answered 200 left one record (the probe's token-id prompt was refused: no record)
+    answered = re.findall(r'"POST /v1/completions HTTP/1\.1" (\d+)', llamacpp_workflow["log"])
+    assert answered.count("200") == len(records), (answered, len(records))
+    n, starts, i = WARMUP + TRIALS, [], 0
+    for length in LENGTHS:
+        while i + n <= len(records) and any(r["prompt_tokens"] != length for r in records[i:i + n]):
+            i += 1
+        assert i + n <= len(records), f"no {n} consecutive records of {length} prompt tokens in llama.cpp's log"
+        starts.append(i)
+        i += n
+    rows = []
+    for k, length in enumerate(LENGTHS):
+        result = raw(llamacpp_workflow["work"], length)
+        for rec, req in zip(records[starts[k]:starts[k] + n], result["warmup"] + result["trials"]):
+            assert req["prompt_tokens"] == rec["prompt_tokens"] == length
+            assert req["completion_tokens"] == rec["generated"] == 8 and req["usage_source"] == "client"
+            rows.append((length, req["ttft_s"], rec["prompt_eval_s"], rec["reused"]))
+        # the needle's tries come next, up to the next length's requests: its last one is the probe's answer
+        tries = records[starts[k] + n:starts[k + 1] if k + 1 < len(starts) else len(records)]
+        assert 1 <= len(tries) <= 3 and tries[-1]["prompt_tokens"] == result["needle"]["prompt_tokens"], (length, tries)
+    print("\nlength  longctx TTFT (ms)  llama.cpp prompt eval (ms)  difference (ms)  reused tokens")
+    for length, ours, theirs, reused in rows:
+        print(f"{length:6d}  {ours * 1e3:17.1f}  {theirs * 1e3:26.1f}  {(ours - theirs) * 1e3:15.1f}  {reused:13d}")
+    # measured here: longctx's TTFT 9 to 22 ms over llama.cpp's prompt evaluation (1.0 to 13.2 s; the rest is
+    # llama-cpp-python's tokenization and the HTTP and streaming hops): never less, more by at most 30 ms + 1 %
+    for length, ours, theirs, _ in rows:
+        assert 0 < theirs <= ours <= theirs * 1.01 + 0.03, (length, ours, theirs)
+
+
+def test_llamacpp_needle_answers_and_report(llamacpp_workflow):
+    work = llamacpp_workflow["work"]
+    check_report_verdicts(work, check_needles(work))
+
+
+# --- vLLM's CPU build ----------------------------------------------------------------------------------------------
+
+# vLLM runs behind an API key (its own --api-key, given as longctx gives it: VLLM_API_KEY), which the workflow
+# reads from this variable (api_key_env) and must send with every request and write nowhere
+KEY_VAR = "LONGCTX_TEST_VLLM_API_KEY"
+KEY = os.environ.setdefault(KEY_VAR, "lk-" + secrets.token_hex(16))  # conftest.ENV was copied before: set it there too
+ENV[KEY_VAR] = KEY
+
+
+@pytest.fixture(scope="module")
+def vllm_server(smollm2, tmp_path_factory):
+    """vLLM on the converted weights, started as longctx starts vLLM (the adapter's command line and its API key),
+    stopped by its process group."""
+    config = lcfg.validate({
+        "lengths": LENGTHS, "model": {"name": MODEL_NAME, "path": str(smollm2)},
+        "configurations": {"vllm-cpu": {
+            "engine": "vllm", "python": VLLM_PYTHON, "api_key_env": KEY_VAR,
+            "args": {"max-model-len": 4096, "dtype": "bfloat16", "enforce-eager": True},
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}}}})
+    started = start_vllm(lcfg.configuration_spec(config, "vllm-cpu"), tmp_path_factory.mktemp("vllm-real"))
+    server = started.pop("server")
+    try:
+        server.wait_ready(started["base"], ("/health",), 300, port=started.pop("port"))
+        yield started
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_workflow(vllm_server, smollm2, tmp_path_factory):
+    """The workflow against vLLM (token-id prompts, as the probe finds vLLM takes them); vLLM's /metrics before and after."""
+    base = vllm_server["base"]
+    before = httpx.get(base + "/metrics").text
+    work = run_workflow(tmp_path_factory.mktemp("vllm-real-wf"), external_config(base, {"path": str(smollm2), "hf_config": str(smollm2)},
+                                                                                 api_key_env=KEY_VAR))
+    return {"work": work, "before": before, "after": httpx.get(base + "/metrics").text}
+
+
+def test_vllm_every_length_is_measured_and_counted_as_vllm_counted(vllm_workflow):
+    """Third-party truth: vLLM's usage (the counts longctx recorded are vLLM's, not its own) and its counters over
+    the whole run: its prompt-token counter moved by at least what longctx recorded (the rest: the prompt probe and
+    the needle's earlier tries, which longctx does not keep), for as many requests as it says it answered."""
+    work = vllm_workflow["work"]
+    df = pd.read_csv(work / "data" / "results.csv")
+    assert len(df) == len(LENGTHS) * TRIALS and (df["status"] == "ok").all(), df[["length", "status", "reason"]]
+    assert (df["prompt_tokens"] == df["length"]).all()
+    recorded = [r for length in LENGTHS for r in raw(work, length)["warmup"] + raw(work, length)["trials"]]
+    assert all(r["usage_source"] == "server" for r in recorded)
+    assert raw(work, LENGTHS[0])["provenance"]["prompt_probe"]["prompt"] == "token_ids"
+    needles = [raw(work, length)["needle"] for length in LENGTHS]
+    before, after = vllm_workflow["before"], vllm_workflow["after"]
+    tokens = counter(after, "vllm:prompt_tokens") - counter(before, "vllm:prompt_tokens")
+    requests = counter(after, "vllm:request_success") - counter(before, "vllm:request_success")
+    ours = sum(r["prompt_tokens"] for r in recorded) + sum(n["prompt_tokens"] for n in needles)
+    print(f"\nvLLM counted {tokens:.0f} prompt tokens in {requests:.0f} requests; longctx kept {ours} in {len(recorded) + len(needles)}")
+    # at most 3 probe requests and 2 earlier needle tries per length beside what longctx kept
+    assert len(recorded) + len(needles) < requests <= len(recorded) + len(needles) + 3 + 2 * len(LENGTHS)
+    assert ours < tokens
+
+
+def test_vllm_refuses_a_request_without_its_key_and_the_key_is_written_nowhere(vllm_server, vllm_workflow):
+    """vLLM's own --api-key: a completion without the key is refused (401) and the workflow measured every length
+    (above), so it sent the key; no file the workflow wrote (raw files, provenance, the PDF's text, the twin,
+    Snakemake's records and logs) nor vLLM's own log holds it."""
+    from .test_report import pdftotext
+
+    body = {"model": vllm_server["model"], "prompt": "hi", "max_tokens": 1}
+    assert httpx.post(vllm_server["base"] + "/v1/completions", json=body).status_code == 401
+    assert httpx.post(vllm_server["base"] + "/v1/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    work = vllm_workflow["work"]
+    found = [str(p.relative_to(work)) for p in work.rglob("*") if p.is_file()
+             and KEY.encode() in (pdftotext(p).encode() if p.suffix == ".pdf" else p.read_bytes())]
+    assert not found and KEY not in vllm_server["log"].read_text(), found
+    assert KEY_VAR in (work / "report" / "longctx.md").read_text() or KEY_VAR in pdftotext(work / "report" / "longctx.pdf")
+
+
+def test_vllm_needle_answers_and_report(vllm_workflow):
+    work = vllm_workflow["work"]
+    check_report_verdicts(work, check_needles(work))
+
+
+def test_vllm_counts_and_times_longctxs_text_prompts_as_longctx_does(vllm_server, smollm2):
+    """longctx's text prompts (built with the converted tokenizer) against vLLM, each request alone. Third-party
+    truth: vLLM's tokenizer endpoint counts each prompt as L tokens, its prompt-token counter moves by L, and its
+    TTFT histogram by the TTFT it recorded, which longctx's holds with the HTTP hops: never less, and more by at
+    most 15 ms + 2 % (tests/test_thirdparty.py measured 2 to 6 ms more on the tiny model)."""
+    from longctx.measure.bodies import openai_body
+    from longctx.measure.prompts import TextPrompts, load_tokenizer
+    from longctx.measure.stream import stream_generate
+    from longctx.measure.transport import timed_client
+
+    base, model = vllm_server["base"], vllm_server["model"]
+    texts = TextPrompts(load_tokenizer({"tokenizer": str(smollm2)}))
+    rows = []
+    with timed_client(headers={"Authorization": f"Bearer {KEY}"}) as client:
+        for i, length in enumerate([256] + LENGTHS[1:] * 2):
+            prompt = texts.text(length, 0, f"direct/{i}")
+            counted = client.post(base + "/tokenize", json={"model": model, "prompt": prompt}).json()["count"]
+            before = client.get(base + "/metrics").text
+            rec = stream_generate(client, base + "/v1/completions", openai_body(prompt, 8, model), 120, api="openai")
+            s = rec.summary()
+            after = client.get(base + "/metrics").text
+            assert s["status"] == "ok" and counted == s["prompt_tokens"] == length, (length, counted, s)
+            assert counter(after, "vllm:prompt_tokens") - counter(before, "vllm:prompt_tokens") == length
+            total, count = (a - b for a, b in zip(ttft_histogram(after), ttft_histogram(before)))
+            assert count == 1
+            if i:  # the first is a warm-up
+                rows.append((length, s["ttft_s"], total))
+    print("\nlength  longctx TTFT (ms)  vLLM's TTFT (ms)  difference (ms)")
+    for length, ours, theirs in rows:
+        print(f"{length:6d}  {ours * 1e3:17.2f}  {theirs * 1e3:16.2f}  {(ours - theirs) * 1e3:15.2f}")
+    for length, ours, theirs in rows:
+        assert 0 < theirs <= ours <= theirs * 1.02 + 0.015, (length, ours, theirs)
+
+
+# --- the needle's answers in the report and its twin ---------------------------------------------------------------
+
+def test_the_pdf_shows_each_needle_answer(llamacpp_workflow):
+    work = llamacpp_workflow["work"]
+    flat = " ".join(pdf_text(work).split())
+    for length in LENGTHS:
+        assert " ".join(raw(work, length)["needle"]["answer"].split()) in flat
+
+
+def test_the_markdown_twin_shows_each_needle_verdict_and_answer(llamacpp_workflow):
+    work = llamacpp_workflow["work"]
+    md = (work / "report" / "longctx.md").read_text()
+    assert re.search(r"needle", md, re.I)
+    flat = " ".join(md.split())
+    for length in LENGTHS:
+        needle = raw(work, length)["needle"]
+        assert " ".join(needle["answer"].split()) in flat and needle["status"] in flat
