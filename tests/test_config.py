@@ -53,6 +53,7 @@ def test_default_config_validates_with_defaults_filled_in():
     (lambda c: c.update(model={"hf_config": "/models/x/config.json"}), "'model.hf_config': configuration 'a' runs the reference engine"),
     (lambda c: c["model"].pop("architecture"), "'model.architecture': configuration 'a' runs the reference engine, an MLA model built from model.architecture, which must give num_hidden_layers, hidden_size,"),
     (lambda c: c["model"]["architecture"].update(num_key_value_heads=2), "(not num_key_value_heads: the engine does not build them)"),
+    (lambda c: c["model"].pop("architecture"), "fields given: none; fields allowed: hidden_size, intermediate_size, kv_lora_rank,"),
     (lambda c: c["model"]["architecture"].update(sliding_windw=2), "'model.architecture.sliding_windw' is unknown"),
     (lambda c: c.update(analysis={"confidence": 1.5}), "'analysis.confidence': 1.5 is greater than or equal to the maximum of 1"),
     (lambda c: c.update(calibration={"dtype": "int8"}), "'calibration.dtype': 'int8' is not allowed; allowed values: None, float32"),

@@ -40,7 +40,7 @@ class ReferenceAdapter(EngineAdapter):
                               "an MLA model built from model.architecture, which must give "
                               + (f"{', '.join(missing)}" if missing else "no other fields")
                               + (f" (not {', '.join(extra)}: the engine does not build them)" if extra else "")
-                              + f"; its fields: {', '.join(sorted(known))}")
+                              + f"; fields given: {', '.join(sorted(arch)) or 'none'}; fields allowed: {', '.join(sorted(known))}")
         kind = config["kernels"][conf["kernel"]]["kind"] if conf.get("kernel") else "torch"
         backend = str(conf["args"].get("attention-backend", "torch"))
         if (kind == "native") != (backend == "native"):
