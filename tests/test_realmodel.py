@@ -33,7 +33,7 @@ from longctx import config as lcfg
 
 from .conftest import ENV, copy_workflow, snakemake
 from .realmodel import PERF, PREFIX_HIT, gguf_path, hf_directory, llamacpp_python
-from .vllm_cpu import counter, require_vllm, start_vllm, ttft_histogram
+from .vllm_cpu import counter, require_vllm, serving, start_vllm, ttft_histogram
 
 VLLM_PYTHON = require_vllm()
 LLAMACPP_PYTHON = llamacpp_python()
@@ -236,13 +236,8 @@ def vllm_server(smollm2, tmp_path_factory):
             "engine": "vllm", "python": VLLM_PYTHON, "api_key_env": KEY_VAR,
             "args": {"max-model-len": 4096, "dtype": "bfloat16", "enforce-eager": True},
             "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}}}})
-    started = start_vllm(lcfg.configuration_spec(config, "vllm-cpu"), tmp_path_factory.mktemp("vllm-real"))
-    server = started.pop("server")
-    try:
-        server.wait_ready(started["base"], ("/health",), 300, port=started.pop("port"))
+    with serving(start_vllm(lcfg.configuration_spec(config, "vllm-cpu"), tmp_path_factory.mktemp("vllm-real"))) as started:
         yield started
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from longctx.engines import get_adapter
 
 from .conftest import ROOT, copy_workflow
 from .test_workflow import snakemake
-from .vllm_cpu import counter, require_vllm, start_vllm, ttft_histogram
+from .vllm_cpu import counter, require_vllm, serving, start_vllm, ttft_histogram
 
 VLLM_PYTHON = require_vllm()
 
@@ -301,12 +301,8 @@ def vllm_server(tmp_path_factory, tiny_llama):
     SERVED.append(True)
     started = EARLY.copy() if "server" in EARLY else start_vllm_server(tmp_path_factory, tiny_llama)
     EARLY.clear()
-    server = started.pop("server")
-    try:
-        server.wait_ready(started["base"], ("/health",), 300, port=started.pop("port"))
-        yield started
-    finally:
-        server.stop()
+    with serving(started) as up:
+        yield up
 
 
 def test_ttft_agrees_with_vllms_own_per_request_record(vllm_server):

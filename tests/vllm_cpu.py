@@ -5,6 +5,7 @@ Prometheus record."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -39,6 +40,18 @@ def start_vllm(spec: ConfigurationSpec, log_dir: Path) -> dict:
     server = ManagedServer(command, log, env=env)
     server.start()
     return {"base": f"http://127.0.0.1:{port}", "port": port, "model": adapter.served_model(spec), "log": log, "server": server}
+
+
+@contextlib.contextmanager
+def serving(started: dict):
+    """A vLLM from start_vllm, once it answers /health (up to 300 s): its base, model and log; stopped by its
+    process group on leaving."""
+    server = started.pop("server")
+    try:
+        server.wait_ready(started["base"], ("/health",), 300, port=started.pop("port"))
+        yield started
+    finally:
+        server.stop()
 
 
 TTFT_METRIC = "vllm:time_to_first_token_seconds"
