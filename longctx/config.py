@@ -107,6 +107,9 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
         if "device" in conf and adapter.managed:
             raise ConfigError(f"config key 'configurations.{name}.device' is for external servers; a {conf['engine']} "
                               "server's device comes from its flags and installation (remove the key)")
+        if conf.get("server_log") and adapter.managed:
+            raise ConfigError(f"config key 'configurations.{name}.server_log' is for external servers; a {conf['engine']} "
+                              "server's log is longctx's own (data/logs/server/<configuration>.log; remove the key)")
         if adapter.measures:
             given = [k for k in IMPORTED_KEYS if k in conf]
             if given:

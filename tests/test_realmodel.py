@@ -139,7 +139,8 @@ def llamacpp_workflow(llamacpp_server, smollm2, tmp_path_factory):
     log = llamacpp_server["log"]
     start = log.stat().st_size
     work = run_workflow(tmp_path_factory.mktemp("llamacpp-wf"),
-                        external_config(llamacpp_server["base"], {"tokenizer": str(smollm2), "hf_config": str(smollm2)}))
+                        external_config(llamacpp_server["base"], {"tokenizer": str(smollm2), "hf_config": str(smollm2)},
+                                        server_log=str(log)))
     with log.open("rb") as f:
         f.seek(start)
         return {"work": work, "log": f.read().decode(errors="replace")}
@@ -326,6 +327,25 @@ def test_vllm_counts_and_times_longctxs_text_prompts_as_longctx_does(vllm_server
         print(f"{length:6d}  {ours * 1e3:17.2f}  {theirs * 1e3:16.2f}  {(ours - theirs) * 1e3:15.2f}")
     for length, ours, theirs in rows:
         assert 0 < theirs <= ours <= theirs * 1.02 + 0.015, (length, ours, theirs)
+
+
+def test_llamacpp_is_described_as_its_log_says(llamacpp_workflow):
+    """What llama.cpp logged of itself (configurations.real.server_log): its pool of n_ctx = 8,192 cells (180 MiB),
+    its f16 K and V (not the bf16 of the converted config), its Q4_1 weights; so no FLOP roof (PyTorch's matmul)
+    is compared with its prefill or decode, and no FP8 KV figure is priced (llama.cpp has no FP8 cache)."""
+    work = llamacpp_workflow["work"]
+    prov = raw(work, LENGTHS[0])["provenance"]
+    assert prov["kv_pool"]["log"]["tokens"] == 8192
+    spec = prov["model_spec"]
+    assert (spec["kv_cache_dtype"], spec["weight_format"], spec["kv_bytes_per_token"]) == ("float16", "Q4_1", 23_040)
+    fits = json.loads((work / "data" / "fits.json").read_text())["configurations"]["real"]
+    assert "Q4_1" in fits["ceilings"]["flops_withheld"] and not (fits["ceilings"].get("measured") or {}).get("flops")
+    assert all(b is None or b["class"] not in ("latency", "compute") for b in fits["bounds"].values())
+    flat = " ".join(pdf_text(work).split())
+    assert "K (f16), V (f16)" in flat and "Q4_1" in flat and "8,192" in flat, flat[:3000]
+    assert "matmul PyTorch ran" not in flat and "FP8" not in flat
+    assert not re.search(r"(prefill|decode) is (latency|compute)-bound", flat)
+    assert "not compared: the weights are Q4_1" in flat  # the hardware section, beside the matmul it timed
 
 
 # --- the needle's answers in the report and its twin ---------------------------------------------------------------

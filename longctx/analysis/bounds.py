@@ -127,6 +127,9 @@ def decode(fit: dict | None, steps: dict[int, float], length: int, kv_bytes: flo
            "bandwidth": None, "compute": None, "basis": None, "medians": _median_bounds(steps, length, kv_bytes, intensity,
                                                                                       bw_roofs, flop_roofs)}
     beta_status = q["coefficients"]["beta_s_per_token"]
+    withheld = ceilings.get("flops_withheld")  # no FLOP roof compares with this engine's arithmetic: no class that needs one
+    if withheld:
+        out["why"] = withheld
     if beta_status in ("zero", "spans zero") and not fit.get("regime_change"):
         return {**out, "class": "flat", "basis": "fit"}
     if not q["usable"] or beta_status not in USABLE:
@@ -134,7 +137,7 @@ def decode(fit: dict | None, steps: dict[int, float], length: int, kv_bytes: flo
         if m and _reaches(m["lower_pct_bandwidth"], st["roof_share"]):
             return {**out, "class": "bandwidth", "basis": "medians"}
         if m and m.get("upper_pct_bandwidth") and _below(m["upper_pct_bandwidth"], st["roof_share"]) and (
-                not m.get("upper_pct_compute") or _below(m["upper_pct_compute"], st["roof_share"])):
+                not m.get("upper_pct_compute") or _below(m["upper_pct_compute"], st["roof_share"])) and not withheld:
             return {**out, "class": "latency", "basis": "medians"}
         return {**out, "class": "unknown"}
     beta, t0 = fit["beta_s_per_token"], fit["t0_s"]
@@ -158,6 +161,8 @@ def decode(fit: dict | None, steps: dict[int, float], length: int, kv_bytes: flo
         return {**out, "class": "bandwidth"}
     if out["compute"] and _reaches(out["compute"]["pct"], st["roof_share"]):
         return {**out, "class": "compute"}
+    if withheld:  # under the bandwidth roof; whether on a compute roof is not known
+        return {**out, "class": "unknown"}
     return {**out, "class": "latency"}
 
 
@@ -215,7 +220,7 @@ def prefill(fit: dict | None, ttft: dict[int, float], length: int, spec: ModelSp
     rate, ci = attention_rate(flops_per_pair, c, (fit.get("ci") or {}).get("c_s_per_token2"))
     out["compute"] = {"flops": rate, "pct": _pcts(rate, flop_roofs), "ci": ci}
     if not flop_roofs:
-        return {**out, "class": "unknown"}
+        return {**out, "class": "unknown", **({"why": ceilings["flops_withheld"]} if ceilings.get("flops_withheld") else {})}
     return {**out, "class": "compute" if _reaches(out["compute"]["pct"], st["roof_share"]) else "latency"}
 
 

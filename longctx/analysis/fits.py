@@ -193,6 +193,9 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     # CPU whatever its flags say), else as the engine's flags say
     device = entry.get("device") if entry.get("device") in ("cpu", "gpu", "remote") else adapter.compute_device(args)
     ceil = hardware.ceilings(device, entry.get("hardware") or {}, calibration, dtype)
+    if spec and spec.weight_format:
+        ceil = hardware.without_flops(ceil, f"the weights are {spec.weight_format} ({spec.field_sources.get('weight_format')}), "
+                                            "whose arithmetic is not the plain-dtype matmul a FLOP roof times")
     out["ceilings"] = ceil
     dec = out.get("decode")
     if dec and dec.get("bw_eff_bytes_per_s"):

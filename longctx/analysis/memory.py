@@ -246,6 +246,9 @@ def plan_configuration(entry: dict, fractions: list[float], longest: int | None)
                                 else "at a KV figure not known here"))
         elif not mm["sizing_rule"]:
             out["reason"] = f"no pool is tabulated: {adapter_of(entry).title} {adapter_of(entry).pool_rule}"
+            if not mm["observed_tokens"] and not adapter_of(entry).managed and adapter_of(entry).measures:
+                out["reason"] += (", and it did not report its pool (configurations.<name>.server_log, the server's own "
+                                  "log, is where it would: longctx reads the pool lines of three engines there)")
         else:
             missing = [WHAT[k] for k in ("memory_bytes", "weights_bytes", "cell_bytes") if mm[k] is None]
             out["reason"] = f"the pool cannot be modelled: {listed(missing)} {'is' if len(missing) == 1 else 'are'} unknown"

@@ -235,6 +235,12 @@ class EngineAdapter(ABC):
         gb = float(m.group(4)) if m.group(4) else float(m.group(2)) + float(m.group(3))
         return {"tokens": int(m.group(1)), "size_gb": gb, "line": m.group(0)}
 
+    def server_reports(self, server_info: dict, log_text: str) -> dict:
+        """What the server reported of itself that its flags do not say, each {"value", "source"}: kv_cache_dtype
+        (a dtype longctx.specs.model knows), kv_bytes_per_token (where the cache's type is none it knows),
+        weight_format (quantized weights' type). None here: a managed server's flags say these."""
+        return {}
+
     @staticmethod
     def pool_tokens(server_info: dict) -> int | None:
         value = server_info.get("max_total_num_tokens")

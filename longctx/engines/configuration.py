@@ -50,6 +50,9 @@ class ConfigurationSpec:
     # the environment variable that holds the server's API key (read at run time, never written); None: no key.
     # Left out of to_dict when None (spec_hash of a configuration without one stays)
     api_key_env: str | None = field(default=None, metadata={"omit_if_none": True})
+    # external: the server's own log on this machine, read for what the server reports of itself (KV pool, KV
+    # dtype, weights' type); left out of to_dict when None
+    server_log: str | None = field(default=None, metadata={"omit_if_none": True})
     # external: where the server computes, cpu | gpu (of this machine) | remote; None: remote. Left out
     # of to_dict when None, so that the specs (and spec_hash) of configurations that do not set it stay as they were.
     device: str | None = field(default=None, metadata={"omit_if_none": True})

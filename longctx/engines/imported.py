@@ -25,7 +25,8 @@ IMPORTED_KEYS = ("format", "files", "hardware", "kv_pool_tokens", "context_lengt
 # the engines whose flags an imported configuration's args may be (config key server_engine): their adapters read them
 SERVED = {a.name: a for a in (SGLangAdapter(), VLLMAdapter())}
 SERVER_ENGINES = tuple(SERVED)
-SERVER_KEYS = ("url", "api", "extra_args", "env", "python", "command", "kernel", "startup_timeout_s", "api_key_env")
+SERVER_KEYS = ("url", "api", "extra_args", "env", "python", "command", "kernel", "startup_timeout_s", "api_key_env",
+               "server_log")
 
 
 class ImportedAdapter(EngineAdapter):
@@ -43,6 +44,7 @@ class ImportedAdapter(EngineAdapter):
         self.served, self.tp = served, tp
         if served is not None:
             self.title = f"the imported runs' server ({served.title})"
+            self.fp8_kv_dtype = served.fp8_kv_dtype  # the KV dtype its --kv-cache-dtype offers, priced by the planner
 
     def for_record(self, record: dict | None) -> EngineAdapter:
         """Bound to the engine whose flags the args are and to the stated tp_size: from the configuration's keys

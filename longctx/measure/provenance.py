@@ -16,7 +16,7 @@ import psutil
 from ..attention.microbench import cpu_name
 from ..core.errors import ConfigError
 from ..engines import ConfigurationSpec, EngineAdapter
-from ..specs.model import ModelNotDescribed, ModelSpecError
+from ..specs.model import ModelNotDescribed, ModelSpecError, as_reported
 from .health import ServerError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,13 +87,14 @@ def hardware() -> dict:
     }
 
 
-def resolved_model_spec(adapter: EngineAdapter, spec: ConfigurationSpec) -> tuple[dict | None, str | None]:
-    """The architecture as this configuration serves it (TP size, KV dtype, model.kv_bytes_per_token),
-    for the analysis, or None and why: the config describes no model, or one the spec cannot
-    (then model.kv_bytes_per_token, if given, is the only KV figure). A description that is wrong
-    (a missing file, a field an MHA/GQA/MLA model needs) is a ConfigError."""
+def resolved_model_spec(adapter: EngineAdapter, spec: ConfigurationSpec,
+                        reports: dict | None = None) -> tuple[dict | None, str | None]:
+    """The architecture as this configuration serves it (TP size, KV dtype, model.kv_bytes_per_token, and what
+    the server reported of itself: the adapter's server_reports), for the analysis, or None and why: the config
+    describes no model, or one the spec cannot (then model.kv_bytes_per_token, if given, is the only KV
+    figure). A description that is wrong (a missing file, a field an MHA/GQA/MLA model needs) is a ConfigError."""
     try:
-        return adapter.model_spec(spec.model, spec.args).to_dict(), None
+        return as_reported(adapter.model_spec(spec.model, spec.args), reports or {}).to_dict(), None
     except ModelNotDescribed as exc:
         return None, str(exc)
     except ModelSpecError as exc:
@@ -102,10 +103,10 @@ def resolved_model_spec(adapter: EngineAdapter, spec: ConfigurationSpec) -> tupl
         raise ConfigError(str(exc)) from None
 
 
-def model_provenance(adapter: EngineAdapter, spec: ConfigurationSpec) -> dict:
+def model_provenance(adapter: EngineAdapter, spec: ConfigurationSpec, reports: dict | None = None) -> dict:
     """The provenance's model, model_spec and model_spec_absent: the config's model with the KV figure the spec
-    derives where it describes the model exactly (resolved_model_spec)."""
-    mspec, absent = resolved_model_spec(adapter, spec)
+    derives where it describes the model exactly (resolved_model_spec, with what the server reported)."""
+    mspec, absent = resolved_model_spec(adapter, spec, reports)
     exact = mspec["kv_bytes_per_token"] if mspec and (mspec["exact"] or mspec["kv_bytes_override"]) else None
     return {"model": {**spec.model, "kv_bytes_per_token": spec.model.get("kv_bytes_per_token") or exact},
             "model_spec": mspec, "model_spec_absent": absent}

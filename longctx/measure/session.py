@@ -20,6 +20,7 @@ from ..engines import ConfigurationSpec, EngineAdapter
 from ..specs.pool import observed_pool
 from .health import ExternalServer, NoHealthPath, ServerError
 from .process import ManagedServer, PortTaken, free_port, pid_file, reap_stray
+from .provenance import model_provenance
 from .prompts import Prompter, PromptError, probe as prompt_probe, tokenizer_path
 from .telemetry import telemetry_source
 from .transport import timed_client
@@ -89,7 +90,7 @@ class Session:
         self.headers = spec.auth_headers()  # every client of this server sends them (measure.load's too)
         self.client = timed_client(headers=self.headers)
         self.prov.update(installed_version=self.version, api=self.api.kind, flush_path=self.api.flush_path,
-                         server_log=str(server_log) if adapter.managed else None, starts=0)
+                         server_log=str(server_log) if adapter.managed else spec.server_log, starts=0)
         if adapter.managed:  # a server an earlier run of this configuration left behind (its bench was killed)
             stray = reap_stray(pid_file(server_log), spec.server["stop_timeout_s"])
             if stray:
@@ -137,7 +138,8 @@ class Session:
         progress.info("%s: server up in %.1f s (pid %s, %s), health on %s", spec.name, startup_s, self.server.pid,
                  self.log_path if a.managed else self.base, self.health_path)
         info = fetch_server_info(self.client, self.base, self.api)
-        log_text = self.log_path.read_text(errors="replace") if a.managed else ""
+        log_text = self._log_text()
+        reports = a.server_reports(info, log_text)
         tele = telemetry_source(a, spec, self.server.pid, self.base)
         self.source = tele.source
         self.random_weights = bool(spec.model.get("random_weights") or info.get("random_weights"))
@@ -148,6 +150,22 @@ class Session:
             kv_pool={"tokens": a.pool_tokens(info), "log": a.kv_pool_from_log(log_text), "budget": a.kv_budget(spec)},
             telemetry=tele.description, telemetry_scope=tele.scope(), device=tele.device,
         )
+        if reports:  # what the server said of itself (its KV dtype, its weights' type) revises the model as served
+            self.prov.update(server_reports=reports, **model_provenance(a, spec, reports))
+
+    def _log_text(self) -> str:
+        """The server's log: longctx's own for a managed server, else the one configurations.<name>.server_log names
+        (an external server's, kept by its owner; '' where none is named or it cannot be read, which is said)."""
+        path = self.log_path if self.adapter.managed else (Path(self.spec.server_log) if self.spec.server_log else None)
+        if path is None:
+            return ""
+        try:
+            return path.read_text(errors="replace")
+        except OSError as exc:
+            progress.warning("%s: configurations.%s.server_log cannot be read (%s): what the server reports of itself "
+                             "there is not known", self.spec.name, self.spec.name, exc)
+            self.prov["server_log_unread"] = str(exc)
+            return ""
 
     def _probe(self) -> None:
         """Once per sweep: how this server takes prompts and counts tokens (measure.prompts)."""

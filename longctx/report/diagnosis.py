@@ -103,7 +103,8 @@ def _decode(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list[
         text += {"bandwidth": f": decode is bandwidth-bound (at least {need} of every known bandwidth roof)",
                  "compute": f": decode is compute-bound (at least {need} of every known FLOP roof)",
                  "latency": f": decode is latency-bound, on neither roof (bound by one needs at least {need} of it)",
-                 "unknown": ": no ceilings of this device are known, so no bound is stated"}[kind]
+                 "unknown": f": no FLOP roof is compared ({b['why']}), so no bound is stated" if b.get("why") else
+                 ": no ceilings of this device are known, so no bound is stated"}[kind]
     elif b["basis"] == "medians":
         m = b["medians"]
         span = (f"between {_rate(m['lower_Bps'])} and {_rate(m['upper_Bps'])}" if m.get("upper_Bps")
@@ -190,7 +191,8 @@ def _prefill(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list
                 text += ", " + said
         text += {"compute": f": prefill is compute-bound (at least {need} of every known FLOP roof)",
                  "latency": f": prefill is latency-bound, on no roof (bound by one needs at least {need} of it)",
-                 "unknown": ": no FLOP roof of this device (or no FLOP count of this model) is known, so no bound is stated"}[kind]
+                 "unknown": f": no FLOP roof is compared ({b['why']}), so no bound is stated" if b.get("why") else
+                 ": no FLOP roof of this device (or no FLOP count of this model) is known, so no bound is stated"}[kind]
         if coef["b_s_per_token"] in ("resolved", "no interval") and coef["c_s_per_token2"] in ("resolved", "no interval") \
                 and p.get("crossover_tokens"):
             text += (f"; attention overtakes the per-token work beyond {p['crossover_tokens']:,.0f} tokens"

@@ -29,6 +29,7 @@ FIELDS = (
     ("qk_nope_head_dim", "non-rope dimensions of the key", "qk_nope_head_dim"),
     ("v_head_dim", "value dimensions", "v_head_dim"),
     ("weight_dtype", "weights' dtype", None),
+    ("weight_format", "weights' quantized type", None),
     ("kv_cache_dtype", "KV cache dtype", None),
     ("tp_size", "tensor-parallel ranks", None),
 )

@@ -122,3 +122,13 @@ def ceilings(device: str, hardware: dict, calibration: dict | None, dtype: str) 
     else:
         out["measured_missing"] = "not calibrated (the calibrate step did not measure this device)"
     return out
+
+
+def without_flops(ceil: dict, why: str) -> dict:
+    """The ceilings less their FLOP roofs, where the engine computes in an arithmetic none of them timed (quantized
+    weights): the bandwidth roofs stay; flops_withheld says why no FLOP roof is compared."""
+    out = {**ceil, "flops_withheld": why}
+    for which in ("datasheet", "measured"):
+        if out.get(which):
+            out[which] = {**out[which], "flops": None}  # what was timed stays named (flops_kind, flops_dtype)
+    return out

@@ -39,7 +39,8 @@ from pathlib import Path
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1, "int8": 1}
 # Engine spellings of --kv-cache-dtype (SGLang: auto, fp8_e4m3, fp8_e5m2, bf16; vLLM: auto, fp8, fp8_e4m3, fp8_e5m2)
 KV_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32", "fp32": "float32",
-                    "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3", "fp8_inc": "fp8_e4m3"}
+                    "fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3", "fp8_inc": "fp8_e4m3",
+                    "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}  # torch's names, as SGLang's log prints them
 ATTENTION_KINDS = ("mla", "mha", "gqa")
 
 
@@ -95,6 +96,9 @@ class ModelSpec:
     exact: bool = True  # False: the architecture is more than the spec models (inexact_reason says what)
     inexact_reason: str | None = None
     kv_bytes_override: int | None = None  # model.kv_bytes_per_token: per GPU, wins over the architecture's figure
+    # quantized weights (the config's quantization_config, or the type the server reported: llama.cpp's "Q4_1"):
+    # the engine's arithmetic is then not the plain-dtype matmul a FLOP roof times (None: plain weights)
+    weight_format: str | None = None
     field_sources: dict = field(default_factory=dict)  # figure -> where it came from
 
     def __post_init__(self):
@@ -251,10 +255,16 @@ def from_hf_config(config: dict | str | Path, kv_cache_dtype: str | None = None,
     else:
         kv, srcs["kv_cache_dtype"] = weight, "the weights' dtype (no --kv-cache-dtype)"
     srcs["tp_size"] = "the engine's tensor-parallel flag" if tp_size > 1 else "no tensor-parallel flag: 1"
+    quant = config.get("quantization_config") or cfg.get("quantization_config")
+    weight_format = None
+    if isinstance(quant, dict) and quant:
+        bits = quant.get("bits") or quant.get("w_bit") or quant.get("weight_bits")
+        weight_format = " ".join(str(x) for x in (quant.get("quant_method") or "quantized", f"{bits}-bit" if bits else None) if x)
+        srcs["weight_format"] = f"{source} (quantization_config)"
     heads = int(cfg["num_attention_heads"])
     common = dict(num_hidden_layers=int(cfg["num_hidden_layers"]), num_attention_heads=heads,
                   hidden_size=cfg.get("hidden_size"), weight_dtype=weight, kv_cache_dtype=kv, tp_size=tp_size, source=source,
-                  model_type=model_type)
+                  model_type=model_type, weight_format=weight_format)
     reason = _inexact(cfg, family, model_type)
     common.update(exact=reason is None, inexact_reason=reason)
     if cfg.get("kv_lora_rank"):
@@ -313,3 +323,26 @@ def model_spec(model: dict, tp_size: int = 1, kv_cache_dtype: str | None = None,
     else:
         spec.field_sources["kv_bytes_per_token"] = "the architecture"
     return replace(spec, prefill_absorbed=True) if prefill_absorbed else spec
+
+
+def as_reported(spec: ModelSpec, reports: dict) -> ModelSpec:
+    """The spec as its server reported itself (an engine adapter's server_reports: each {"value", "source"}): its KV
+    cache's dtype, its KV bytes per token where the cache's type is none the spec knows (model.kv_bytes_per_token
+    still wins), its weights' quantized type; each figure's source the server's words."""
+    srcs, changes = dict(spec.field_sources), {}
+    kv = reports.get("kv_cache_dtype")
+    if kv:
+        try:
+            changes["kv_cache_dtype"] = normalize_dtype(kv["value"], kv["source"])
+            srcs["kv_cache_dtype"] = kv["source"]
+        except ModelSpecError:
+            srcs["kv_cache_dtype"] = f"{spec.field_sources.get('kv_cache_dtype')} ({kv['source']}: {kv['value']}, a dtype not known here)"
+    per_token = reports.get("kv_bytes_per_token")
+    if per_token and srcs.get("kv_bytes_per_token") != "model.kv_bytes_per_token":
+        changes["kv_bytes_override"] = int(per_token["value"])
+        srcs["kv_bytes_per_token"] = per_token["source"]
+    fmt = reports.get("weight_format")
+    if fmt:
+        changes["weight_format"] = str(fmt["value"])
+        srcs["weight_format"] = fmt["source"]
+    return replace(spec, field_sources=srcs, **changes) if changes or srcs != spec.field_sources else spec
