@@ -46,13 +46,19 @@ def point(level, length, ttft50, ttft99, itl50, itl99, n=8, failed=0, reasons=()
     return p
 
 
+# a closed-loop point that did not keep its 4 requests in flight (longctx.analysis.load_summary.held_level)
+HELD_BELOW = {"level": 4, "window_s": 2.0, "share": 0.41, "mean_in_flight": 2.3, "server_running_mean": 2.2, "below": True,
+              "min_share": 0.9}
+
 LOAD = {
     "slo": {"ttft_s": 10, "itl_s": 0.2, "tpot_s": None, "attainment": 0.9},
     "configurations": {
         "chunked": {
-            "closed": [point(1, 4096, est(1.234, 1.1, 1.4), est(2.5, 2.1, 3.0), est(0.0123, 0.012, 0.0131), est(0.0456, 0.04, 0.05)),
+            # p99 of 8 requests: not a p99, their maximum (longctx.analysis.load_summary.min_samples)
+            "closed": [point(1, 4096, est(1.234, 1.1, 1.4), {"value": None, "low": None, "high": None, "max": 2.5, "n": 8},
+                             est(0.0123, 0.012, 0.0131), est(0.0456, 0.04, 0.05)),
                        point(4, 4096, est(3.21, 2.9, 3.6), est(9.87, 8.5, 11.2), est(0.015, 0.014, 0.016), est(0.0789, 0.07, 0.09),
-                             failed=1, reasons=[TIMEOUT], goodput=(0.75, 0.375, 1.0, 6))],
+                             failed=1, reasons=[TIMEOUT], goodput=(0.75, 0.375, 1.0, 6)) | {"held": HELD_BELOW}],
             "open": [point(0.5, 4096, est(1.5, 1.4, 1.6), est(4.25, 3.5, 5.0), est(0.0125, 0.012, 0.013), est(0.0612, 0.05, 0.07),
                            lag99=est(0.0014, 0.001, 0.002))],
             "interference": {"points": [
@@ -67,6 +73,7 @@ LOAD = {
                  "passes": [4096, 16384], "fails": []},
                 {"concurrency": 4, "max_length": 4096, "basis": "measured", "limited_by": "ttft", "pool_bound": 10240,
                  "passes": [4096], "fails": [16384]}],
+            "below_level": [{"length": 4096, **HELD_BELOW}],
             "reconciliation": {"checked": 40, "margin": 0.1, "gauge": "used_tokens", "flagged": [
                 {"t_s": 1.25, "kind": "closed", "level": 4, "length": 4096, "server_tokens": 9000, "client_low": 16400,
                  "client_high": 16520}]},
@@ -84,7 +91,7 @@ LOAD = {
                  "passes": [4096], "fails": []},
                 {"concurrency": 4, "max_length": 2048, "basis": "model", "limited_by": "pool", "pool_bound": 2048,
                  "passes": [], "fails": [4096]}],
-            "reconciliation": {"checked": 12, "margin": 0.1, "gauge": "used_tokens", "flagged": []},
+            "reconciliation": {"checked": 12, "low_above_zero": 0, "margin": 0.1, "gauge": "used_tokens", "flagged": []},
         },
         # a configuration whose server never answered: said, with its reason, and nowhere else
         "broken": {"status": "failed", "reason": f"server did not start: {NASTY}", "closed": [], "open": [], "interference": None,
@@ -152,18 +159,22 @@ def built(tmp_path_factory):
 
 
 def test_the_closed_and_open_tables_print_the_percentiles_with_their_intervals(built):
-    latency = md_rows(built["md"], "configuration | c | L (tokens) | TTFT p50 (s)")
-    assert latency[:2] == [["chunked", "1", "4,096", "1.23 [1.1, 1.4]", "2.5 [2.1, 3]", "12.3 [12, 13.1]", "45.6 [40, 50]"],
-                           ["chunked", "4", "4,096", "3.21 [2.9, 3.6]", "9.87 [8.5, 11.2]", "15 [14, 16]", "78.9 [70, 90]"]]
+    latency = md_rows(built["md"], "configuration | c | L (tokens) | n | TTFT p50 (s)")
+    assert latency[:2] == [["chunked", "1", "4,096", "8", "1.23 [1.1, 1.4]", "max of 8: 2.5", "12.3 [12, 13.1]", "45.6 [40, 50]", "--"],
+                           ["chunked", "4", "4,096", "7", "3.21 [2.9, 3.6]", "9.87 [8.5, 11.2]", "15 [14, 16]", "78.9 [70, 90]", "41‡"]]
+    said = ("chunked: 4 in flight, 4,096 tokens held 41% of the time, 2.3 in flight on average (the server's running gauge: "
+            "2.2).")
+    assert said in built["md"] and said.replace("'", "\u2019") in built["pdf"]
     assert [r[0] for r in latency] == ["chunked", "chunked", "whole", "whole"]
     counts = md_rows(built["md"], "configuration | c | L (tokens) | ok / sent")
     # the timed-out request stays in goodput's denominator: 6 of the 8 sent met the SLOs
     assert counts[1] == ["chunked", "4", "4,096", "7/8", "6", "21 [20, 23]", "2.5 [2.25, 2.75]", "123", "0.5", "75 [37.5, 100]"]
     opened = md_rows(built["md"], "configuration | rate (req/s) | L (tokens)")
-    assert opened == [["chunked", "0.5", "4,096", "1.5 [1.4, 1.6]", "4.25 [3.5, 5]", "12.5 [12, 13]", "61.2 [50, 70]", "1.4 [1, 2]"]]
+    assert opened == [["chunked", "0.5", "4,096", "8", "1.5 [1.4, 1.6]", "4.25 [3.5, 5]", "12.5 [12, 13]", "61.2 [50, 70]", "1.4 [1, 2]"]]
     # the PDF: the same cells (pdftotext reads siunitx's numbers as the twin prints them)
-    assert "chunked 4 4,096 3.21 [2.9, 3.6] 9.87 [8.5, 11.2] 15 [14, 16] 78.9 [70, 90]" in built["pdf"]
-    assert "chunked 0.5 4,096 1.5 [1.4, 1.6] 4.25 [3.5, 5] 12.5 [12, 13] 61.2 [50, 70] 1.4 [1, 2]" in built["pdf"]
+    assert "chunked 4 4,096 7 3.21 [2.9, 3.6] 9.87 [8.5, 11.2] 15 [14, 16] 78.9 [70, 90] 41‡" in built["pdf"]
+    assert "chunked 1 4,096 8 1.23 [1.1, 1.4] max of 8: 2.5" in built["pdf"]
+    assert "chunked 0.5 4,096 8 1.5 [1.4, 1.6] 4.25 [3.5, 5] 12.5 [12, 13] 61.2 [50, 70] 1.4 [1, 2]" in built["pdf"]
     assert r"\num{3.21} [\num{2.9}, \num{3.6}]" in built["tex"]
 
 
@@ -185,7 +196,9 @@ def test_interference_reconciliation_and_frontier_tables(built):
     assert md_rows(built["md"], "configuration | workload | L | t (s)") == [
         ["chunked", "closed, 4 in flight", "4,096", "1.25", "9,000", "16,400–16,520"]]
     assert "chunked: 40 samples checked (gauge `used_tokens`), 1 outside the margin of 10%" in built["md"]
-    assert "whole: 12 samples checked (gauge `used_tokens`), every one within the margin of 10%" in built["md"]
+    assert ("whole: 12 samples checked (gauge `used_tokens`), every one within the margin of 10% (none with a lower "
+            "bound above 0: a gauge reading 0 would have passed, so the check could catch only a gauge reading too high)") in built["md"]
+    assert "none with a lower bound above 0: a gauge reading 0 would have passed" in " ".join(built["pdf"].split())
     assert "chunked closed, 4 in flight 4,096 1.25 9,000 16,400–16,520" in built["pdf"]
     peaks = md_rows(built["md"], "configuration | samples | running")
     # 9 scrapes at each of 2 points; 16,450 / 40,960; retractions rose by 2 in a point; no preemption counter

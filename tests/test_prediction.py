@@ -65,3 +65,29 @@ def test_too_few_lengths_check_nothing():
     g = rows(lambda L: 0.05, lambda L: 0.01)[lambda d: d["length"] <= 4096]
     assert prediction_check({"prefill": g, "decode": g.iloc[:0]}, 100, 0.95, 0) == {}
     assert wording.prediction({"prediction": {}}) is None
+
+
+@pytest.mark.parametrize("noise", [0.02, 0.05])
+def test_the_prediction_interval_covers_the_held_out_median_as_often_as_it_states(noise):
+    """Issue 32: 'inside its interval' must hold as often as the 95% it states. Models that hold exactly, 3 trials a
+    length, relative noise over a floor (2 ms on TTFT, 0.2 ms on a step), 300 seeds: the headline's held-out median
+    (the longest length, predicted from the first half) falls inside its prediction interval in 93% to 98% of them.
+    The curve's interval alone (which leaves out the held-out median's own noise) held 90% at 2% noise; the textbook
+    prediction interval holds 95-96% there, and more at 5% (98%), where the non-negative fits clamp a coefficient at
+    0 and the interval widens."""
+    inside = {"prefill": [], "decode": []}
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        out = []
+        for L in LENGTHS:
+            t, s = 0.05 + 2e-5 * L + 1e-9 * L**2, 0.01 + 1e-7 * L
+            for _ in range(3):
+                out.append({"length": L, "ttft_s": t + np.hypot(noise * t, 0.002) * rng.standard_normal(),
+                            "step_s": s + np.hypot(noise * s, 0.0002) * rng.standard_normal()})
+        g = pd.DataFrame(out)
+        check = prediction_check({"prefill": g, "decode": g}, 200, 0.95, seed)
+        for kind in inside:
+            inside[kind].append(check[kind]["headline"]["inside"])
+    rates = {kind: float(np.mean(v)) for kind, v in inside.items()}
+    print(f"\nnoise {noise:.0%}: inside {rates}")
+    assert all(0.93 <= r <= 0.985 for r in rates.values()), rates

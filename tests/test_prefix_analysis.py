@@ -212,13 +212,21 @@ def test_analyze_file_points_savings_checks_and_conversations(tmp_path):
     assert p["saving_predicted"]["ratio"] == pytest.approx(truth_cold / truth_hit, rel=0.05)
     assert p["predicted"]["low"] < p["predicted"]["value"] < p["predicted"]["high"] and abs(p["deviation"]) < 0.05
     # the mismatch, with both numbers, in the point and in the configuration's list
-    assert p["check"] == {"ok": 3, "mismatch": 1, "unreported": 0, "n": 4,
+    assert p["check"] == {"ok": 3, "mismatch": 1, "unreported": 0, "n": 4, "loose": 0, "controls": 0, "hit_mismatch": 1,
+                          "hit_expected": 4,
                           "mismatches": [{"trial": 3, "turn": None, "expected": E, "expected_low": None, "server": 8192}]}
     assert c["checks"]["mismatches"] == [{"kind": "hit_rate", "length": 16384, "hit_rate": 0.9, "conversation": None,
                                           "cache": True, "trial": 3, "turn": None, "expected": E, "expected_low": None,
                                           "server": 8192}]
-    # the failed request has no count to check: 35 ok trials (one mismatched) and 10 turns
-    assert c["checks"]["ok"] == 9 * 4 - 2 + 10 and c["checks"]["n"] == 9 * 4 - 1 + 10 and c["checks"]["unreported"] == 0
+    # the failed request has no count to check: 35 ok trials (one mismatched) and 10 turns; of those that matched,
+    # the requests that expected no cached tokens (h = 0, each conversation's first turn, the control's turns) are
+    # controls, not matches: a 0 that equals 0 could not have failed
+    rows = pd.read_csv(tmp_path / "prefix.csv")
+    rows = rows[rows["role"].isin(["trial", "turn"]) & rows["status"].eq("ok") & rows["configuration"].eq("page64")]
+    zero = int((rows["expected_cached"].fillna(0) == 0).sum())
+    assert zero > 0 and c["checks"]["controls"] == zero
+    assert c["checks"]["ok"] + c["checks"]["controls"] == 9 * 4 - 2 + 10 and c["checks"]["n"] == 9 * 4 - 1 + 10
+    assert c["checks"]["unreported"] == 0 and c["checks"]["loose"] == 0
     lost = next(p for p in c["points"] if p["length"] == 1024 and p["hit_rate"] == 0.5)
     assert lost["failed"] == 1 and lost["reasons"] == ["connection reset"] and lost["ok"] == 3
     # the conversations: each turn against the model, the cached one well below the control from turn 1 on
@@ -242,3 +250,21 @@ def test_a_configuration_with_too_little_to_fit_says_why_and_uses_the_cold_fit_f
     p = c["points"][0]
     assert p["predicted"] is None and p["cold"]["basis"] == "cold fit" and p["cold"]["value"] == pytest.approx(ttft(4096, 0))
     assert p["saving"]["ratio"] == pytest.approx(ttft(4096, 0) / ttft(4096, 2048), rel=0.03)
+
+
+def test_a_check_that_could_not_fail_is_not_counted_as_a_match():
+    """Issue 32: one cached token where 256 were shared, the cache's granularity unknown, passes the loose range (any
+    count from 1 to 256) but is told apart ("loose"), not counted as a match; a control's 0 = 0 is a control; a count
+    at a known granularity that differs is a mismatch that expected a hit."""
+    from longctx.analysis.prefix_model import _check_counts
+    from longctx.measure.prefix import cached_check, expected_range
+
+    def row(cached, shared, granularity, prompt=1024):
+        low, high = expected_range(shared, shared, prompt, granularity, True)
+        return {"status": "ok", "cached_tokens": cached, "expected_cached": high, "expected_cached_low": low,
+                "granularity": granularity, "cached_check": cached_check(cached, low, high)}
+
+    rows = pd.DataFrame([row(1, 256, None), row(256, 256, 64), row(0, 0, 64), row(0, 0, None), row(192, 256, 64)])
+    out = _check_counts(rows)
+    assert rows["cached_check"].tolist() == ["ok", "ok", "ok", "ok", "mismatch"]
+    assert (out["ok"], out["loose"], out["controls"], out["mismatch"], out["hit_mismatch"], out["hit_expected"]) == (1, 1, 2, 1, 1, 3)

@@ -122,7 +122,8 @@ def test_the_conversations_are_set_against_the_model_turn_by_turn(built):
 
 def test_the_cached_count_check_lists_each_mismatch_with_both_numbers(built):
     rows = md_rows(built["md"], "configuration | granularity | matched")
-    assert rows == [["base", "64", "24", "1", "0", "25"], ["fast_kv", "1", "0", "0", "18", "18"]]
+    # base: 13 requests expected a hit and matched, 1 did not; 11 controls (h = 0, first turns) got 0: not matches
+    assert rows == [["base", "64", "13", "0", "1", "0", "11", "25"], ["fast_kv", "1", "0", "0", "0", "18", "0", "18"]]
     assert md_rows(built["md"], "configuration | request | expected (tokens)") == [
         ["base", "L = 16,000, h = 0.9, trial 2", "14,400", "4,096"]]
     assert "base L = 16,000, h = 0.9, trial 2 14,400 4,096" in built["pdf"]
@@ -148,13 +149,17 @@ def test_page_one_says_what_a_prefix_hit_saves(built):
     assert (f"; in fast_kv, at 16,000 tokens a 90% prefix hit cuts TTFT from {time_words(q['cold']['value'])} to "
             f"{time_words(q['ttft']['value'])} (") in said
     assert re.search(r"\(\d+(\.\d)?x\), as the model predicts within \d+%", said)
-    assert said.endswith("; the server's cached count matched in 24 of 25 trials (mismatches in base), and 18 more did not report it.")
+    assert said.endswith("; the server's cached count matched in 13 of 14 trials that expected a hit (mismatches in base), "
+                         "and 18 more did not report it.")
     assert said in re.sub(r"\\(.)", r"\1", " ".join(built["md"].split())) and said in built["pdf"]
-    one = {"configurations": {"a": {"cache": True, "checks": {"ok": 24, "mismatch": 0, "unreported": 0}, "points": [
+    one = {"configurations": {"a": {"cache": True, "checks": {"ok": 24, "mismatch": 0, "hit_mismatch": 0, "unreported": 0,
+                                                              "controls": 12}, "points": [
         {"length": 16384, "hit_rate": 0.9, "ttft": {"value": 0.45}, "cold": {"value": 3.6, "basis": "measured"},
          "predicted": {"value": 0.44}, "deviation": 0.45 / 0.44 - 1}]}}}
     assert sentence(one) == ("At 16,384 tokens a 90% prefix hit cuts TTFT from 3.6 s to 450 ms (8x), as the model predicts "
-                             "within 3%; the server's cached count matched in 24 of 24 trials.")
+                             "within 3%; the server's cached count matched in 24 of 24 trials that expected a hit.")
+    loose = {"configurations": {"a": {**one["configurations"]["a"], "checks": {"ok": 0, "loose": 6, "mismatch": 0}}}}
+    assert sentence(loose).endswith("; 6 within 256 tokens of the shared prefix, the cache's granularity not being known.")
     assert sentence({}) is None and sentence({"configurations": {"a": {"points": []}}}) is None
 
 

@@ -247,3 +247,25 @@ def test_a_conversation_in_text_carries_the_generated_text_and_every_turn_is_cou
     # each turn: the previous turn's tokens as the server counted them, its generated text, and 40 new tokens
     for prev, turn in zip(turns, turns[1:]):
         assert turn["previous_tokens"] >= prev["prompt_tokens"] and turn["prompt_tokens"] == turn["previous_tokens"] + 40
+
+
+def test_a_count_the_server_did_not_give_is_not_checked_and_is_said_to_be_not_checked():
+    """Issue 32: with no usage from the server the prompt count is taken as the length asked; comparing it with that
+    length could not fail, so it is marked not checked (and the report says how many trials were), where a count the
+    server gave is compared and fails when it differs."""
+    from longctx.measure.prompts import check_counts
+    from longctx.report.wording import trial_flags
+
+    def summary(prompt_tokens, source):
+        return {"status": "ok", "reason": None, "prompt_tokens": prompt_tokens, "completion_tokens": 8,
+                "usage_source": source}
+
+    assert check_counts(summary(1000, "server"), 1000, 8)["prompt_count_checked"] is True
+    wrong = check_counts(summary(1001, "server"), 1000, 8)
+    assert wrong["status"] == "failed" and "counted 1001 prompt tokens, expected 1000" in wrong["reason"]
+    unchecked = check_counts(summary(1000, "client"), 1000, 8)
+    assert unchecked["status"] == "ok" and unchecked["prompt_count_checked"] is False
+    import pandas as pd
+
+    rows = pd.DataFrame([summary(1000, "client"), summary(1000, "server"), summary(1000, "client")])
+    assert "2 of 3 trials' prompt counts were not checked: the server gave no count" in " ".join(trial_flags(rows))

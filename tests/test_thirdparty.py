@@ -168,7 +168,9 @@ def test_vllms_own_cached_counts_are_the_ones_longctx_expects(vllm_workflow):
     assert all(r["cached_check"] == "ok" for r in cold["requests"] + half["requests"] + conv["turns"])
     assert conv["turns"][1]["generated"] == "ids"  # vLLM's own token_ids (return_token_ids), carried exactly
     fits = json.loads((vllm_workflow / "data" / "prefix_fits.json").read_text())["configurations"]["vllm-cpu"]
-    assert fits["checks"]["ok"] == fits["checks"]["n"] == 7
+    checks = fits["checks"]
+    # the 2 hits at h = 0.5 and turns 2 and 3 expected a hit; the 2 cold requests and the first turn expected none
+    assert (checks["ok"], checks["controls"], checks["n"], checks["hit_expected"]) == (4, 3, 7, 4)
 
 
 def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vllm_workflow):
@@ -182,7 +184,12 @@ def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vl
     assert (series["name"] == "token_usage").any()
     rec = load["reconciliation"]
     assert rec["checked"] > 0 and rec["gauge"] == "token_usage x pool_tokens" and rec["flagged"] == [], rec
+    assert rec["low_above_zero"] > 0, rec  # some samples could catch a gauge reading too low: the check could fail
     assert (series["name"] == "running").any()
+    # the loop kept its 2 requests at the server (issue 32: before /metrics was read line by line, its parse of
+    # vLLM's exposition held the event loop so long that the requests ran one after another, and this test skipped)
+    held = closed["held"]
+    assert held and not held["below"] and held["share"] >= 0.9, held
     # the client's own record: the stretches in which two of its requests were at the server together (sent to
     # ended), 20 ms in from each edge; vLLM's gauge is checked by the scrapes whose whole GET (sent to answered)
     # lies inside one, since vLLM read the gauge at some moment of the GET: a GET's midpoint inside a stretch is
@@ -194,10 +201,7 @@ def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vl
             if (lo := max(a[0], b[0]) + 0.02) < (hi := min(a[1], b[1]) - 0.02)]
     gets = [(start, end, values["running"]) for _, values, start, end in point["metrics"]["samples"] if "running" in values]
     inside = [(start, end, value) for start, end, value in gets if any(lo <= start and end <= hi for lo, hi in both)]
-    if not inside:
-        # on 2 cores, vLLM's API server and this client share one: the client's event loop could run so late that
-        # its two workers' requests barely overlapped (or not at all), and no scrape was answered while they did
-        pytest.skip(f"no /metrics GET inside the {len(both)} stretch(es) with two requests in flight "
+    assert inside, (f"no /metrics GET inside the {len(both)} stretch(es) with two requests in flight "
                     f"(GETs {[(round(a, 3), round(b, 3)) for a, b, _ in gets]} s; "
                     f"requests {[(round(a, 3), round(b, 3)) for a, b in spans]})")
     assert max(value for _, _, value in inside) == 2, (inside, spans)

@@ -18,7 +18,7 @@ COLUMNS = [
     "configuration", "engine", "length", "concurrency", "trial", "request", "status", "reason",
     "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "itl_median_s", "itl_max_s",
     "prompt_tokens", "completion_tokens", "cached_tokens", "server_ttft_s",
-    "usage_source", "tokens_estimated", "early_stop", "length_fault", "length_reason",
+    "usage_source", "prompt_count_checked", "tokens_estimated", "early_stop", "length_fault", "length_reason",
     "spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts",
     "kv_bytes_per_token", "kv_pool_tokens", "run_id", "batch_output_tok_s", "needle",
     "needle_answer", "needle_reason",

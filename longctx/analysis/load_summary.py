@@ -4,11 +4,13 @@ and their fit; the server's KV gauge against what the client knows is resident; 
 (longctx.analysis.slo).
 
 - Distributions: p50, p90 and p99 (numpy's linear quantiles) over the successful requests of a point, each
-  with a seeded percentile-bootstrap interval (requests resampled with replacement; fits.json's bootstrap,
-  confidence and seed, which --settings may override). TTFT, TPOT, end-to-end, queue (where the server
-  reported it) and schedule lag are one value per request; ITL is taken over every token gap of the
-  point's requests (load_requests.csv's itl_list_s), and its bootstrap resamples whole requests (a
-  request's gaps are not independent of each other).
+  only where the point has enough values for it (MIN_SAMPLES: 1 / (1 - q), so that the quantile is not the
+  maximum: 10 for p90, 100 for p99); with fewer the record holds the maximum and n instead ("max of n").
+  Each quantile's interval is the exact distribution-free one of two order statistics (order_statistic_interval:
+  its coverage, at least fits.json's confidence for any continuous distribution, is recorded with it), or none
+  where n is too small for one. TTFT, TPOT, end-to-end, queue (where the server reported it) and schedule lag
+  are one value per request; ITL is taken over every token gap of the point's requests (load_requests.csv's
+  itl_list_s): a request's gaps are not independent of each other, so its quantiles have no interval.
 - Throughput over the point's span (duration_s): output tokens of the successful requests per second, and
   successful requests per second.
 - Interference: per injected length, the medians (bootstrap intervals) of the victims' worst gap and
@@ -23,11 +25,13 @@ and their fit; the server's KV gauge against what the client knows is resident; 
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from ..core.fitting import percentile_interval, resamples
 from ..core.numbers import finite, json_plain
@@ -51,6 +55,53 @@ def rng_for(seed: int, *keys) -> np.random.Generator:
     return np.random.default_rng([int(seed), *(zlib.crc32(str(k).encode()) for k in keys)])
 
 
+def min_samples(q: float) -> int:
+    """The fewest values a quantile q is reported from: 1 / (1 - q) (10 for p90, 100 for p99), below which the
+    quantile is the sample's maximum; 1 for the median and below."""
+    return 1 if q <= 0.5 else int(math.ceil(1 / (1 - q) - 1e-9))
+
+
+def order_statistic_interval(values, q: float, level: float) -> tuple[float, float, float] | None:
+    """The exact distribution-free interval of the q quantile: [X(j), X(k)] of the sorted values, with j the largest
+    and k the smallest order (1-based) that leave at most (1 - level) / 2 on each side by the binomial law of the count
+    of values below the quantile; (low, high, coverage), the coverage P(j <= B < k), B ~ Binomial(n, q), at least
+    `level` for any continuous distribution. None where n is too small for either end."""
+    v = np.sort(np.asarray(values, float))
+    n = v.size
+    if n < 2:
+        return None
+    tail = (1 - level) / 2
+    cdf = stats.binom.cdf(np.arange(n + 1), n, q)  # cdf[i] = P(B <= i)
+    lows = [j for j in range(1, n + 1) if cdf[j - 1] <= tail]
+    highs = [k for k in range(1, n + 1) if 1 - cdf[k - 1] <= tail]
+    if not lows or not highs:
+        return None
+    j, k = max(lows), min(highs)
+    if j >= k:
+        return None
+    return float(v[j - 1]), float(v[k - 1]), float(cdf[k - 1] - cdf[j - 1])
+
+
+def quantiles(values, level: float, qs: dict = QUANTILES, intervals: bool = True) -> dict:
+    """{p50: {value, low, high, coverage}, p90, p99, n, max} of the finite values: each quantile where there are
+    min_samples for it (else value None: the record's max and n say what there is), with its order-statistic
+    interval where `intervals` and n allow one."""
+    v = np.asarray(pd.to_numeric(pd.Series(values, dtype=object), errors="coerce"), float)
+    v = v[np.isfinite(v)]
+    out: dict = {"n": int(v.size), "max": float(v.max()) if v.size else None}
+    for name, q in qs.items():
+        enough = v.size >= min_samples(q) and v.size > 0
+        one = {"value": float(np.quantile(v, q)) if enough else None, "low": None, "high": None, "coverage": None,
+               "n": int(v.size), "min_n": min_samples(q)}
+        if not enough and v.size:
+            one["max"] = float(v.max())  # what a quantile of too few values would be: their maximum, said so
+        ci = order_statistic_interval(v, q, level) if enough and intervals else None
+        if ci:
+            one["low"], one["high"], one["coverage"] = ci
+        out[name] = one
+    return out
+
+
 def percentiles(values, n_boot: int, level: float, rng: np.random.Generator, qs: dict = QUANTILES) -> dict:
     """{p50: {value, low, high}, p90, p99, n} of the finite values; low and high from a percentile bootstrap
     (None with fewer than 2 values or no resamples)."""
@@ -72,27 +123,48 @@ def median_estimate(values, st: dict, *key) -> dict:
     return percentiles(values, st["bootstrap"], st["confidence"], rng_for(st["seed"], *key), MEDIAN)["p50"]
 
 
-def pooled_percentiles(lists: list[list[float]], n_boot: int, level: float, rng: np.random.Generator,
-                       batch_cells: int = 4_000_000) -> dict:
-    """percentiles of every value of every list pooled; the bootstrap resamples whole lists."""
-    lists = [np.asarray(x, float) for x in lists if len(x)]
-    pooled = np.concatenate(lists) if lists else np.array([])
-    out = percentiles(pooled, 0, level, rng)
-    out["requests"] = len(lists)
-    if not n_boot or len(lists) < 2:
-        return out
-    width = max(map(len, lists))
-    m = np.full((len(lists), width), np.nan)
-    for i, x in enumerate(lists):
-        m[i, : len(x)] = x
-    step = max(1, batch_cells // m.size)
-    draws = []
-    for start in range(0, n_boot, step):
-        idx = rng.integers(0, len(lists), size=(min(step, n_boot - start), len(lists)))
-        draws.append(np.nanquantile(m[idx].reshape(idx.shape[0], -1), list(QUANTILES.values()), axis=1))
-    d = np.concatenate(draws, axis=1)
-    for i, name in enumerate(QUANTILES):
-        out[name]["low"], out[name]["high"] = percentile_interval(d[i], level) or (None, None)
+HELD_MIN = 0.9  # a closed-loop point that keeps its level in flight less than this share of its time is flagged
+
+
+def held_level(rows: pd.DataFrame, level: int, metrics: pd.DataFrame | None = None) -> dict | None:
+    """The concurrency a closed-loop point achieved at the server side of its socket, from its requests' own sent and
+    end times (sent_s + service_e2e_s; a request is in flight from its send to its end): over the stretch from its
+    level-th send (the first wave sent) to its last (after it the loop only drains; where the first wave was every
+    request, to the first end), the share of time with `level` or more in flight and
+    the mean in flight; with the server's running gauge where the metrics hold one, its mean over that stretch.
+    None without two sends."""
+    sent = pd.to_numeric(rows["sent_s"], errors="coerce").to_numpy(float)
+    e2e = pd.to_numeric(rows["e2e_s"], errors="coerce").to_numpy(float)
+    if "service_e2e_s" in rows:  # an open loop's e2e_s runs from the schedule; the server's side from the send
+        e2e = np.where(np.isfinite(service := pd.to_numeric(rows["service_e2e_s"], errors="coerce").to_numpy(float)), service, e2e)
+    sends = np.sort(sent[np.isfinite(sent)])
+    if sends.size < 2 or not level or sends.size < level:
+        return None
+    # from the moment the loop first had its level sent (its level-th send) to its last send; where every request
+    # went in that first wave, to the first of them to end
+    a, b = float(sends[int(level) - 1]), float(sends[-1])
+    if b <= a:
+        ends = [x + d for x, d in zip(sent, e2e) if np.isfinite(x) and np.isfinite(d)]
+        b = min(ends, default=a)
+    if b <= a:
+        return None
+    # a sweep over the sends (+1) and ends (-1), clipped to [a, b]: the time at each count in flight
+    events = sorted([(float(x), 1) for x in sent[np.isfinite(sent)]]
+                    + [(float(x + d), -1) for x, d in zip(sent, e2e) if np.isfinite(x) and np.isfinite(d)])
+    n, t, held, area = 0, a, 0.0, 0.0
+    for x, step in events:
+        x = min(max(x, a), b)
+        area += n * (x - t)
+        held += (x - t) if n >= level else 0.0
+        n, t = n + step, x
+    out = {"level": int(level), "window_s": b - a, "share": held / (b - a), "mean_in_flight": area / (b - a),
+           "server_running_mean": None, "below": held / (b - a) < HELD_MIN, "min_share": HELD_MIN}
+    if metrics is not None and len(metrics):
+        m = metrics[metrics["name"].eq("running")]
+        t = pd.to_numeric(m["t_s"], errors="coerce")
+        inside = pd.to_numeric(m["value"], errors="coerce")[(t >= a) & (t <= b)].dropna()
+        if len(inside):
+            out["server_running_mean"] = float(inside.mean())
     return out
 
 
@@ -102,14 +174,14 @@ def point(rows: pd.DataFrame, slo: dict, st: dict, key: tuple) -> dict:
     ok = reqs[reqs["status"].eq("ok")]
     length = float(rows["length"].iloc[0])
     duration = finite(rows["duration_s"].dropna().max()) if rows["duration_s"].notna().any() else None
-    n_boot, level, seed = st["bootstrap"], st["confidence"], st["seed"]
+    level = st["confidence"]
     out = {"level": _level(rows["level"].iloc[0]), "length": int(length), "n": len(reqs), "ok": len(ok),
            "failed": len(reqs) - len(ok), "reasons": failure_reasons(rows), "duration_s": duration,
            "output_tokens": finite(rows["output_tokens"].dropna().median()) if rows["output_tokens"].notna().any() else None}
     for name, column in FIGURES.items():
-        out[name] = percentiles(ok[column], n_boot, level, rng_for(seed, *key, name))
+        out[name] = quantiles(ok[column], level)
     lists = [json.loads(x) for x in ok["itl_list_s"].dropna()] if "itl_list_s" in ok else []
-    out["itl"] = pooled_percentiles(lists, n_boot, level, rng_for(seed, *key, "itl"))
+    out["itl"] = {**quantiles([g for x in lists for g in x], level, intervals=False), "requests": len(lists)}
     tokens = pd.to_numeric(ok["completion_tokens"], errors="coerce").sum()
     out["output_tok_s"] = float(tokens) / duration if duration else None
     out["request_s"] = len(ok) / duration if duration else None
@@ -192,8 +264,11 @@ def _share(ok: pd.DataFrame, n_boot: int, level: float, rng) -> dict:
 
 
 def reconcile(df: pd.DataFrame, pool: int | None, margin: float) -> dict:
-    """The server's KV tokens at each sample against the client's bounds."""
-    flagged, checked, gauges = [], 0, set()
+    """The server's KV tokens at each sample against the client's bounds, from both sides: a gauge above the
+    highest the client allows, or below the lowest. Only a sample whose lower bound is above 0 can catch a gauge that
+    reads too low (one stuck at 0 under load): `low_above_zero` counts them, so that a check that could not fail
+    from below is said to be one."""
+    flagged, checked, gauges, above_zero = [], 0, set(), 0
     for (kind, level, length, trial, t), g in df.groupby(["kind", "level", "length", "trial", "t_s"], dropna=False, sort=True):
         v = dict(zip(g["name"], pd.to_numeric(g["value"], errors="coerce")))
         low, high = finite(v.get(CLIENT_LOW)), finite(v.get(CLIENT_HIGH))
@@ -204,13 +279,14 @@ def reconcile(df: pd.DataFrame, pool: int | None, margin: float) -> dict:
         if server is None or low is None or high is None:
             continue
         checked += 1
+        above_zero += low * (1 - margin) > 0
         gauges.add(gauge)
         if not (low * (1 - margin) <= server <= high * (1 + margin)):
             flagged.append({"t_s": float(t), "kind": kind, "level": _level(level) if finite(level) is not None else None,
                             "length": int(length) if finite(length) is not None else None,
                             "trial": int(trial) if finite(trial) is not None else None,
                             "server_tokens": server, "client_low": low, "client_high": high, "gauge": gauge})
-    return {"checked": checked, "flagged": flagged, "margin": margin,
+    return {"checked": checked, "low_above_zero": int(above_zero), "flagged": flagged, "margin": margin,
             "gauge": None if not gauges else gauges.pop() if len(gauges) == 1 else "mixed"}
 
 
@@ -248,6 +324,11 @@ def analyze_load(requests: pd.DataFrame, interference_df: pd.DataFrame, metrics:
         for kind in ("closed", "open"):
             for (level, length), g in r[r["kind"] == kind].groupby(["level", "length"], sort=True):
                 p = point(g, slo, st, (name, kind, level, length))
+                if kind == "closed":
+                    m = metrics[metrics["configuration"].eq(name) & metrics["kind"].eq(kind)
+                                & pd.to_numeric(metrics["level"], errors="coerce").eq(level)
+                                & pd.to_numeric(metrics["length"], errors="coerce").eq(length)]
+                    p["held"] = held_level(g[g["index"].notna()], int(level), m)
                 ok = g[g["status"].eq("ok") & g["index"].notna()]
                 p["_values"] = {c: pd.to_numeric(ok[c], errors="coerce").dropna().to_numpy()
                                for c in ("ttft_s", "itl_max_s", "tpot_s")}  # the frontier's model scales by them
@@ -258,7 +339,11 @@ def analyze_load(requests: pd.DataFrame, interference_df: pd.DataFrame, metrics:
         pool = observed_pool(entry)[0] or memory.get("observed_tokens")
         outs = [p["output_tokens"] for p in conf["closed"] if p["output_tokens"] is not None]
         out_tokens = float(np.median(outs)) if outs else float(load.get("output_tokens") or 0)
-        conf["frontier"] = frontier(conf["closed"], _entry(fits, name), pool, _context(entry, memory), slo, out_tokens)
+        # a point that did not keep its level in flight measured a lower concurrency than it names: not on the frontier
+        held = [p for p in conf["closed"] if not (p.get("held") or {}).get("below")]
+        conf["frontier"] = frontier(held, _entry(fits, name), pool, _context(entry, memory), slo, out_tokens)
+        conf["below_level"] = [{"level": p["level"], "length": p["length"], **p["held"]}
+                               for p in conf["closed"] if (p.get("held") or {}).get("below")]
         conf["pool_tokens"] = pool
         conf["reconciliation"] = reconcile(metrics[metrics["configuration"] == name], pool, margin)
         for p in conf["closed"] + conf["open"]:

@@ -121,12 +121,24 @@ def _cold_check(fit: PrefixFit, cold: dict | None) -> dict | None:
 
 
 
+COUNTED = ("loose", "controls", "hit_mismatch", "hit_expected")  # _check_counts' tallies beyond CHECKS
+
+
 def _check_counts(rows: pd.DataFrame) -> dict:
     """The cached-count check of rows (requests) that succeeded (a failed one has no count to check): how many of
-    each outcome, and the mismatches with both numbers."""
+    each outcome, and the mismatches with both numbers. A check that can fail counts as a match: `ok`, a request
+    that expected a hit (expected_cached > 0) at a known granularity and got its count; `loose`, one that expected
+    a hit where the granularity is not known (any count within UNKNOWN_SPAN of the shared tokens passes, so it is
+    told apart); `controls`, requests that expected 0 (no prefix, a flushed cache, the cache off) and got 0, which
+    are not matches of anything. `mismatch` counts every disagreement, `hit_mismatch` those that expected a hit."""
     rows = rows[rows["status"].eq("ok")]
     checks = rows["cached_check"].fillna("unreported")
+    expected = pd.to_numeric(rows.get("expected_cached"), errors="coerce").fillna(0) > 0 if len(rows) else checks.eq("")
+    known = pd.to_numeric(rows.get("granularity"), errors="coerce").notna() if len(rows) else checks.eq("")
     out = {k: int((checks == k).sum()) for k in CHECKS}
+    out.update(ok=int((checks.eq("ok") & expected & known).sum()), loose=int((checks.eq("ok") & expected & ~known).sum()),
+               controls=int((checks.eq("ok") & ~expected).sum()), hit_mismatch=int((checks.eq("mismatch") & expected).sum()),
+               hit_expected=int(expected.sum()))
     out["n"] = int(len(rows))
     out["mismatches"] = [{"trial": _opt_int(r.get("trial")), "turn": _opt_int(r.get("turn")),
                           "expected": _opt_int(r.get("expected_cached")), "expected_low": _opt_int(r.get("expected_cached_low")),
@@ -303,7 +315,7 @@ def _configuration(name: str, g: pd.DataFrame, cold_rows: pd.DataFrame, cold_fit
                       "trial": _opt_int(r.get("trial")), "turn": _opt_int(r.get("turn")),
                       "expected": _opt_int(r.get("expected_cached")), "expected_low": _opt_int(r.get("expected_cached_low")),
                       "server": _opt_int(r.get("cached_tokens"))})
-    out["checks"] = {**{k: checks[k] for k in (*CHECKS, "n")}, "mismatches": where}
+    out["checks"] = {**{k: checks[k] for k in (*CHECKS, *COUNTED, "n")}, "mismatches": where}
     return out
 
 

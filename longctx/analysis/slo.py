@@ -3,7 +3,8 @@ of a point's requests meeting every SLO set), and the SLO frontier (the longest 
 at each concurrency). longctx.analysis.load_summary applies them to the tables of longctx.analysis.load.
 
 - Goodput: a request meets the SLOs when it succeeded and meets every one set: ttft_s against its TTFT,
-  itl_s against its own largest token gap (itl_max_s, as config/schema.yaml says), tpot_s against its TPOT
+  itl_s against its own largest wait between two events (itl_max_s, as config/schema.yaml says: a chunk's
+  wait whole, not divided among its tokens), tpot_s against its TPOT
   (a figure it lacks does not meet). Each SLO is a number or a {length: value} map: the entry of the
   largest length not above L applies (below the smallest length, the smallest's). The share counts every
   request of the point (failed and timed-out ones in the denominator), with a Wilson interval; rate_s is

@@ -371,12 +371,15 @@ def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, mod
 
 
 def check_counts(summary: dict, length: int, output_tokens: int) -> dict:
-    """A trial whose prompt the server counted otherwise than asked fails; one that stopped before
+    """A trial whose prompt the server counted otherwise than asked fails (prompt_count_checked: False where the
+    server gave no count, which is then not checked); one that stopped before
     output_tokens (an early stop: a server that ignores ignore_eos) is flagged `early_stop`, and its
     decode figures are over fewer tokens than asked."""
     if summary["status"] != "ok":
         return summary
-    if summary["prompt_tokens"] != length:
+    # a count the server did not give (usage_source "client": taken as the length asked) cannot be checked
+    summary["prompt_count_checked"] = summary.get("usage_source") != "client"
+    if summary["prompt_count_checked"] and summary["prompt_tokens"] != length:
         summary["status"] = "failed"
         summary["reason"] = f"the server counted {summary['prompt_tokens']} prompt tokens, expected {length}"
     done = summary.get("completion_tokens")

@@ -11,19 +11,54 @@ import asyncio
 import time
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 # Canonical metrics summed over the server's label sets (requests, counters); the others (token counts,
 # fractions of the pool) are replicated per rank and taken at their largest
 SUMMED = ("running", "queued", "retracted_total", "preemptions_total", "gen_throughput")
 
 
+def _sample(line: str) -> tuple[str, float] | None:
+    """(name, value) of one exposition sample line `name{labels} value [timestamp]` (labels may hold quoted braces,
+    spaces and escaped quotes); None for a line that is not one."""
+    brace, space = line.find("{"), line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        name, i, quoted = line[:brace], brace + 1, False
+        while i < len(line):
+            ch = line[i]
+            if quoted and ch == "\\":
+                i += 2
+                continue
+            if ch == '"':
+                quoted = not quoted
+            elif ch == "}" and not quoted:
+                break
+            i += 1
+        rest = line[i + 1:].split()
+    else:
+        name, rest = line[:space] if space != -1 else line, line[space + 1:].split() if space != -1 else []
+    if not rest:
+        return None
+    try:
+        return name, float(rest[0])
+    except ValueError:
+        return None
+
+
 def parse_metrics(text: str, names: dict[str, tuple[str, ...]]) -> dict[str, float]:
-    """The canonical metrics `names` finds in a Prometheus exposition (the first sample name found of each)."""
+    """The canonical metrics `names` finds in a Prometheus exposition (the first sample name found of each). Only the
+    lines of the sample names wanted are parsed: a vLLM exposition is hundreds of kB, scraped every interval on the
+    event loop that also times the requests (tests/test_scrape.py holds it to prometheus_client's parser)."""
+    wanted = {n for candidates in names.values() for n in candidates}
     by_name: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            by_name.setdefault(sample.name, []).append(float(sample.value))
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        cut = min((i for i in (line.find("{"), line.find(" ")) if i != -1), default=len(line))
+        if line[:cut] not in wanted:
+            continue
+        sample = _sample(line)
+        if sample:
+            by_name.setdefault(sample[0], []).append(sample[1])
     out = {}
     for canonical, candidates in names.items():
         found = next((by_name[n] for n in candidates if n in by_name), None)

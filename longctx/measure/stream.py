@@ -112,7 +112,8 @@ class StreamRecord:
             tpot_s=decode_s / decode_tokens if decode_tokens else None,
             decode_tok_s=decode_tokens / decode_s if decode_tokens and decode_s > 0 else None,
             itl_median_s=statistics.median(itl) if itl else None,
-            itl_max_s=max(itl) if itl else None,
+            # the largest wait between two events (a chunk of 3 tokens after 300 ms is a 300 ms wait, not three of 100)
+            itl_max_s=max(t[i] - t[i - 1] for i in range(1, len(t))) if len(t) > 1 else None,
             itl_s=itl,
         )
         return out

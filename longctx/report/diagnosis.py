@@ -93,7 +93,8 @@ def _decode(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list[
                 f"{100 * share:.2g}% of the step, under the {100 * b['thresholds']['dominant_share']:.0f}% that would make them the bound")
     elif b["basis"] == "fit" and b.get("bandwidth"):
         bw = b["bandwidth"]
-        text = f"{head}; the KV reads are {share:.0%} of the step and run at {_rate(bw['Bps'])}{_ci(_gb(bw.get('ci')), unit=' GB/s')}"
+        text = (f"{head}; the KV reads are {share:.0%} of the step and run at {_rate(bw['Bps'])}{_ci(_gb(bw.get('ci')), unit=' GB/s')}"
+                " or faster (the step's length-proportional cost holds the attention's arithmetic too)")
         said = _pct_words(bw["pct"], "bandwidth", fit.get("ceilings"))
         if said:
             text += ", " + said

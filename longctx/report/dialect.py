@@ -84,6 +84,9 @@ class Dialect:
             """An estimate with its interval, {value, low, high} (load.json's percentiles and goodput), times
             scale: 'value [low, high]' as sig and ci print them; the value alone without an interval, the
             missing mark without a value."""
+            if isinstance(stat, dict) and not is_number(stat.get("value")) and is_number(stat.get("max")) and stat.get("n"):
+                # a quantile of too few values for it (longctx.analysis.load_summary.min_samples): their maximum, said so
+                return self.raw(self.aside(self.escape(f"max of {int(stat['n'])}: ")) + significant(float(stat["max"]) * scale, digits))
             if not isinstance(stat, dict) or not is_number(stat.get("value")):
                 return self.missing
             shown = significant(float(stat["value"]) * scale, digits)
@@ -91,8 +94,9 @@ class Dialect:
                 return shown
             return self.raw(f"{shown} {ci([stat.get('low'), stat.get('high')], scale, digits)}")
 
-        def speedup(value, ci=None, verdict=None):
-            """A speedup (kind "speedup") with its bootstrap interval and verdict (longctx.analysis.compare):
+        def speedup(value, ci=None, verdict=None, n=None):
+            """A speedup (kind "speedup") with its interval, verdict and trials n (this configuration's, the
+            baseline's: 'n=3/3' in the aside) (longctx.analysis.compare):
             the approx mark before one whose interval includes 1 (no measurable difference), the interval
             in brackets after it, "(no interval)" where there is none to judge by; without a verdict (the
             baseline's own rows) as fmt prints it. An end of the interval that would print as 1.00 on the
@@ -101,14 +105,15 @@ class Dialect:
             if digits is None:
                 return self.missing
             shown = self.number(digits)
+            trials = f" n={n[0]}/{n[1]}" if n else ""  # this configuration's trials / the baseline's
             if verdict == NO_INTERVAL:
-                return self.raw(f"{shown} {self.aside(self.escape('(no interval)'))}")
+                return self.raw(f"{shown} {self.aside(self.escape('(no interval' + (',' + trials if trials else '') + ')'))}")
             if verdict == SAME:
                 shown = self.raw(self.approx + shown)
             if not verdict or not ci:
                 return shown
             ends = [plain(x, "ratio" if plain(x, "speedup") == "1.00" and x != 1 else "speedup") for x in ci]
-            return self.raw(f"{shown} {self.aside(f'[{self.number(ends[0])}, {self.number(ends[1])}]')}")
+            return self.raw(f"{shown} {self.aside(f'[{self.number(ends[0])}, {self.number(ends[1])}]' + trials)}")
 
         return {"fmt": fmt, "sig": significant, "num": lambda value: fmt(value, "int"), "ci": ci, "est": est, "speedup": speedup,
                 **self.extras()}

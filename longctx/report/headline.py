@@ -1,5 +1,6 @@
 """The headline table: per configuration and length, median TTFT and decode rate, and the speedup
-of each against the baseline configuration at the same length, with its bootstrap interval and verdict
+of each against the baseline configuration at the same length (the ratio of the trials' geometric means), with
+its interval, its verdict and the trials on each side
 (longctx.analysis.compare: "faster", "slower", "no measurable difference" where the interval includes 1,
 "no interval" where there is none).
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..analysis.compare import VERDICTS, against_baseline
+from ..analysis.compare import METHOD, MIN_TRIALS, VERDICTS, against_baseline
 from ..analysis.fits import SETTINGS
 from ..core.numbers import ratio
 from .numbers import is_number
@@ -48,9 +49,10 @@ def headline(med: pd.DataFrame, baseline: str | None, names: list[str] | None = 
     trials (`ok`) than configured (`configured`).
 
     With the trials (`results`: results.csv's rows) each speedup of a configuration other than the
-    baseline carries its bootstrap interval (`ttft_speedup_ci`, `decode_speedup_ci`: [low, high] or None)
-    and verdict (`ttft_verdict`, `decode_verdict`): longctx.analysis.compare.against_baseline, with
-    `settings` (fits.json's: bootstrap, confidence, seed). The baseline's own rows have none (None)."""
+    baseline is the ratio of geometric means of the two sides' trials, with its interval (`ttft_speedup_ci`,
+    `decode_speedup_ci`: [low, high] or None), verdict (`ttft_verdict`, `decode_verdict`) and trials
+    (`ttft_speedup_n`: [this configuration's, the baseline's]): longctx.analysis.compare.against_baseline, with
+    `settings` (fits.json's: confidence). The baseline's own rows have none (None)."""
     names = list(names) if names is not None else sorted(med["configuration"].unique())
     base = choose_baseline(names, baseline)
     st = {**SETTINGS, **(settings or {})}
@@ -78,11 +80,14 @@ def headline(med: pd.DataFrame, baseline: str | None, names: list[str] | None = 
             c = compared.get((name, int(r["length"]))) or {}
             for key, (metric, verdict_key) in SPEEDUPS.items():
                 one = c.get(metric) if rows[-1][key] is not None else None
+                if one:  # the compared speedup: the ratio its interval is of (geometric means of the trials)
+                    rows[-1][key] = one["ratio"]
                 rows[-1][f"{key}_ci"] = one["ci"] if one else None
                 rows[-1][verdict_key] = one["verdict"] if one else None
+                rows[-1][f"{key}_n"] = [one["trials"], one["baseline_trials"]] if one else None
     verdicts = [r[v] for r in rows for _, v in SPEEDUPS.values() if r[v]]
     return {"baseline": base, "requested_baseline": baseline, "columns": [list(c) for c in COLUMNS], "rows": rows,
             # how the intervals were made, and how many speedups each verdict has
-            "intervals": {"bootstrap": int(st["bootstrap"]), "confidence": float(st["confidence"]),
+            "intervals": {"method": METHOD, "min_trials": MIN_TRIALS, "confidence": float(st["confidence"]),
                           "compared": bool(verdicts),
                           "verdicts": {v: verdicts.count(v) for v in VERDICTS}}}

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..analysis.load_summary import HELD_MIN
 from ..core.numbers import is_number
 
 KINDS = ("closed", "open")
@@ -100,7 +101,9 @@ def _point(kind: str, p: dict) -> dict:
             "n": n, "ok": ok, "failed": failed or 0, "reasons": reasons, "reason": "; ".join(reasons) or ("failed" if failed else None),
             **stats, "output_tok_s": p.get("output_tok_s"), "request_s": p.get("request_s"), "goodput": g,
             "goodput_share": {"value": g.get("share"), "low": g.get("low"), "high": g.get("high")},
-            "status": p.get("status"), "queue_reported": bool(stats["queue"]["n"] or stats["queue"]["p50"])}
+            "status": p.get("status"), "queue_reported": bool(stats["queue"]["n"] or stats["queue"]["p50"]),
+            # a closed-loop point's achieved concurrency (longctx.analysis.load_summary.held_level)
+            "held": p.get("held"), "held_pct": 100 * p["held"]["share"] if (p.get("held") or {}).get("share") is not None else None}
 
 
 def _interference(d: dict | None) -> dict:
@@ -190,7 +193,8 @@ def _reconciliation(r: dict | None) -> dict:
     blank = {"t_s": None, "kind": None, "level": None, "length": None, "server_tokens": None, "client_low": None, "client_high": None}
     rows = [{**blank, **f, "where": f"{f.get('kind')}, {_level_words(str(f.get('kind')), f.get('level'))}"
              if f.get("kind") in KINDS else str(f.get("kind") or "")} for f in flagged]
-    return {"checked": r.get("checked") or 0, "margin": r.get("margin"), "gauge": r.get("gauge"), "flagged": rows[:FLAGGED_SHOWN],
+    return {"checked": r.get("checked") or 0, "low_above_zero": r.get("low_above_zero"), "margin": r.get("margin"),
+            "gauge": r.get("gauge"), "flagged": rows[:FLAGGED_SHOWN],
             "more": max(0, len(rows) - FLAGGED_SHOWN), "count": len(rows), "any": bool(r.get("checked"))}
 
 
@@ -209,7 +213,9 @@ def view(load: dict, metrics: pd.DataFrame | None = None, order: list[str] | Non
         failures = [p for kind in KINDS for p in points[kind] if p["failed"]]
         failures += [{"kind": "interference", "level": None, "level_text": "injected", "length": p.get("length"), "n": p.get("n"),
                       "failed": p["failed"], "reason": p["reason"] or "failed"} for p in inter["points"] if p["failed"]]
+        below = [{**b, "where": f"{_level_words('closed', b.get('level'))}, {int(b['length']):,} tokens"} for b in c.get("below_level") or []]
         out.append({"name": name, "status": c.get("status"), "reason": c.get("reason"), **points, "interference": inter,
+                    "below_level": below,
                     "frontier": _frontier(c.get("frontier")), "reconciliation": _reconciliation(c.get("reconciliation")),
                     "series": _series(metrics, name), "failures": failures})
     slo = (load or {}).get("slo") or {}
@@ -220,7 +226,7 @@ def view(load: dict, metrics: pd.DataFrame | None = None, order: list[str] | Non
     has["queue"] = any(p["queue_reported"] for c in out for k in KINDS for p in c[k])
     attainment = slo.get("attainment")
     return {"any": any(has.values()) or any(c["reason"] for c in out), "configurations": out, "has": has, "slo": slo,
-            "slo_words": slo_words(slo), "attainment": attainment if is_number(attainment) else None,
+            "slo_words": slo_words(slo), "attainment": attainment if is_number(attainment) else None, "held_min": HELD_MIN,
             "failures": [{"configuration": c["name"], **f} for c in out for f in c["failures"]],
             "unmeasured": [{"name": c["name"], "reason": c["reason"]} for c in out if c["reason"] and not (
                 c["closed"] or c["open"] or c["interference"]["any"])]}

@@ -16,11 +16,15 @@ import math
 from pathlib import Path
 
 from ..core.numbers import is_number
+from ..measure.prefix import UNKNOWN_SPAN
 from .load import time_words
 
 NAMES = ("a_s", "b_s_per_token", "c_s_per_token2")
 WORDS = {"a_s": "a (s)", "b_s_per_token": "b (µs per token)", "c_s_per_token2": "c (ns per token²)"}
 SCALE = {"a_s": 1.0, "b_s_per_token": 1e6, "c_s_per_token2": 1e9}
+# a check's tallies (longctx.analysis.prefix_model._check_counts) where a record has none
+CHECK_BLANK = {"ok": 0, "mismatch": 0, "unreported": 0, "loose": 0, "controls": 0, "hit_mismatch": 0, "hit_expected": 0,
+               "n": 0, "mismatches": []}
 MISMATCHES_SHOWN = 12  # mismatches listed per configuration; the rest are counted
 
 
@@ -59,7 +63,7 @@ def _coefficients(model: dict | None, cold: dict | None) -> list[dict]:
 
 def _point(p: dict) -> dict:
     cold = p.get("cold") or None
-    check = {"ok": 0, "mismatch": 0, "unreported": 0, "n": 0, "mismatches": [], **(p.get("check") or {})}
+    check = {**CHECK_BLANK, **(p.get("check") or {})}
     return {**p, "hit_pct": 100 * float(p["hit_rate"]), "ttft": _est(p.get("ttft")), "predicted": _est(p.get("predicted")),
             "cold": cold, "cold_value": _est(cold), "cold_basis": (cold or {}).get("basis"),
             "saving": saving(p.get("saving")), "saving_predicted": saving(p.get("saving_predicted")),
@@ -89,7 +93,7 @@ def view(doc: dict, order: list[str] | None = None) -> dict:
         c = confs[name] or {}
         points = sorted((_point(p) for p in c.get("points") or []), key=lambda p: (p["length"], p["hit_rate"]))
         convs = sorted((_conversation(x) for x in c.get("conversations") or []), key=lambda x: (not x.get("cache"), x.get("index") or 0))
-        checks = {"ok": 0, "mismatch": 0, "unreported": 0, "n": 0, "mismatches": [], **(c.get("checks") or {})}
+        checks = {**CHECK_BLANK, **(c.get("checks") or {})}
         mism = [{**m, "where": _where(m)} for m in checks["mismatches"]]
         failures = [{"where": f"L = {p['length']:,}, h = {p['hit_rate']:g}", "failed": p["failed"], "n": p["n"], "reason": p["reason"]}
                     for p in points if p.get("failed")]
@@ -104,7 +108,7 @@ def view(doc: dict, order: list[str] | None = None) -> dict:
                     "failures": failures, "measured": bool(points or convs)})
     has = {"points": any(c["points"] for c in out), "conversations": any(c["conversations"] for c in out),
            "model": any(c["model"] for c in out), "mismatches": any(c["checks"]["mismatch"] for c in out)}
-    return {"any": any(c["measured"] or c["failures"] for c in out), "configurations": out, "has": has,
+    return {"any": any(c["measured"] or c["failures"] for c in out), "configurations": out, "has": has, "loose_span": UNKNOWN_SPAN,
             "model_words": (doc or {}).get("model"), "level": ((doc or {}).get("settings") or {}).get("confidence"),
             "failures": [{"configuration": c["name"], **f} for c in out for f in c["failures"]],
             "unmeasured": [{"name": c["name"], "reason": "; ".join(f["reason"] for f in c["failures"] if f["reason"]) or "nothing measured"}
@@ -150,16 +154,23 @@ def sentence(doc: dict | None) -> str | None:
     if not parts:
         return None
     text = parts[0][1] if len(parts) == 1 else "; ".join(f"in {n}, {t}" for n, t in parts)
-    ok = sum(((c or {}).get("checks") or {}).get("ok") or 0 for _, c in confs)
-    bad = sum(((c or {}).get("checks") or {}).get("mismatch") or 0 for _, c in confs)
-    silent = sum(((c or {}).get("checks") or {}).get("unreported") or 0 for _, c in confs)
+    def total(key: str) -> int:
+        return sum(((c or {}).get("checks") or {}).get(key) or 0 for _, c in confs)
+
+    # only trials that expected a hit at a known granularity count as matches (a control's 0 = 0 cannot fail)
+    ok, bad, loose, silent, controls_bad = (total("ok"), total("hit_mismatch"), total("loose"), total("unreported"),
+                                            total("mismatch") - total("hit_mismatch"))
     if ok + bad:
-        text += f"; the server's cached count matched in {ok:,} of {ok + bad:,} trials"
+        text += f"; the server's cached count matched in {ok:,} of {ok + bad:,} trials that expected a hit"
         if bad:
-            where = [n for n, c in confs if ((c or {}).get("checks") or {}).get("mismatch")]
+            where = [n for n, c in confs if ((c or {}).get("checks") or {}).get("hit_mismatch")]
             text += f" (mismatches in {', '.join(where)})" if len(confs) > 1 else ""
-        if silent:
-            text += f", and {silent:,} more did not report it"
-    elif silent:
-        text += f"; the server reported no cached count in {silent:,} trials"
+    if loose:
+        text += (f"{',' if ok + bad else ';'} {loose:,} {'more ' if ok + bad else ''}within {UNKNOWN_SPAN} tokens of "
+                 "the shared prefix, the cache's granularity not being known")
+    if controls_bad:
+        text += f"; {controls_bad:,} requests that expected no cached tokens got some"
+    if silent:
+        text += (f", and {silent:,} more did not report it" if ok + bad + loose else
+                 f"; the server reported no cached count in {silent:,} trials")
     return text[0].upper() + text[1:] + "."

@@ -281,10 +281,18 @@ def _cliffs(per: dict, fits: dict, med: pd.DataFrame) -> str:
 
 
 def _speedup(r: dict, key: str) -> tuple[str, str]:
-    """('1.46x', 'interval 1.09–1.88') of a headline row's speedup; the interval '' where there is none."""
-    ci = r.get(f"{key}_speedup_ci")
+    """('1.46x', 'interval 1.09–1.88, n=3/3') of a headline row's speedup (n: its trials and the baseline's); the
+    interval '' where there is none."""
+    ci, n = r.get(f"{key}_speedup_ci"), r.get(f"{key}_speedup_n")
     interval = f"interval {ci[0]:.2f}–{ci[1]:.2f}" if ci and ci[0] is not None and ci[1] is not None else ""
+    if interval and n:
+        interval += f", n={n[0]}/{n[1]}"
     return f"{r[f'{key}_speedup']:.2f}x", interval
+
+
+def _trials_words(r: dict, key: str) -> str:
+    n = r.get(f"{key}_speedup_n")
+    return f"n={n[0]}/{n[1]}, too few trials" if n else "too few trials"
 
 
 def _winners(headline: dict | None) -> str | None:
@@ -314,7 +322,8 @@ def _winners(headline: dict | None) -> str | None:
                          f"{value}, {interval}{since})")
         else:
             parts.append(f"no configuration {verb} measurably faster than the baseline (the best, {best['configuration']}: "
-                         f"{value}, " + (f"{interval}, which spans 1)" if interval else "no interval)"))
+                         f"{value}, " + (f"{interval}, which spans 1)" if interval else
+                                          f"no interval: {_trials_words(best, key)})"))
     if not parts:
         return None
     return f"Against the baseline, {base}, at {L:,} tokens: " + "; ".join(parts) + "."

@@ -318,7 +318,8 @@ def trial_flags(rows) -> list[str]:
         out.append(f"{estimated} of {n} trials have estimated token counts; they are left out of the fits unless "
                    "nothing else was measured")
     if client:
-        out.append(f"{client} of {n} trials were counted here, not by the server")
+        out.append(f"{client} of {n} trials' prompt counts were not checked: the server gave no count, so each is "
+                   "taken as the length asked (the output tokens were counted here)")
     if early:
         out.append(f"{early} of {n} trials stopped before the output tokens asked (an early stop); they are left out "
                    "of the decode fit")
