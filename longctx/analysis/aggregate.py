@@ -23,7 +23,22 @@ COLUMNS = [
     "kv_bytes_per_token", "kv_pool_tokens", "run_id", "batch_output_tok_s", "needle",
     "needle_answer", "needle_reason",
     *(f"{window}_{m}_mean" for window in ("prefill", "decode") for m in (*NVML_METRICS, *PSUTIL_METRICS)),
+    "prefill_samples", "decode_samples", "contended", "contended_reason",
 ]
+# A trial whose server got markedly less of its device than the configuration's other trials is contended (another
+# job on the machine, a throttled GPU): its figure under CONTENDED_SHARE of the configuration's median over its
+# single-request trials, each from a window of at least MIN_WINDOW_SAMPLES telemetry samples (a short prefill's one
+# sample says little), at least MIN_TRIALS_COMPARED of them. Per column: what it is, its unit, the telemetry scope it
+# needs (the server's own process tree for a CPU share: the whole machine's rises with contention)
+CONTENDED_SHARE = 0.7
+MIN_WINDOW_SAMPLES = 3
+MIN_TRIALS_COMPARED = 4
+CONDITIONS = {
+    "prefill_cpu_util_pct_mean": ("the server's CPU share during prefill", "% of a core", "process"),
+    "decode_cpu_util_pct_mean": ("the server's CPU share during decode", "% of a core", "process"),
+    "prefill_sm_clock_mhz_mean": ("the GPU's SM clock during prefill", " MHz", None),
+    "decode_sm_clock_mhz_mean": ("the GPU's SM clock during decode", " MHz", None),
+}
 
 
 def read_raw(path: Path) -> tuple[dict | None, str | None]:
@@ -88,6 +103,7 @@ def _rows(path: Path, partial_dir: Path | None = None) -> tuple[list[dict], dict
         row = {**base, **{k: t.get(k) for k in COLUMNS if k in t}}
         for window, summary in (t.get("telemetry") or {}).items():
             row.update({f"{window}_{k}": v for k, v in summary.items() if k.endswith("_mean")})
+            row[f"{window}_samples"] = summary.get("n")
         rows.append(row)
     return rows, raw
 
@@ -107,6 +123,32 @@ def itl_depth_rows(path: Path) -> list[dict]:
     if raw.get("status") != "ok" or not raw.get("itl_s"):
         return [base]
     return [{**base, "token": i + 1, "depth": d, "itl_s": t} for i, (d, t) in enumerate(zip(raw["depth"], raw["itl_s"]))]
+
+
+def flag_contended(df: pd.DataFrame, prov: dict) -> pd.DataFrame:
+    """results.csv's rows with `contended` and `contended_reason` (CONDITIONS: the figure that flagged it, against the
+    configuration's median), from the telemetry the trials already carry."""
+    df = df.copy()
+    df["contended"] = False
+    df["contended_reason"] = None
+    for name, g in df.groupby("configuration", sort=False):
+        scope = (((prov.get("configurations") or {}).get(name) or {}).get("telemetry_scope") or {}).get("over")
+        ok = g[g["status"].eq("ok") & pd.to_numeric(g["concurrency"], errors="coerce").eq(1)]
+        for column, (what, unit, needs) in CONDITIONS.items():
+            if needs and scope != needs:
+                continue
+            window = column.split("_", 1)[0]
+            enough = pd.to_numeric(ok[f"{window}_samples"], errors="coerce").fillna(0) >= MIN_WINDOW_SAMPLES
+            values = pd.to_numeric(ok[column], errors="coerce")[enough].dropna()
+            values = values[values > 0]
+            if len(values) < MIN_TRIALS_COMPARED:
+                continue
+            median = float(values.median())
+            for i, v in values[values < CONTENDED_SHARE * median].items():
+                if not df.at[i, "contended"]:
+                    df.at[i, "contended"] = True
+                    df.at[i, "contended_reason"] = f"{what} {v:,.0f}{unit} against the configuration's median {median:,.0f}{unit}"
+    return df
 
 
 def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: str | Path,
@@ -146,6 +188,7 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
             if sweep else {"reason": f"unreadable {path}: {problem}"})
     df = pd.DataFrame(rows, columns=COLUMNS).sort_values(["configuration", "length", "concurrency", "trial", "request"],
                                                          kind="stable")
+    df = flag_contended(df, prov)
     Path(out_csv).parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_csv, index=False)
     Path(out_provenance).write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")

@@ -136,6 +136,11 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     # decode's, unless nothing else was measured (then the fit says it stands on them)
     estimated, early = _flagged(g, "tokens_estimated"), _flagged(g, "early_stop")
     out["trials_estimated"], out["trials_early_stop"] = int(estimated.sum()), int(early.sum())
+    # trials whose server got markedly less of its device (longctx.analysis.aggregate.flag_contended) stay out of
+    # both fits likewise
+    contended = _flagged(g, "contended")
+    out["trials_contended"] = int(contended.sum())
+    estimated = estimated | contended
     # the fits weigh relative residuals: only positive times count (a server may report 0)
     # partial lengths (fewer ok trials than configured) stay out of the fits and the regime detection
     # under exclude, unless the other lengths are too few for the fit (_without_partial)

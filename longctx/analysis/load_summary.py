@@ -24,6 +24,7 @@ and their fit; the server's KV gauge against what the client knows is resident; 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import zlib
@@ -67,19 +68,26 @@ def order_statistic_interval(values, q: float, level: float) -> tuple[float, flo
     of values below the quantile; (low, high, coverage), the coverage P(j <= B < k), B ~ Binomial(n, q), at least
     `level` for any continuous distribution. None where n is too small for either end."""
     v = np.sort(np.asarray(values, float))
-    n = v.size
+    orders = _orders(int(v.size), float(q), float(level))
+    if orders is None:
+        return None
+    j, k, coverage = orders
+    return float(v[j - 1]), float(v[k - 1]), coverage
+
+
+@functools.lru_cache(maxsize=4096)
+def _orders(n: int, q: float, level: float) -> tuple[int, int, float] | None:
+    """The orders (1-based) j < k of order_statistic_interval and its coverage, which depend on n, q and level only."""
     if n < 2:
         return None
     tail = (1 - level) / 2
     cdf = stats.binom.cdf(np.arange(n + 1), n, q)  # cdf[i] = P(B <= i)
     lows = [j for j in range(1, n + 1) if cdf[j - 1] <= tail]
     highs = [k for k in range(1, n + 1) if 1 - cdf[k - 1] <= tail]
-    if not lows or not highs:
+    if not lows or not highs or max(lows) >= min(highs):
         return None
     j, k = max(lows), min(highs)
-    if j >= k:
-        return None
-    return float(v[j - 1]), float(v[k - 1]), float(cdf[k - 1] - cdf[j - 1])
+    return j, k, float(cdf[k - 1] - cdf[j - 1])
 
 
 def quantiles(values, level: float, qs: dict = QUANTILES, intervals: bool = True) -> dict:

@@ -323,6 +323,13 @@ def trial_flags(rows) -> list[str]:
     if early:
         out.append(f"{early} of {n} trials stopped before the output tokens asked (an early stop); they are left out "
                    "of the decode fit")
+    contended = rows[rows["contended"].eq(True)] if "contended" in rows else rows.iloc[:0]
+    if len(contended):
+        named = "; ".join(f"at {int(r['length']):,} tokens, trial {int(r['trial'])}: {r['contended_reason']}"
+                          for r in contended.head(4).to_dict("records"))
+        more = f"; and {len(contended) - 4} more" if len(contended) > 4 else ""
+        out.append(f"{len(contended)} of {n} trials ran while the server got markedly less of its device than in its "
+                   f"other trials ({named}{more}); they are left out of the fits unless nothing else was measured")
     return out
 
 
