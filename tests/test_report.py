@@ -366,8 +366,27 @@ def served(tmp_path_factory):
         root = tmp_path_factory.mktemp(case)
         paths = run_report_chain(root / "data", root / "report", make(root / "data"))
         out[case] = {"pdf": " ".join(pdftotext(paths["pdf"]).replace("\u2019", "'").split()),
-                     "md": " ".join(re.sub(r"\\(.)", r"\1", paths["md"].read_text()).split())}
+                     "md": " ".join(re.sub(r"\\(.)", r"\1", paths["md"].read_text()).split()),
+                     "sections": section_lists(paths["pdf"].with_suffix(".tex"), paths["md"]),
+                     "page_one_words": page_one_words(paths["pdf"])}
     return out
+
+
+def section_lists(tex: Path, md: Path) -> tuple[list[str], list[str]]:
+    """The PDF's sections (the \\section titles of its .tex) and the twin's (its level-two headings)."""
+    pdf = re.findall(r"^\\section\*?\{([^}]*)\}", tex.read_text(), re.M)
+    twin = re.findall(r"^## (.+)$", md.read_text(), re.M)
+    return pdf, twin
+
+
+def test_the_twin_has_every_section_the_pdf_has(built, served):
+    """Issue 33: the Markdown twin is the whole report: each PDF section has its counterpart, in every report here
+    (synthetic data with two configurations; an external CPU server; the reference engine's default)."""
+    cases = {"built": section_lists(built["out"] / "longctx.tex", built["out"] / "longctx.md"),
+             **{k: v["sections"] for k, v in served.items()}}
+    for case, (pdf, twin) in cases.items():
+        assert set(pdf) - set(twin) == set(), (case, sorted(set(pdf) - set(twin)))
+        assert set(twin) - set(pdf) == set(), (case, sorted(set(twin) - set(pdf)))
 
 
 def _section(text: str, title: str, after: str) -> str:
@@ -492,8 +511,10 @@ def test_a_partial_length_is_marked_in_every_table_and_counted_on_page_one(built
     for rows in (md_rows(md, "configuration | L (tokens) | TTFT (ms) | decode (tok/s)"),
                  md_rows(section, "configuration | L (tokens) | TTFT (ms) | decode (tok/s)")):
         assert [r[:2] for r in rows if r[1].endswith("†")] == [["fast_kv", "64,000†"]]
-    assert re.search(r"^\s*fast_kv\s+64,000†\s+\S", page_one, re.M) and not re.search(r"base\s+64,000†", text)
-    assert note in " ".join(page_one.split()) and "† " + note in re.sub(r"\\(.)", r"\1", md)
+    # page one's table is at the longest length both measured in full (16,000); every length is on the next page
+    page_two = text[text.index("\f") + 1:].split("\f")[0]
+    assert re.search(r"^\s*fast_kv\s+64,000†\s+\S", page_two, re.M) and not re.search(r"base\s+64,000†", text)
+    assert note in " ".join(page_two.split()) and "† " + note in re.sub(r"\\(.)", r"\1", md)
     # the results appendix (PDF and twin), the telemetry and needle tables: marked, with the note
     assert re.search(r"fast_kv\s+64,000†\s+3,0\d\d\.\d\s+\S+\s+\S+\s+\S+\s+1/3", text)
     [results] = [r for r in md_rows(md, "configuration | L (tokens) | TTFT (ms) | TPOT (ms)") if r[1].endswith("†")]
@@ -518,3 +539,23 @@ def test_with_partial_lengths_included_page_one_says_they_are_fitted(tmp_path):
     regime = [i["text"] for g in ctx["diagnosis"]["configurations"] if g["name"] == "fast_kv" for i in g["items"]
               if i["figure"] == "residuals"]
     assert regime and all("at 64,000 tokens (measured by 1 of 3 trials) it is" in t for t in regime)
+
+
+PAGE_ONE_WORDS = 450
+
+
+def page_one_words(pdf: Path) -> int:
+    """The words on page one as pdftotext reads them (the title block, the sentences, the figure's text, the table)."""
+    return len(subprocess.run(["pdftotext", "-f", "1", "-l", "1", str(pdf), "-"], capture_output=True, text=True,
+                              check=True).stdout.split())
+
+
+def test_page_one_holds_at_most_450_words_with_its_figure_and_compact_table(built, served):
+    """Issue 33: page one is the title block, the answer, the overview figure and one row per configuration at the
+    longest length they share (the per-length table is on the next page), at most 450 words in every report here."""
+    counts = {"built": page_one_words(built["out"] / "longctx.pdf"), **{k: v["page_one_words"] for k, v in served.items()}}
+    print(f"\npage one words: {counts}")
+    assert all(n <= PAGE_ONE_WORDS for n in counts.values()), counts
+    page_one = built["text"][:built["text"].index("\f")]
+    assert "Figure 1" in page_one and re.search(r"^\s*fast_kv\s+386\.1\s+449\.5\s+1\.1\d \[", page_one, re.M), page_one
+    assert "At 16,000 tokens, the longest length every configuration measured" in " ".join(page_one.split())

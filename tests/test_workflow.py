@@ -415,3 +415,12 @@ def planned(cwd) -> dict[str, int]:
     out = snakemake(cwd, "-n", "--configfile", "adaptive.yaml")
     stats = out.split("Job stats:")[-1] if "Job stats:" in out else ""
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\S+)\s+(\d+)$", stats, re.M) if m[1] != "total"}
+
+
+def test_the_twin_has_every_section_of_the_pdf(workflow):
+    """Issue 33: the default workflow's twin (load, reused context, speculative decoding and every appendix
+    section measured or said not to be) has a counterpart of each PDF section."""
+    from .test_report import section_lists
+
+    pdf, twin = section_lists(workflow / "report" / "longctx.tex", workflow / "report" / "longctx.md")
+    assert set(pdf) == set(twin), (sorted(set(pdf) - set(twin)), sorted(set(twin) - set(pdf)))

@@ -35,7 +35,7 @@ from ..measure.provenance import git_info, package_versions
 from ..specs.hardware import TABLE_PATH
 from . import load as loadview, prefix as prefixview, versions, wording
 from .diagnosis import bound_words, diagnose
-from .headline import choose_baseline, headline
+from .headline import choose_baseline, compact, headline
 
 __all__ = ["DATA_FILES", "ReportError", "ReportInputs", "command_lines", "context", "itl_depth_summary", "mask",
            "render", "render_text", "sections", "shown_path", "source_date_epoch", "template_error", "version_of",
@@ -366,6 +366,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "comparison": None,
     }
     # page one's answer and the diagnosis: the headline's speedups (with their intervals) are what it compares
+    out["compact"] = compact(out["headline"])
     out["diagnosis"] = diagnose(med, fits, planner, out["headline"], analysis.get("settings"), load, prefix)
     return out
 

@@ -91,3 +91,17 @@ def headline(med: pd.DataFrame, baseline: str | None, names: list[str] | None = 
             "intervals": {"method": METHOD, "min_trials": MIN_TRIALS, "confidence": float(st["confidence"]),
                           "compared": bool(verdicts),
                           "verdicts": {v: verdicts.count(v) for v in VERDICTS}}}
+
+
+def compact(h: dict) -> dict:
+    """Page one's table: one row per configuration at the longest length every configuration measured with a TTFT,
+    in full where they share one (its medians and speedups, as the headline's rows have them); where no length is shared, each configuration's
+    longest. {length (None where they differ), rows}."""
+    rows = [r for r in h.get("rows") or [] if r.get("ttft_s") is not None]
+    names = list(dict.fromkeys(r["configuration"] for r in rows))
+    shared = set.intersection(*({r["length"] for r in rows if r["configuration"] == n} for n in names)) if names else set()
+    full = {L for L in shared if not any(r["partial"] for r in rows if r["length"] == L)}
+    if shared:
+        at = max(full or shared)  # the longest every configuration measured in full, where there is one
+        return {"length": at, "rows": [r for r in rows if r["length"] == at]}
+    return {"length": None, "rows": [max((r for r in rows if r["configuration"] == n), key=lambda r: r["length"]) for n in names]}

@@ -148,9 +148,7 @@ def _clause(kind: str, names: list[str], total: int, detail: str, bs: list[dict]
     """'compute-bound in every configuration (...)', or for the unclassified 'not classified in x (why)'."""
     if kind != "unknown":
         return f"{CLASS[kind]} in {_names(names, total)}{detail}"
-    problems = [p for b in bs for p in (b.get("quality") or {}).get("problems") or []]
-    why = problems[0] if problems else "no ceilings of its device, or no FLOP and byte counts of its model, are known"
-    return f"not classified in {_names(names, total)} ({why})"
+    return f"not classified in {_names(names, total)}"
 
 
 def _decode(per: dict) -> str | None:

@@ -18,7 +18,7 @@ from ...core.fitting import decode_curve, prefill_curve  # noqa: E402
 from ..numbers import rounded  # noqa: E402
 from . import ANALYSIS_FIGURES  # noqa: E402
 from ...analysis.memory import pool_tokens  # noqa: E402
-from .style import begin, outputs, save, shade, styles  # noqa: E402
+from .style import begin, fit_line, outputs, save, styles  # noqa: E402
 
 
 def length_label(n: float) -> str:
@@ -135,8 +135,7 @@ def plot_extrapolation(ok: pd.DataFrame, fits: dict, sty: dict, outdir: Path) ->
                 continue
             s = sty[name]
             L = np.asarray(curves["length"])
-            ax.plot(L, curves[kind]["fit"], color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
-            shade(ax, L, bands.band(fit, kind, L), s)
+            fit_line(ax, L, curves[kind]["fit"], bands.band(fit, kind, L), s, fit, kind, f"{name} fit")
             med = ok[ok["configuration"] == name].groupby("length")[col].median().dropna()
             ax.plot(med.index, med.values, linestyle="none", marker=s["marker"], color=s["color"])
             ex = fit.get("extrapolation") or {}

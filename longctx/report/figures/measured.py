@@ -25,7 +25,7 @@ from ...analysis import bands  # noqa: E402
 from ...analysis.tables import medians, ok_rows, step_seconds  # noqa: E402
 from ...core.fitting import decode_curve, prefill_curve  # noqa: E402
 from . import FIGURES  # noqa: E402
-from .style import begin, length_axis, not_measured, outputs, save, shade, spans_decades, styles  # noqa: E402
+from .style import begin, fit_line, length_axis, not_measured, outputs, save, shade, spans_decades, styles  # noqa: E402
 
 
 def _tokens_per_step(med: pd.DataFrame, grid) -> np.ndarray | float:
@@ -66,9 +66,8 @@ def ttft_panel(ax, name: str, s: dict, med: pd.DataFrame, fit: dict, grid, label
     m = med[(med["configuration"] == name) & (med["ttft_s"] > 0)]
     _medians(ax, m, "ttft_s", s, f"{name} (median)" if labels else None, hollow, name)
     if "prefill" in fit:
-        shade(ax, grid, bands.band(fit, "prefill", grid), s)
-        ax.plot(grid, prefill_curve(fit["prefill"], grid), color=s["color"], linestyle=s["linestyle"], marker="",
-                label=f"{name} fit" if labels else None, gid=f"{name} fit")
+        fit_line(ax, grid, prefill_curve(fit["prefill"], grid), bands.band(fit, "prefill", grid), s, fit, "prefill",
+                 f"{name} fit" if labels else None, gid=f"{name} fit")
 
 
 def ttft_axes(ax, lengths, legend: bool = True) -> None:
@@ -91,11 +90,11 @@ def decode_rate_panel(ax, name: str, s: dict, med: pd.DataFrame, fit: dict, grid
         band = bands.band(fit, "decode", grid)
         if band is not None:  # rate = k / step time; a step-time bound at or below 0 leaves the rate unbounded
             band = (k / np.maximum(band[1], 1e-300), np.where(band[0] > 0, k / np.maximum(band[0], 1e-300), 1e300))
-        shade(ax, grid, band, s)
         if (step > 0).all():
-            ax.plot(grid, k / step, color=s["color"], linestyle=s["linestyle"], marker="",
-                    label=f"{name} fit" if labels else None, gid=f"{name} fit")
+            fit_line(ax, grid, k / step, band, s, fit, "decode", f"{name} fit" if labels else None, gid=f"{name} fit")
             top = max(top, float((k / step).max()))
+        else:
+            shade(ax, grid, band, s)
     _medians(ax, m, "decode_tok_s", s, f"{name} (median)" if labels else None, hollow, name)
     return top
 
@@ -222,8 +221,8 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
             fit = fits[name]["decode"]
             grid = lengths if spans_decades(df["length"]) else np.linspace(0, df["length"].max(), 50)
             band = bands.band(fits[name], "decode", grid)
-            shade(ax, grid, None if band is None else (band[0] * 1e3, band[1] * 1e3), s)
-            ax.plot(grid, decode_curve(fit, grid) * 1e3, color=s["color"], linestyle=s["linestyle"], marker="", label=f"{name} fit")
+            fit_line(ax, grid, decode_curve(fit, grid) * 1e3, None if band is None else (band[0] * 1e3, band[1] * 1e3), s,
+                     fits[name], "decode", f"{name} fit")
     ax.set(xlabel="context length L (tokens)", ylabel="time per decode step (ms)",
            title="Decode step time (per output token without speculation)")
     length_axis(ax, df["length"])

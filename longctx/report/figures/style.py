@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from ...core.numbers import is_number  # noqa: E402
 from . import FORMATS  # noqa: E402
@@ -54,10 +55,25 @@ def spans_decades(lengths) -> bool:
     return len(L) > 1 and L.max() / L.min() >= 10
 
 
+def token_label(x: float, _pos=None) -> str:
+    """A length on an axis, short enough not to run into its neighbours: 512, 2k, 64k, 1.5M."""
+    if x >= 1e6:
+        return f"{x / 1e6:g}M"
+    return f"{x / 1e3:g}k" if x >= 1e3 else f"{x:g}"
+
+
 def length_axis(ax, lengths) -> None:
-    """A logarithmic x axis where the lengths span a decade or more, else a linear one from 0."""
+    """A logarithmic x axis where the lengths span a decade or more, else a linear one from 0. On a log axis the
+    labelled ticks are 1, 2 and 5 times the powers of ten over two decades or less, the powers of ten beyond, each
+    as token_label writes it, and the other ticks unlabelled (matplotlib labels minor ticks on a narrow log range,
+    '2 x 10^3 3 x 10^3' running into each other)."""
     if spans_decades(lengths):
         ax.set_xscale("log")
+        v = np.asarray([x for x in lengths if x and x > 0], float)
+        decades = np.log10(v.max() / v.min()) if v.size else 3.0
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 2 else (1.0,)))
+        ax.xaxis.set_major_formatter(FuncFormatter(token_label))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     else:
         ax.set_xlim(left=0)
 
@@ -110,6 +126,23 @@ def errorbars(ax, x, stats, scale: float = 1.0, **kw) -> None:
     xs = np.array([k[0] for k in keep], float)
     v, lo, hi = (np.array([k[1][i] for k in keep]) * scale for i in range(3))
     ax.errorbar(xs, v, yerr=np.vstack([np.maximum(v - lo, 0), np.maximum(hi - v, 0)]), capsize=2, elinewidth=0.8, **kw)
+
+
+NOT_USED = " fit (not used: fails its gate)"  # the legend's words for a fit that may carry no claim
+
+
+def fit_line(ax, x, y, band, style, fit: dict, kind: str, label: str | None, gid: str | None = None) -> None:
+    """A configuration's fitted curve with its band; a fit that fails its quality gate (fits.json's quality.<kind>:
+    longctx.analysis.bounds.quality, the same decision the text follows) dashed and thin, with no band, and its
+    legend entry saying it is not used."""
+    q = (fit.get("quality") or {}).get(kind)
+    used = not q or q.get("usable", True)
+    if used:
+        shade(ax, x, band, style)
+    name = label.removesuffix(" fit") if label else None
+    ax.plot(x, y, color=style["color"], marker="", linestyle=style["linestyle"] if used else (0, (3, 3)),
+            linewidth=None if used else 0.8, alpha=1.0 if used else 0.7,
+            label=None if not label else label if used else f"{name}{NOT_USED}", gid=gid)
 
 
 def shade(ax, x, band, style) -> None:
