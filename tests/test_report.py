@@ -18,7 +18,6 @@ import pytest
 from longctx.analysis import bands
 from longctx.report import markdown, plans as plan, latex as report, versions
 from longctx.report.context import ReportError, context, version_of
-from longctx.analysis.tables import medians
 from longctx.report.numbers import display, group
 from longctx.report.figures.analysis import plot_analysis
 from longctx.report.figures.measured import plot_all
