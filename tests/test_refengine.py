@@ -131,7 +131,7 @@ def test_server_logs_sglang_lines_and_reports_its_pool(ref_server):
     while SGLANG_READY_LINE not in (text := ref_server["log"].read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     m = SGLANG_KV_POOL_RE.search(text)
-    assert m and int(m.group(1)) == 4096
+    assert m and int(m["tokens"]) == 4096
     assert SGLANG_READY_LINE in text
     info = httpx.get(ref_server["base"] + "/server_info").json()
     assert info["max_total_num_tokens"] == 4096 and info["page_size"] == 4

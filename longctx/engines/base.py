@@ -14,12 +14,18 @@ from ..specs.model import ModelSpec, model_spec
 from .api import SGLANG, Api
 from .configuration import ConfigurationSpec
 
-# SGLang's KV pool line (0.5.9 to 0.5.23), which the reference engine writes too.
+# SGLang's KV pool line (0.5.9 to 0.5.23), which the reference engine writes too; its dtype as torch names it
 SGLANG_KV_POOL_RE = re.compile(
-    r"KV Cache is allocated\.(?: dtype: \S+,)? #tokens: (\d+), "
-    r"(?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)"
+    r"KV Cache is allocated\.(?: dtype: (?:torch\.)?(?P<dtype>[\w.]+),)? #tokens: (?P<tokens>\d+), "
+    r"(?:K size: (?P<k_gb>[\d.]+) GB, V size: (?P<v_gb>[\d.]+) GB|KV size: (?P<kv_gb>[\d.]+) GB)"
 )
 SGLANG_READY_LINE = "The server is fired up and ready to roll!"
+
+
+def last_match(pattern: re.Pattern, text: str) -> re.Match | None:
+    """The last match of pattern in a server's log (a server that restarted logs its lines again)."""
+    found = list(pattern.finditer(text))
+    return found[-1] if found else None
 
 
 class RaisingParser(argparse.ArgumentParser):
@@ -228,12 +234,11 @@ class EngineAdapter(ABC):
 
     def kv_pool_from_log(self, text: str) -> dict | None:
         """The KV pool the server reported in its log: tokens and GB, or None if not seen."""
-        matches = list(SGLANG_KV_POOL_RE.finditer(text))
-        if not matches:
+        m = last_match(SGLANG_KV_POOL_RE, text)
+        if not m:
             return None
-        m = matches[-1]
-        gb = float(m.group(4)) if m.group(4) else float(m.group(2)) + float(m.group(3))
-        return {"tokens": int(m.group(1)), "size_gb": gb, "line": m.group(0)}
+        gb = float(m["kv_gb"]) if m["kv_gb"] else float(m["k_gb"]) + float(m["v_gb"])
+        return {"tokens": int(m["tokens"]), "size_gb": gb, "line": m.group(0)}
 
     def server_reports(self, server_info: dict, log_text: str) -> dict:
         """What the server reported of itself that its flags do not say, each {"value", "source"}: kv_cache_dtype

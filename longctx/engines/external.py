@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 
 from .api import APIS
-from .base import EngineAdapter
+from .base import SGLANG_KV_POOL_RE, EngineAdapter, last_match
 from .configuration import ConfigurationSpec
 from .sglang import SGLANG_METRICS
 from .vllm import VLLM_METRICS, VLLMAdapter
@@ -20,13 +20,6 @@ LLAMACPP_KV_RE = re.compile(r"llama_kv_cache(?:_unified)?: size =\s*([\d.]+) MiB
 LLAMACPP_FILE_TYPE_RE = re.compile(r"^(?:print_info|llm_load_print_meta): (?:file type|model ftype)\s*=\s*(.+?)\s*$", re.M)
 GGML_PLAIN_TYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}  # ggml's names of the dtypes longctx knows
 PLAIN_FILE_TYPES = {"F16", "BF16", "F32", "all F32"}
-# SGLang's pool line names the KV dtype as torch does
-SGLANG_KV_DTYPE_RE = re.compile(r"KV Cache is allocated\. dtype: torch\.(\w+),")
-
-
-def _last(pattern: re.Pattern, text: str):
-    found = list(pattern.finditer(text))
-    return found[-1] if found else None
 
 
 class ExternalAdapter(EngineAdapter):
@@ -60,7 +53,7 @@ class ExternalAdapter(EngineAdapter):
 
     def kv_pool_from_log(self, text: str) -> dict | None:
         """The pool its log reports, whatever the server: llama.cpp's cells (tokens) and MiB, SGLang's or vLLM's line."""
-        m = _last(LLAMACPP_KV_RE, text)
+        m = last_match(LLAMACPP_KV_RE, text)
         if m:
             return {"tokens": int(m.group(2)), "size_gb": float(m.group(1)) * 2**20 / 1e9, "line": m.group(0)}
         return super().kv_pool_from_log(text) or VLLMAdapter.kv_pool_from_log(self, text)
@@ -70,7 +63,7 @@ class ExternalAdapter(EngineAdapter):
         llama.cpp's K/V types (its KV bytes per token from its cache's size over its cells, where the types are
         quantized) and its weights' file type; SGLang's KV dtype (its pool line, or /server_info's kv_cache_dtype)."""
         out: dict = {}
-        m = _last(LLAMACPP_KV_RE, log_text)
+        m = last_match(LLAMACPP_KV_RE, log_text)
         if m:
             k, v = m.group(4), m.group(5)
             said = f"the server's log: K ({k}), V ({v})"
@@ -79,11 +72,11 @@ class ExternalAdapter(EngineAdapter):
             else:
                 out["kv_bytes_per_token"] = {"value": round(float(m.group(1)) * 2**20 / int(m.group(2))),
                                              "source": f"{said}: {m.group(1)} MiB over {int(m.group(2)):,} cells"}
-        elif (m := _last(SGLANG_KV_DTYPE_RE, log_text)):
-            out["kv_cache_dtype"] = {"value": m.group(1), "source": "the server's log (KV Cache is allocated)"}
+        elif (m := last_match(SGLANG_KV_POOL_RE, log_text)) and m["dtype"]:
+            out["kv_cache_dtype"] = {"value": m["dtype"], "source": "the server's log (KV Cache is allocated)"}
         elif str(server_info.get("kv_cache_dtype") or "auto") != "auto":
             out["kv_cache_dtype"] = {"value": str(server_info["kv_cache_dtype"]), "source": "the server's info (kv_cache_dtype)"}
-        ft = _last(LLAMACPP_FILE_TYPE_RE, log_text)
+        ft = last_match(LLAMACPP_FILE_TYPE_RE, log_text)
         if ft and ft.group(1) not in PLAIN_FILE_TYPES:
             out["weight_format"] = {"value": ft.group(1), "source": f"the server's log (file type = {ft.group(1)})"}
         return out

@@ -13,7 +13,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from .api import OPENAI
-from .base import EngineAdapter, arg_value, args_to_argv
+from .base import EngineAdapter, arg_value, args_to_argv, last_match
 from ..specs.model import ModelSpecError
 from .configuration import ConfigurationSpec
 
@@ -191,10 +191,10 @@ class VLLMAdapter(EngineAdapter):
         return ["--model", spec.model["path"], *command[len(cmd) + (1 if cmd[-1] == "serve" else 2):]]
 
     def kv_pool_from_log(self, text: str) -> dict | None:
-        matches = list(VLLM_KV_RE.finditer(text))
-        if not matches:
+        m = last_match(VLLM_KV_RE, text)
+        if not m:
             return None
-        return {"tokens": int(matches[-1].group(1).replace(",", "")), "line": matches[-1].group(0)}
+        return {"tokens": int(m.group(1).replace(",", "")), "line": m.group(0)}
 
     @staticmethod
     def pool_tokens(server_info: dict) -> int | None:

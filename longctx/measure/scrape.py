@@ -47,7 +47,7 @@ def _sample(line: str) -> tuple[str, float] | None:
 def parse_metrics(text: str, names: dict[str, tuple[str, ...]]) -> dict[str, float]:
     """The canonical metrics `names` finds in a Prometheus exposition (the first sample name found of each). Only the
     lines of the sample names wanted are parsed: a vLLM exposition is hundreds of kB, scraped every interval on the
-    event loop that also times the requests (tests/test_scrape.py holds it to prometheus_client's parser)."""
+    event loop that also times the requests (tests/test_load.py holds it to prometheus_client's parser)."""
     wanted = {n for candidates in names.values() for n in candidates}
     by_name: dict[str, list[float]] = {}
     for line in text.splitlines():
