@@ -241,3 +241,22 @@ def test_the_connections_are_ours():
 
     run(connect())
 
+
+
+def test_the_chunked_body_reader_gives_the_payload_however_the_bytes_are_split():
+    """The direct body reader's decoding of HTTP/1.1 chunks, against bytes framed by hand (two events in one
+    chunk, an event over two chunks, a chunk extension, the last chunk and a trailer), split at every byte."""
+    from longctx.measure.stream import ChunkedBody
+
+    payload = b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
+    framed = (b"20\r\n" + payload[:32] + b"\r\n" + b"5;ext=1\r\n" + payload[32:37] + b"\r\n"
+              + b"%x\r\n" % (len(payload) - 37) + payload[37:] + b"\r\n" + b"0\r\nx-trailer: 1\r\n\r\n")
+    assert len(payload[:32]) == 0x20
+    for cut in range(len(framed) + 1):
+        body = ChunkedBody()
+        got = body.feed(framed[:cut])
+        assert not body.done or cut >= framed.index(b"0\r\nx-trailer")
+        got += body.feed(framed[cut:])
+        assert got == payload and body.done, cut
+    one_by_one = ChunkedBody()
+    assert b"".join(one_by_one.feed(framed[i:i + 1]) for i in range(len(framed))) == payload and one_by_one.done

@@ -6,9 +6,11 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from longctx.engines import get_adapter
@@ -300,3 +302,126 @@ def test_idle_connections_are_reused_newest_first(ref_server):
             return a, b, c, d, e
     a, b, c, d, e = asyncio.run(run())
     assert a is b and {id(c), id(d)} != {id(a)} and a in (c, d) and e in (c, d)
+
+
+def _stub_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "stub_sse_server.py"
+    spec = importlib.util.spec_from_file_location("stub_sse_server", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_next_request_goes_when_the_one_before_ends_even_while_the_event_loop_is_busy():
+    """A closed loop's next request is built and held before the one before it ends, and written the moment that
+    one's [DONE] reaches the socket, by a thread (wire.EndWatcher), not by the event loop: here the loop is busy
+    (a task spinning, holding the GIL) from before that [DONE] until 0.6 s after it; the next request still goes
+    within 50 ms of it (without the watcher it went when the loop came back: 0.6 s late)."""
+    load = {**LOAD, "output_tokens": 8, "closed": {"concurrency": [1], "requests": 2, "duration_s": None}}
+
+    async def busy(until: float) -> None:
+        await asyncio.sleep(max(0.0, until - time.perf_counter()))
+        while time.perf_counter() < until + 0.6:
+            pass
+
+    async def run(base: str):
+        port = int(base.rsplit(":", 1)[1])
+        ctx = _context(port, load)
+        async with ctx.client:
+            # the first request: its first token at once, then one every 0.1 s; its [DONE] comes ~0.7 s after its
+            # send, and the loop is busy from 0.55 s (after the next request was armed, at its 4th token) to 1.15 s
+            return (await asyncio.gather(ld.closed_loop(ctx, 40, 1), busy(time.perf_counter() + 0.55)))[0]
+
+    with _stub_module().running(interval_s=0.1, tokens=8) as base:
+        point = asyncio.run(run(base))
+    first, second = sorted(point["requests"], key=lambda r: r["index"])
+    assert point["status"] == "ok"
+    end = first["sent_s"] + first["e2e_s"]
+    assert 0.55 < end < 1.1, end  # the first one ended while the loop was busy
+    assert 0 <= second["sent_s"] - end < 0.05, (second["sent_s"], end)
+
+
+IDLE_CLOSING_SERVER = r"""
+import asyncio, json, sys
+
+async def handle(reader, writer):
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 0.1)
+    except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+        writer.close()  # a connection that sent nothing for 0.1 s is closed, as a proxy's idle timeout would
+        return
+    length = next(int(l.split(b":")[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length"))
+    n = len(json.loads(await reader.readexactly(length))["input_ids"])
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    for k in range(1, 5):
+        await asyncio.sleep(0.1)
+        event = b"data: " + json.dumps({"meta_info": {"prompt_tokens": n, "completion_tokens": k}}).encode() + b"\n\n"
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+    writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+    await writer.drain()
+    writer.close()
+
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+
+asyncio.run(main())
+"""
+
+
+def test_a_held_request_whose_connection_the_server_closed_is_sent_again():
+    """The next request is connected and held from the one before's 2nd token of 4; this server closes a
+    connection that sent nothing for 0.1 s (a proxy's idle timeout), so the held connection is gone when the
+    first request ends: the request is sent again on a new one, and both succeed."""
+    proc = subprocess.Popen([sys.executable, "-c", IDLE_CLOSING_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        load = {**LOAD, "output_tokens": 4, "closed": {"concurrency": [1], "requests": 2, "duration_s": None}}
+
+        async def run():
+            ctx = _context(port, load)
+            async with ctx.client:
+                return await ld.closed_loop(ctx, 40, 1)
+
+        point = asyncio.run(run())
+    finally:
+        proc.kill()
+        proc.wait()
+    first, second = sorted(point["requests"], key=lambda r: r["index"])
+    assert point["status"] == "ok", point["reason"]
+    assert second["sent_s"] >= first["sent_s"] + first["e2e_s"] and second["completion_tokens"] == 4
+
+
+def test_the_loop_watch_tells_a_client_kept_off_its_cpus_from_a_busy_one():
+    """_lag_watch against known stalls of the event loop: 0.15 s blocked in a sleep (no CPU: as when this machine
+    runs something else) is a stall of about 0.15 s; 0.15 s of spinning (the client's own work) is late by as much
+    but no stall; and held_level reports the longest stall inside a point's stretch."""
+    from longctx.analysis.load import CLIENT_STALL
+    from longctx.analysis.load_summary import held_level
+
+    async def run():
+        lags: list = []
+        t0 = time.perf_counter()
+        watch = asyncio.create_task(ld._lag_watch(t0, lags))
+        await asyncio.sleep(0.05)
+        time.sleep(0.15)  # the loop blocked, this process off the CPU
+        await asyncio.sleep(0.05)
+        end = time.perf_counter() + 0.15
+        while time.perf_counter() < end:  # the loop blocked, this process busy
+            pass
+        await asyncio.sleep(0.05)
+        watch.cancel()
+        return lags
+
+    lags = asyncio.run(run())
+    assert len(lags) == 2, lags
+    (t1, late1, cpu1), (t2, late2, cpu2) = lags
+    assert 0.14 < late1 < 0.3 and cpu1 < 0.05 and 0.14 < late2 < 0.3 and cpu2 > 0.1
+    rows = pd.DataFrame({"sent_s": [0.0, 0.0, 1.4, 2.5], "e2e_s": [1.0, 2.5, 1.6, 1.0]})  # one slot empty 1.0-1.4 s
+    metrics = pd.DataFrame({"t_s": [1.5, 9.0], "name": [CLIENT_STALL] * 2, "value": [late1 - cpu1, 5.0]})
+    held = held_level(rows, 2, metrics)
+    assert held["client_stall_max_s"] == pytest.approx(late1 - cpu1) and held["below"]  # the 5 s one is outside

@@ -190,13 +190,20 @@ def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vl
     assert (f"{rec['low_above_zero']} of them with a lower bound above 0" in md if rec["low_above_zero"] else
             "none with a lower bound above 0: a gauge reading 0 would have passed" in md), rec
     assert (series["name"] == "running").any()
-    # how long the loop held its 2 requests at the server is recorded and judged (held_level, issue 32): against
-    # vLLM's CPU server on 2 cores it held them 96% of the time in one run here and far less in others (the requests
-    # then ran one after another while /metrics GETs of 0.3 to 0.6 s were pending); flagged below 90% and named
+    # the loop holds its 2 requests at the server (held_level, issue 32). It did not, before: vLLM's API server
+    # renders /metrics on the loop that streams tokens (0.3 to 0.5 s a GET here), and GETs every 50 ms held the
+    # tokens back until each was answered, so the requests ran one after another; the scraper now keeps its GETs to
+    # a tenth of the server's time (scrape.Scraper.MAX_SHARE), and the next request goes at the [DONE] before it.
+    # What is left is this machine: while vLLM's CPU engine runs (a worker spinning on one core, its engine core and
+    # API server on the other), any other process here, the client or a bare 1 ms sleeper, waits off the CPUs for
+    # 0.2 to 0.7 s at a time, with next to no CPU used; an ended request's slot is not refilled meanwhile. So the
+    # point holds its level, or the client's own record shows the stall that kept it from it, and the report says so
     held = closed["held"]
+    assert point_metrics_share(vllm_workflow) <= 0.2
     assert held and held["below"] is (held["share"] < held["min_share"]), held
-    if held["below"]:  # a point that did not keep its level is named in the report, and off the frontier
-        assert f"held {held['share'] * 100:.2g}% of the time" in md and not load["frontier"], held
+    assert not held["below"] or held["client_stall_max_s"] >= 0.1, held
+    if held["below"]:
+        assert f"held {held['share'] * 100:.2g}% of the time" in md and "kept the client off its CPUs" in md, held
     # the client's own record: the stretches in which two of its requests were at the server together (sent to
     # ended), 20 ms in from each edge; vLLM's gauge is checked by the scrapes whose whole GET (sent to answered)
     # lies inside one, since vLLM read the gauge at some moment of the GET: a GET's midpoint inside a stretch is
@@ -208,13 +215,19 @@ def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vl
             if (lo := max(a[0], b[0]) + 0.02) < (hi := min(a[1], b[1]) - 0.02)]
     gets = [(start, end, values["running"]) for _, values, start, end in point["metrics"]["samples"] if "running" in values]
     inside = [(start, end, value) for start, end, value in gets if any(lo <= start and end <= hi for lo, hi in both)]
-    # no GET answered while two were in flight: only where the loop did not keep its level, which the report says
     assert inside or held["below"], (f"no /metrics GET inside the {len(both)} stretch(es) with two requests in flight "
-                                     f"(GETs {[(round(a, 3), round(b, 3)) for a, b, _ in gets]} s; "
-                                     f"requests {[(round(a, 3), round(b, 3)) for a, b in spans]}); held: {held}")
+                    f"(GETs {[(round(a, 3), round(b, 3)) for a, b, _ in gets]} s; "
+                    f"requests {[(round(a, 3), round(b, 3)) for a, b in spans]}); held: {held}")
     if not inside:
         return
     assert max(value for _, _, value in inside) == 2, (inside, spans)
+
+
+def point_metrics_share(work: Path) -> float:
+    """The share of the closed-loop point's time that its /metrics GETs held vLLM (the scraper's own record)."""
+    raw = json.loads((work / "data" / "raw" / "vllm-cpu" / "load.json").read_text())
+    (point,) = [w for w in raw["workloads"] if w["kind"] == "closed"]
+    return point["metrics"]["busy_share"]
 
 
 def _vllm_pool(work: Path) -> tuple[int, str]:

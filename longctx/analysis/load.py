@@ -15,7 +15,9 @@
   extra_s the sum over the gaps overlapping it of (gap - steady): the time the stream lost to the
   injection (a gap shorter than steady gives some back).
 - data/load_metrics.csv: the server's /metrics samples, one row per (sample, name), and at each sample
-  time what the client knows is resident (client_resident_low, client_resident_high, tokens: resident_bounds).
+  time what the client knows is resident (client_resident_low, client_resident_high, tokens: resident_bounds);
+  and client_stall_s: each time the client's event loop woke over 20 ms late, the part of that it was kept off
+  the CPUs (late minus its CPU time meanwhile), from the point's client_lag.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ INTERFERENCE_COLUMNS = [
 ]
 METRICS_COLUMNS = ["configuration", "kind", "level", "length", "trial", "t_s", "name", "value"]
 CLIENT_LOW, CLIENT_HIGH = "client_resident_low", "client_resident_high"
+CLIENT_STALL = "client_stall_s"  # the client's event loop late while this process got no CPU (measure.load._lag_watch)
 
 
 def request_itl(r: dict) -> list[float]:
@@ -219,6 +222,12 @@ def _metric_rows(base: dict, w: dict, requests: list[dict], page: int, prompt_de
         rows += [{**base, "t_s": t, "name": k, "value": finite(v)} for k, v in sorted(values.items())]
         low, high = resident_span_bounds(requests, _get_span(sample, t), page, prompt_default, horizon)
         rows += [{**base, "t_s": t, "name": CLIENT_LOW, "value": low}, {**base, "t_s": t, "name": CLIENT_HIGH, "value": high}]
+    for lag in w.get("client_lag") or []:  # [t, late, CPU meanwhile]: the part of the lateness the client did not use
+        try:
+            t, late, cpu = (float(x) for x in lag[:3])
+        except (TypeError, ValueError):
+            continue
+        rows.append({**base, "t_s": t, "name": CLIENT_STALL, "value": max(0.0, late - cpu)})
     return rows
 
 

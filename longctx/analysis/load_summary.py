@@ -139,8 +139,10 @@ def held_level(rows: pd.DataFrame, level: int, metrics: pd.DataFrame | None = No
     end times (sent_s + service_e2e_s; a request is in flight from its send to its end): over the stretch from its
     level-th send (the first wave sent) to its last (after it the loop only drains; where the first wave was every
     request, to the first end), the share of time with `level` or more in flight and
-    the mean in flight; with the server's running gauge where the metrics hold one, its mean over that stretch.
-    None without two sends."""
+    the mean in flight; with the server's running gauge where the metrics hold one, its mean over that stretch; and
+    from the metrics' client_stall_s (analysis.load), the longest and the total time this machine kept the client
+    off its CPUs in that stretch (each a stretch in which an ended request could not be replaced). None without
+    two sends."""
     sent = pd.to_numeric(rows["sent_s"], errors="coerce").to_numpy(float)
     e2e = pd.to_numeric(rows["e2e_s"], errors="coerce").to_numpy(float)
     if "service_e2e_s" in rows:  # an open loop's e2e_s runs from the schedule; the server's side from the send
@@ -166,13 +168,18 @@ def held_level(rows: pd.DataFrame, level: int, metrics: pd.DataFrame | None = No
         held += (x - t) if n >= level else 0.0
         n, t = n + step, x
     out = {"level": int(level), "window_s": b - a, "share": held / (b - a), "mean_in_flight": area / (b - a),
-           "server_running_mean": None, "below": held / (b - a) < HELD_MIN, "min_share": HELD_MIN}
+           "server_running_mean": None, "below": held / (b - a) < HELD_MIN, "min_share": HELD_MIN,
+           "client_stall_max_s": None, "client_stalled_s": None}
     if metrics is not None and len(metrics):
-        m = metrics[metrics["name"].eq("running")]
-        t = pd.to_numeric(m["t_s"], errors="coerce")
-        inside = pd.to_numeric(m["value"], errors="coerce")[(t >= a) & (t <= b)].dropna()
+        t = pd.to_numeric(metrics["t_s"], errors="coerce")
+        value = pd.to_numeric(metrics["value"], errors="coerce")
+        inside = value[metrics["name"].eq("running") & (t >= a) & (t <= b)].dropna()
         if len(inside):
             out["server_running_mean"] = float(inside.mean())
+        # the client's own: how long this machine kept it off its CPUs in the stretch (a slot it could not refill)
+        stalls = value[metrics["name"].eq("client_stall_s") & (t >= a) & (t <= b)].dropna()
+        out["client_stall_max_s"] = float(stalls.max()) if len(stalls) else 0.0
+        out["client_stalled_s"] = float(stalls.sum()) if len(stalls) else 0.0
     return out
 
 

@@ -36,9 +36,9 @@ import numpy as np
 
 from ..engines import EngineAdapter
 from ..specs.pool import observed_pool
-from .stream import StreamRecord
+from .stream import DONE_MARK, StreamRecord
 from .transport import async_timed_client
-from .wire import SEND_AT
+from .wire import HELD_CLOSED, SEND_AT, EndWatcher, Gate
 from .points import measure_points
 from .prompts import Prompter, check_counts
 from .scrape import Scraper
@@ -129,14 +129,17 @@ def _point_status(requests: list[dict]) -> tuple[str, str | None]:
                              for why in reasons) or None
 
 
-async def _with_scrape(ctx: LoadContext, t0: float, work) -> tuple[object, dict | None]:
-    """A point's work with the server's /metrics scraped through it, and Python's cyclic garbage collector
-    held off until it ends: a collection stops the event loop for its whole length (a gen-2 pass over the
-    run's objects took 25-35 ms of this process's CPU here, beside 2-4 ms ones), so a send due meanwhile
-    would go late; a point's requests make few cycles, and they are collected once it ends."""
+async def _with_scrape(ctx: LoadContext, t0: float, work) -> tuple[object, dict | None, list]:
+    """A point's work with the server's /metrics scraped through it, the event loop's own lateness watched
+    (_lag_watch), and Python's cyclic garbage collector held off until it ends: a collection stops the event loop
+    for its whole length (a gen-2 pass over the run's objects took 25-35 ms of this process's CPU here, beside 2-4 ms
+    ones), so a send due meanwhile would go late; a point's requests make few cycles, and they are collected once it
+    ends. Returns (the work's result, the scrape's record, the loop's lateness)."""
     scraper = ctx.scraper(t0)
     if scraper is not None:
         scraper.start()
+    lags: list[list[float]] = []
+    watch = asyncio.create_task(_lag_watch(t0, lags))
     collecting = gc.isenabled()
     gc.freeze()  # what exists already is not traversed again (unfrozen, and collected as usual, after the point)
     gc.disable()
@@ -146,11 +149,34 @@ async def _with_scrape(ctx: LoadContext, t0: float, work) -> tuple[object, dict 
         if collecting:
             gc.enable()
         gc.unfreeze()
+        watch.cancel()
         metrics = await scraper.stop() if scraper is not None else None
-    return result, metrics
+    return result, metrics, lags
+
+
+LAG_TICK_S, LAG_MIN_S = 0.005, 0.02
+
+
+async def _lag_watch(t0: float, out: list) -> None:
+    """Wakes every LAG_TICK_S and notes each wake-up later than LAG_MIN_S: [t (from t0), how late, this process's
+    CPU time meanwhile] (late with little CPU: the machine kept the client off its CPUs; with as much CPU: the client
+    was busy). Sends and reads due in such a stretch went late by as much."""
+    while True:
+        a, cpu = time.perf_counter(), time.process_time()
+        await asyncio.sleep(LAG_TICK_S)
+        late = time.perf_counter() - a - LAG_TICK_S
+        if late > LAG_MIN_S:
+            out.append([round(a - t0, 6), round(late, 6), round(time.process_time() - cpu, 6)])
 
 
 async def closed_loop(ctx: LoadContext, length: int, concurrency: int) -> dict:
+    """`concurrency` workers, each sending its next request as its last one ends. The next request is built,
+    connected and held (wire.Gate) once the one before it has half its tokens, and it is written as soon as the
+    [DONE] of the one before reaches the socket, by a thread that watches for it (wire.EndWatcher) or by the
+    read that meets it, whichever comes first: a slot is refilled in tens of microseconds, not after the event
+    loop has parsed the ended request and set up the next one (2 ms median here; 64 streams that end together
+    left the loop 40 ms behind, and the slots empty meanwhile). A held request whose connection the server
+    closed meanwhile is sent again, unheld."""
     cfg, n_out = ctx.load["closed"], ctx.load["output_tokens"]
     n, duration = cfg["requests"], cfg["duration_s"]
     bodies = [ctx.prompter.body(length, f"{ctx.key}/closed/c{concurrency}/L{length}/{i}", n_out) for i in range(n)]
@@ -160,18 +186,56 @@ async def closed_loop(ctx: LoadContext, length: int, concurrency: int) -> dict:
     await _warm(ctx)
     t0 = time.perf_counter()
 
-    async def worker() -> None:
-        while state["next"] < n and (duration is None or time.perf_counter() - t0 < duration):
-            i = state["next"]
-            state["next"] += 1
-            results[i] = await _send(ctx, bodies[i], length, n_out, t0, timeout, index=i)
+    def take() -> int | None:
+        if state["next"] >= n or (duration is not None and time.perf_counter() - t0 >= duration):
+            return None
+        state["next"] += 1
+        return state["next"] - 1
 
-    _, metrics = await _with_scrape(ctx, t0, asyncio.gather(*(worker() for _ in range(concurrency))))
+    async def worker() -> None:
+        queue: list[tuple[int, Gate, asyncio.Task]] = []  # this worker's request in flight, then the one armed after it
+
+        def start(i: int, hold: Gate | None) -> tuple[int, Gate, asyncio.Task]:
+            ends = Gate()
+
+            def arm() -> None:
+                j = take()
+                if j is not None:
+                    queue.append(start(j, ends))
+                    if rec.wire is not None:
+                        watcher.watch(rec.wire, ends)
+
+            rec = StreamRecord(ends=ends, arm=(max(1, n_out // 2), arm))
+            return i, ends, asyncio.create_task(_send_at(hold, ctx, bodies[i], length, n_out, t0, timeout, record=rec,
+                                                         index=i))
+
+        first = take()
+        if first is None:
+            return
+        queue.append(start(first, None))
+        try:
+            while queue:
+                i, ends, task = queue[0]
+                result = await task
+                queue.pop(0)
+                if HELD_CLOSED in (result.get("reason") or ""):  # its connection went stale while it was held
+                    queue.insert(0, start(i, None))
+                    continue
+                results[i] = result
+                ends.open()  # a request that ended without [DONE] (an error): the one armed after it goes now
+                if not queue and (j := take()) is not None:  # none armed (it ended before its last tokens)
+                    queue.append(start(j, None))
+        finally:
+            for _, _, task in queue:
+                task.cancel()
+
+    with EndWatcher(DONE_MARK) as watcher:
+        _, metrics, lags = await _with_scrape(ctx, t0, asyncio.gather(*(worker() for _ in range(concurrency))))
     requests = [r for r in results if r is not None]
     status, reason = _point_status(requests)
     return {"kind": "closed", "length": length, "output_tokens": n_out, "concurrency": concurrency,
             "status": status, "reason": reason, "t0": t0, "duration_s": round(time.perf_counter() - t0, 6),
-            "requests": requests, "metrics": metrics}
+            "requests": requests, "metrics": metrics, "client_lag": lags}
 
 
 async def _warm(ctx: LoadContext) -> None:
@@ -183,9 +247,9 @@ async def _warm(ctx: LoadContext) -> None:
             pass
 
 
-async def _send_at(at: float, ctx: LoadContext, *args, **kwargs) -> dict:
-    """_send with its first byte held until `at` (wire.SEND_AT): built and connected beforehand (its
-    send_setup_s then counts from that early start, the hold included)."""
+async def _send_at(at: float | Gate | None, ctx: LoadContext, *args, **kwargs) -> dict:
+    """_send with its first byte held until `at` (wire.SEND_AT: a time, or a Gate's opening): built and
+    connected beforehand (its send_setup_s then counts from that early start, the hold included)."""
     SEND_AT.set(at)
     return await _send(ctx, *args, **kwargs)
 
@@ -207,13 +271,13 @@ async def open_loop(ctx: LoadContext, length: int, rate: float) -> dict:
                                                       scheduled_s=at)))
         return list(await asyncio.gather(*tasks))
 
-    requests, metrics = await _with_scrape(ctx, t0, send_all())
+    requests, metrics, lags = await _with_scrape(ctx, t0, send_all())
     for r in requests:
         r["schedule_lag_s"] = round(r["sent_s"] - r["scheduled_s"], 6) if r.get("sent_s") is not None else None
     status, reason = _point_status(requests)
     return {"kind": "open", "length": length, "output_tokens": n_out, "rate": rate, "arrival": cfg["arrival"],
             "burstiness": cfg["burstiness"], "seed": cfg["seed"], "status": status, "reason": reason, "t0": t0,
-            "duration_s": round(time.perf_counter() - t0, 6), "requests": requests, "metrics": metrics}
+            "duration_s": round(time.perf_counter() - t0, 6), "requests": requests, "metrics": metrics, "client_lag": lags}
 
 
 def background_tokens(cfg: dict, predict: Callable[[int], tuple[float, float] | None], length: int, limit: int | None) -> int:
@@ -271,7 +335,7 @@ async def interference(ctx: LoadContext, length: int, trial: int, chunk: int | N
                    for j, (v, rec) in enumerate(zip(ended, records))]
         return victims, injected, problem
 
-    (victims, injected, problem), metrics = await _with_scrape(ctx, t0, run())
+    (victims, injected, problem), metrics, lags = await _with_scrape(ctx, t0, run())
     parts = victims + ([injected] if injected else [])
     status, reason = _point_status(parts)
     if problem:
@@ -279,7 +343,7 @@ async def interference(ctx: LoadContext, length: int, trial: int, chunk: int | N
     return {"kind": "interference", "length": length, "trial": trial, "background": b, "background_length": lb,
             "background_tokens": bg_tokens, "chunked_prefill_size": chunk, "status": status, "reason": reason,
             "t0": t0, "duration_s": round(time.perf_counter() - t0, 6), "injected": injected, "victims": victims,
-            "metrics": metrics}
+            "metrics": metrics, "client_lag": lags}
 
 
 def points(load: dict) -> list[tuple[str, int, float]]:

@@ -10,8 +10,8 @@ so that events waiting together keep their own stamps.
 ``WireStream`` is the blocking connection (httpcore's sync backend underneath), ``AsyncWireStream`` the
 asyncio one (its own non-blocking socket, read as soon as the event loop sees it readable), TLS
 connections are timed at their reads. ``SEND_AT`` holds an asyncio request's first byte until its
-scheduled time (an open loop's arrivals). The transports and pools that use them are in
-measure.transport; what is read from them, in measure.stream.
+scheduled time (an open loop's arrivals) or until a ``Gate`` opens (a closed loop's next request). The
+transports and pools that use them are in measure.transport; what is read from them, in measure.stream.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import select
 import socket
 import struct
 import sys
+import threading
 import time
 
 import httpcore
@@ -63,6 +64,10 @@ class Stamped:
         self.read_stamped = False
         self._last_stamp = 0.0
         self._after_read = True  # HTTP/1.1 without pipelining: the first write after a read starts a request
+        self.on_read = None  # called with each read's bytes, as it is made (set for one response: a new request clears it)
+        # the response's head is read alone (_read_event cuts at its blank line): `head_clean` says that the last
+        # read ended exactly at the head's end, so httpx holds none of the body, which may then be read directly
+        self._head_pending, self._head_tail, self.head_clean = False, b"", False
 
     def _writing(self, buffer: bytes) -> None:
         """Called right before a write's first byte goes to the socket."""
@@ -70,6 +75,8 @@ class Stamped:
             self.request_sent = time.perf_counter()
             self._after_read = False
             self._last_stamp = 0.0
+            self.on_read = None
+            self._head_pending, self._head_tail, self.head_clean = True, b"", False
 
     def _stamp(self, ancillary) -> None:
         """A read just returned (with the ancillary data of recvmsg, or None where it was a plain read)."""
@@ -93,12 +100,24 @@ class Stamped:
         time (up to its blank line), and events waiting together keep their own where the kernel kept
         them apart (it may merge waiting bytes and keep the newest time)."""
         waiting = self._sock.recv(max_bytes, socket.MSG_PEEK)
-        cut = waiting.find(b"\n\n")
-        if cut >= 0:
-            cut += 2
-            if waiting.startswith(b"\r\n", cut):  # the chunk's own end (chunked encoding): not a read of its own
+        self.head_clean = False
+        if self._head_pending and not self._head_tail and not waiting.startswith(b"HTTP/"):
+            self._head_pending = False  # not an HTTP response's head
+        if self._head_pending:  # the response's head alone, to its blank line (which may span two reads)
+            end = (self._head_tail + waiting).find(b"\r\n\r\n")
+            cut = end + 4 - len(self._head_tail) if end >= 0 else -1
+        else:
+            cut = waiting.find(b"\n\n")
+            if cut >= 0:
                 cut += 2
+                if waiting.startswith(b"\r\n", cut):  # the chunk's own end (chunked encoding): not a read of its own
+                    cut += 2
         data, ancillary, _, _ = self._sock.recvmsg(cut if cut >= 0 else max_bytes, _CMSG_BYTES)
+        if self._head_pending:
+            if cut >= 0 and len(data) == cut:
+                self._head_pending, self.head_clean = False, True
+            else:
+                self._head_tail = (self._head_tail + data)[-3:]
         return data, ancillary
 
 
@@ -165,22 +184,153 @@ def _readable(sock: socket.socket) -> bool:
     return bool(poll.poll(0))
 
 
-# A request's first byte is held until this perf_counter time where it is set (an open loop's schedule): the
-# request is built and its connection taken beforehand, so that its send time is its scheduled time and not
-# that plus httpx's set-up (0.3 to 1 ms here, more on a busy loop)
-SEND_AT: contextvars.ContextVar[float | None] = contextvars.ContextVar("longctx_send_at", default=None)
+# A request's first byte is held until this perf_counter time where it is set (an open loop's schedule), or
+# until a Gate opens (a closed loop's next request, held until the one before it ends): the request is built and
+# its connection taken beforehand, so that its send time is its due time and not that plus httpx's set-up (0.3 to
+# 1 ms here, more on a busy loop)
+SEND_AT: contextvars.ContextVar["float | Gate | None"] = contextvars.ContextVar("longctx_send_at", default=None)
+HELD_CLOSED = "the server closed the connection while the request was held before its send"
 SPIN_S = 0.0015  # the last stretch before a hold's end is waited out spinning (epoll's timeout has a millisecond's grain)
 
 
-async def _hold_until(target: float | None) -> None:
-    if target is None:
-        return
-    ahead = target - time.perf_counter() - SPIN_S
-    if ahead > 0:
-        await asyncio.sleep(ahead)
-    while time.perf_counter() < target:
-        pass
+class Gate:
+    """Holds a request until ``open()`` is called (by the code that saw another request end). A timed asyncio
+    connection (AsyncWireStream) keeps the request's bytes while the gate is shut (headers and body: httpx writes
+    them apart) and open() writes them itself, at once, in one send: the request's task, woken instead, would run
+    an iteration later, after every other stream's event waiting in the loop (64 streams that end together:
+    each replacement would wait for the others' parsing). open() may be called from another thread (EndWatcher)."""
 
+    def __init__(self) -> None:
+        self.is_open = False
+        self._held: "AsyncWireStream | None" = None
+        self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._lock = threading.Lock()
+
+    def hold(self, stream: "AsyncWireStream") -> bool:
+        """Whether the gate took `stream`'s request to write when it opens (False: open already)."""
+        with self._lock:
+            if not self.is_open:
+                self._held = stream
+            return not self.is_open
+
+    async def wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        with self._lock:
+            if self.is_open:
+                return
+            self._waiting.append((loop, fut))
+        await fut
+
+    def open(self) -> None:
+        with self._lock:
+            if self.is_open:
+                return
+            self.is_open = True
+            held, self._held = self._held, None
+            waiting, self._waiting = self._waiting, []
+        if held is not None:
+            held._release()
+        on_loop = _running_loop()
+        for loop, fut in waiting:
+            if loop is on_loop:
+                _wake(fut)
+            else:
+                loop.call_soon_threadsafe(_wake, fut)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class EndWatcher:
+    """A thread that opens a stream's Gate as soon as the stream's last bytes (`marker`) reach its socket,
+    whatever the event loop is doing: 64 streams that end together leave the loop tens of milliseconds of
+    work (their last events, the next requests' answers), and a gate opened by the loop would wait for it.
+    ``watch(stream, gate)`` a stream near its end; the thread, woken by epoll (edge-triggered) when new bytes
+    arrive, peeks at them (the loop still reads them) and opens the gate on the marker. While it runs, the
+    interpreter hands the GIL over every SWITCH_S (a waiting thread gets it within that, not 5 ms)."""
+
+    SWITCH_S = 0.0002
+
+    def __init__(self, marker: bytes) -> None:
+        self._marker = marker
+        self._ep = select.epoll() if hasattr(select, "epoll") else None  # (not Linux: the event loop opens the gates)
+        self._watched: dict[int, tuple[socket.socket, Gate]] = {}
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="longctx-end-watcher", daemon=True)
+        self._switch = sys.getswitchinterval()
+
+    def __enter__(self) -> "EndWatcher":
+        if self._ep is not None:
+            sys.setswitchinterval(self.SWITCH_S)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._ep is not None:
+            self._stopping = True
+            self._thread.join()
+            self._ep.close()
+            sys.setswitchinterval(self._switch)
+
+    def watch(self, stream: "Stamped", gate: Gate) -> None:
+        sock = stream._sock
+        if self._ep is None or not isinstance(sock, socket.socket) or sock.fileno() < 0:
+            return
+        fd = sock.fileno()
+        with self._lock:
+            self._watched[fd] = (sock, gate)
+        try:
+            self._ep.register(fd, select.EPOLLIN | select.EPOLLET)
+        except FileExistsError:
+            self._ep.modify(fd, select.EPOLLIN | select.EPOLLET)
+        except (OSError, ValueError):
+            return
+        self._check(fd)  # bytes that came before the registration raise no edge
+
+    def _check(self, fd: int) -> None:
+        with self._lock:
+            item = self._watched.get(fd)
+        if item is None or item[0].fileno() != fd:
+            return
+        sock, gate = item
+        try:
+            data = sock.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data and self._marker not in data:
+            return
+        with self._lock:
+            self._watched.pop(fd, None)
+        try:
+            self._ep.unregister(fd)
+        except (OSError, ValueError):
+            pass
+        if data:
+            gate.open()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            for fd, _ in self._ep.poll(0.05):
+                self._check(fd)
+
+
+async def _hold(until: "float | Gate | None") -> None:
+    if isinstance(until, Gate):
+        await until.wait()
+    elif until is not None:
+        ahead = until - time.perf_counter() - SPIN_S
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+        while time.perf_counter() < until:
+            pass
 
 
 class AsyncWireStream(Stamped, httpcore.AsyncNetworkStream):
@@ -193,6 +343,7 @@ class AsyncWireStream(Stamped, httpcore.AsyncNetworkStream):
         sock.setblocking(False)
         self._loop = asyncio.get_running_loop()
         self._start_stamps(sock)
+        self._held: list | None = None  # a request held by a Gate (Gate.hold)
 
     async def _ready(self, add, remove, deadline: float | None, timeout_exc: type[Exception]) -> None:
         fut = self._loop.create_future()
@@ -215,6 +366,8 @@ class AsyncWireStream(Stamped, httpcore.AsyncNetworkStream):
         else:
             data, ancillary = self._sock.recv(max_bytes), None
         self._stamp(ancillary)
+        if self.on_read is not None:
+            self.on_read(data)
         return data
 
     def _on_readable(self, fut: asyncio.Future, max_bytes: int) -> None:
@@ -232,6 +385,8 @@ class AsyncWireStream(Stamped, httpcore.AsyncNetworkStream):
             fut.set_exception(httpcore.ReadError(str(exc)))
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self._held is not None:
+            await self._send_held()
         try:
             return self._read_now(max_bytes)
         except (BlockingIOError, InterruptedError):
@@ -252,11 +407,23 @@ class AsyncWireStream(Stamped, httpcore.AsyncNetworkStream):
                 timer.cancel()
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        deadline = None if timeout is None else self._loop.time() + timeout
-        view = memoryview(buffer)
-        if buffer and self._after_read:
-            await _hold_until(SEND_AT.get())
+        if buffer and self._after_read and self._held is None:
+            until = SEND_AT.get()
+            if isinstance(until, Gate):
+                self._held = [until, bytearray(buffer), None]  # its gate, the request's bytes, an error met at release
+                if until.hold(self):
+                    return
+                self._held = None
+            else:
+                await _hold(until)
+        elif self._held is not None:  # written when the gate opens (_release), or by read()
+            self._held[1] += buffer
+            return
         self._writing(buffer)
+        await self._send_all(memoryview(buffer), timeout)
+
+    async def _send_all(self, view: memoryview, timeout: float | None) -> None:
+        deadline = None if timeout is None else self._loop.time() + timeout
         while view:
             try:
                 view = view[self._sock.send(view):]
@@ -264,6 +431,35 @@ class AsyncWireStream(Stamped, httpcore.AsyncNetworkStream):
                 await self._ready(self._loop.add_writer, self._loop.remove_writer, deadline, httpcore.WriteTimeout)
             except OSError as exc:
                 raise httpcore.WriteError(str(exc)) from exc
+
+    def _release(self) -> None:
+        """A Gate opened: the held request is written now, in one send (its first byte's time is request_sent);
+        what the socket did not take is left for read() to send. A connection that the server closed while the
+        request was held (or that has bytes to read before any request) is not written: read() raises HELD_CLOSED."""
+        held = self._held
+        if _readable(self._sock):
+            held[2] = HELD_CLOSED
+            return
+        data = bytes(held[1])  # (a copy: the request's task may append its body meanwhile, from the loop's thread)
+        self._writing(data)
+        try:
+            del held[1][: self._sock.send(data)]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as exc:
+            held[2] = str(exc)
+
+    async def _send_held(self) -> None:
+        """Before a read: the held request's gate waited for, and what its release did not write, written."""
+        gate, _, _ = self._held
+        await gate.wait()
+        _, rest, error = self._held
+        self._held = None
+        if error is not None:
+            raise httpcore.WriteError(error)
+        if rest:
+            self._writing(bytes(rest[:1]))  # (a no-op where the release wrote the first bytes)
+            await self._send_all(memoryview(bytes(rest)), None)
 
     async def aclose(self) -> None:
         self._sock.close()
@@ -326,6 +522,8 @@ class _AsyncTLSWire(Stamped, httpcore.AsyncNetworkStream):
         if not buffer:
             return
         anyio = self._anyio
+        if self._after_read:
+            await _hold(SEND_AT.get())  # (through TLS a gate wakes this task: no write from open())
         self._writing(buffer)
         try:
             with anyio.fail_after(timeout):
