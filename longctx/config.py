@@ -13,6 +13,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 
 from .core.errors import ConfigError
+from .core.net import is_loopback
 from .core.secrets import HIDDEN, mask, mask_argv
 from .engines import ConfigurationSpec, get_adapter
 from .engines.imported import IMPORTED_KEYS
@@ -92,6 +93,11 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     low, high = config["protocol"]["token_id_range"]
     if high <= low:
         raise ConfigError(f"config key 'protocol.token_id_range': high must exceed low, got {[low, high]}")
+    host = config["server"]["host"]
+    if not is_loopback(host) and not config["server"]["allow_remote"]:
+        raise ConfigError(f"config key 'server.host': {host!r} is not a loopback address, so the servers longctx starts "
+                          "would be reachable from the network; allowed values: 127.0.0.1, ::1, localhost, or set "
+                          "server.allow_remote: true to listen there on purpose")
     baseline = config["report"]["baseline"]
     if baseline is not None and baseline not in config["configurations"]:
         raise ConfigError(f"config key 'report.baseline': {baseline!r} is not a configuration; "

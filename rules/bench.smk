@@ -4,6 +4,9 @@
 rule bench_configuration:
     input:
         kernel=kernel_build,
+        # a run that lost lengths to a server death or a timeout writes data/partial/<configuration>/retry-<n>.json:
+        # the same command, run again, reruns this job, which remeasures those lengths and reuses the others
+        retry=lambda w: retry_files(f"{PARTIAL}/{w.configuration}"),
     output:
         raw_files("{configuration}"),
     log:

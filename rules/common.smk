@@ -11,6 +11,7 @@ from longctx.measure.calibration import plan as calibration_plan
 from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, LOAD_FIGURES, PREFIX_FIGURES
 from longctx.measure.resources import bench_resources
 from longctx.measure import imports
+from longctx.measure.rawfiles import retry_files
 from longctx.engines import get_adapter
 
 CFG = lcfg.validate(config)

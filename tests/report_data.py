@@ -185,9 +185,10 @@ def external_server(data: Path, name: str, model: dict, kv_bytes: int, device: s
             "configurations": {name: {**conf, **({"device": device} if device else {})}}}
 
 
-def reference_default(data: Path, name: str = "page64") -> dict:
+def reference_default(data: Path, name: str = "page64", listen: str = "127.0.0.1") -> dict:
     """The embedded reference engine as config/longctx.yaml runs it (MLA on the CPU, SGLang's flags and
-    /server_info, a KV pool sized by mem-fraction-static). Returns the configuration."""
+    /server_info, a KV pool sized by mem-fraction-static), listening on `listen` (server.host). Returns the
+    configuration."""
     from longctx.engines import get_adapter
 
     args = {"context-length": 40960, "max-running-requests": 4, "max-total-tokens": 40960, "mem-fraction-static": 0.5,
@@ -201,7 +202,7 @@ def reference_default(data: Path, name: str = "page64") -> dict:
     prov = {"protocol": PROTOCOL, "model": model, "model_spec": spec.to_dict(), "model_spec_absent": None, "args": args,
             "hardware": MACHINE, "kernel": {"name": "paged_mla_decode_torch", "build_hash": "5bac83df9058e605"},
             "launch_command": ["python", "-m", "longctx.refengine", "--page-size", "64"], "base_url": "http://127.0.0.1:1",
-            "server_pid": 5725, "startup_s": 1.5, "starts": 1, "health_path": "/health", "api": "sglang",
+            "server_pid": 5725, "startup_s": 1.5, "starts": 1, "listen": listen, "health_path": "/health", "api": "sglang",
             "flush_path": "/flush_cache", "installed_version": "0.1.0", "engine_version": "0.1.0", "server_info": info,
             "kv_pool": {"tokens": 40960, "log": {"line": "KV Cache is allocated. dtype: float32, #tokens: 40960, KV size: 0.03 GB",
                                                  "size_gb": 0.03, "tokens": 40960}},

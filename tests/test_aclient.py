@@ -246,7 +246,7 @@ def test_the_connections_are_ours():
 def test_the_chunked_body_reader_gives_the_payload_however_the_bytes_are_split():
     """The direct body reader's decoding of HTTP/1.1 chunks, against bytes framed by hand (two events in one
     chunk, an event over two chunks, a chunk extension, the last chunk and a trailer), split at every byte."""
-    from longctx.measure.stream import ChunkedBody
+    from longctx.measure.direct import ChunkedBody
 
     payload = b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
     framed = (b"20\r\n" + payload[:32] + b"\r\n" + b"5;ext=1\r\n" + payload[32:37] + b"\r\n"

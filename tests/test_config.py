@@ -29,7 +29,9 @@ def test_default_config_validates_with_defaults_filled_in():
     assert {k: v for k, v in args["page64"].items() if k != "page-size"} == {
         k: v for k, v in args["page1-scattered"].items() if k != "page-size"}  # they differ only in layout
     d = lcfg.validate(base())
-    assert d["protocol"]["trials"] == 3 and d["server"]["host"] == "127.0.0.1"
+    assert d["protocol"]["trials"] == 3 and d["server"]["host"] == "127.0.0.1" and d["server"]["allow_remote"] is False
+    assert lcfg.validate({**base(), "server": {"host": "::1"}})["server"]["host"] == "::1"
+    assert lcfg.validate({**base(), "server": {"host": "0.0.0.0", "allow_remote": True}})["server"]["allow_remote"]
     assert d["model"]["architecture"]["kv_lora_rank"] == 64
     # a real engine's model nobody described gets no architecture (it used to get the reference engine's MLA)
     ext = lcfg.validate({"lengths": [64], "model": {"name": "m"}, "configurations": {"x": {"engine": "external", "url": "http://h:1", "api": "openai"}}})
@@ -57,6 +59,9 @@ def test_default_config_validates_with_defaults_filled_in():
     (lambda c: c["model"]["architecture"].update(sliding_windw=2), "'model.architecture.sliding_windw' is unknown"),
     (lambda c: c.update(analysis={"confidence": 1.5}), "'analysis.confidence': 1.5 is greater than or equal to the maximum of 1"),
     (lambda c: c.update(calibration={"dtype": "int8"}), "'calibration.dtype': 'int8' is not allowed; allowed values: None, float32"),
+    (lambda c: c.update(server={"host": "0.0.0.0"}), "'server.host': '0.0.0.0' is not a loopback address, so the servers "
+     "longctx starts would be reachable from the network; allowed values: 127.0.0.1, ::1, localhost, or set "
+     "server.allow_remote: true"),
 ])
 def test_bad_config_names_key_and_allowed_values(mutate, expected):
     c = base()

@@ -140,9 +140,13 @@ def test_failures_and_what_was_not_measured_keep_their_reasons(built):
 
 
 def test_page_one_says_what_a_prefix_hit_saves(built):
+    from longctx.report.summary import WORDS
+
     lead = [s["text"] for s in context(built["inputs"])["diagnosis"]["summary"]]
     said = sentence(built["doc"])
-    assert said in lead and lead.index(said) == 3  # after prefill, decode and usability
+    # page one takes findings by weight within 150 words (issue 33): this one, of two configurations, does not fit
+    # beside the scaling, where it stops and the winners; one configuration's (below) is a third as long
+    assert said not in lead and sum(len(t.split()) for t in lead + [said]) > WORDS
     p, q = _point(built["doc"], "base", 16000, 0.9), _point(built["doc"], "fast_kv", 16000, 0.9)
     assert said.startswith(f"In base, at 16,000 tokens a 90% prefix hit cuts TTFT from {time_words(p['cold']['value'])} to "
                            f"{time_words(p['ttft']['value'])} ({p['cold']['value'] / p['ttft']['value']:.2g}x)")
@@ -151,7 +155,6 @@ def test_page_one_says_what_a_prefix_hit_saves(built):
     assert re.search(r"\(\d+(\.\d)?x\), as the model predicts within \d+%", said)
     assert said.endswith("; the server's cached count matched in 13 of 14 trials that expected a hit (mismatches in base), "
                          "and 18 more did not report it.")
-    assert said in re.sub(r"\\(.)", r"\1", " ".join(built["md"].split())) and said in built["pdf"]
     one = {"configurations": {"a": {"cache": True, "checks": {"ok": 24, "mismatch": 0, "hit_mismatch": 0, "unreported": 0,
                                                               "controls": 12}, "points": [
         {"length": 16384, "hit_rate": 0.9, "ttft": {"value": 0.45}, "cold": {"value": 3.6, "basis": "measured"},

@@ -361,7 +361,8 @@ def served(tmp_path_factory):
     from .report_data import external_cpu_gqa, reference_default, run_report_chain
 
     out = {}
-    for case, make in (("external", external_cpu_gqa), ("reference", reference_default)):
+    # the reference engine listening on every address (server.host 0.0.0.0 with server.allow_remote): the report says so
+    for case, make in (("external", external_cpu_gqa), ("reference", lambda d: reference_default(d, listen="0.0.0.0"))):
         root = tmp_path_factory.mktemp(case)
         paths = run_report_chain(root / "data", root / "report", make(root / "data"))
         out[case] = {"pdf": " ".join(pdftotext(paths["pdf"]).replace("\u2019", "'").split()),
@@ -558,3 +559,11 @@ def test_page_one_holds_at_most_450_words_with_its_figure_and_compact_table(buil
     page_one = built["text"][:built["text"].index("\f")]
     assert "Figure 1" in page_one and re.search(r"^\s*fast_kv\s+386\.1\s+449\.5\s+1\.1\d \[", page_one, re.M), page_one
     assert "At 16,000 tokens, the longest length every configuration measured" in " ".join(page_one.split())
+
+
+def test_a_server_listening_beyond_loopback_is_named(served):
+    """Issue 34, item 5: a server longctx started on an address other than loopback is named in the report (and a
+    config asks for it in so many words: tests/test_config.py); a loopback one is not."""
+    for text in (served["reference"]["pdf"], served["reference"]["md"]):
+        assert "listening on 0.0.0.0: reachable from the network (server.allow_remote)" in text.replace("`", "")
+    assert "reachable from the network" not in served["external"]["pdf"]

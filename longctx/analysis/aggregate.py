@@ -19,6 +19,7 @@ COLUMNS = [
     "ttft_s", "tpot_s", "decode_tok_s", "e2e_s", "itl_median_s", "itl_max_s",
     "prompt_tokens", "completion_tokens", "cached_tokens", "server_ttft_s",
     "usage_source", "prompt_count_checked", "tokens_estimated", "early_stop", "length_fault", "length_reason",
+    "length_remeasured",
     "spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts",
     "kv_bytes_per_token", "kv_pool_tokens", "run_id", "batch_output_tok_s", "needle",
     "needle_answer", "needle_reason",
@@ -65,6 +66,16 @@ def length_fault(raw: dict) -> str | None:
     return (found.group(1) if found else text.split("\n", 1)[0]).strip()
 
 
+def remeasured_words(raw: dict) -> str | None:
+    """'measured again on the restarted server: the server died while measuring length 64 (...)': a length whose
+    first attempt a transient fault lost, and how it was measured again (measure.sweep); None where it was not."""
+    r = raw.get("remeasured")
+    if not r:
+        return None
+    why = length_fault({"fault": r.get("why")}) or str(r.get("why") or "a transient fault").split("\n", 1)[0]
+    return f"measured {r.get('how') or 'again'}, after {why}"
+
+
 def _rows(path: Path, partial_dir: Path | None = None) -> tuple[list[dict], dict | None]:
     """A raw file's rows, and the file; a raw file that cannot be read is taken from its copy in
     partial_dir/<configuration>/ where that one is intact (raw["recovered_from"] says so), else it is
@@ -93,6 +104,7 @@ def _rows(path: Path, partial_dir: Path | None = None) -> tuple[list[dict], dict
         "needle_reason": (raw.get("needle") or {}).get("reason"),  # why it failed, was not run, or is off its length
         "length_fault": length_fault(raw),
         "length_reason": raw.get("reason"),  # the length's own: its trials' reasons, a failed warm-up, a fault
+        "length_remeasured": remeasured_words(raw),
     }
     trials = raw.get("trials") or []
     if not trials:

@@ -35,17 +35,15 @@ import httpx
 import numpy as np
 
 from ..engines import EngineAdapter
-from ..specs.pool import observed_pool
 from .stream import DONE_MARK, StreamRecord
 from .transport import async_timed_client
-from .wire import HELD_CLOSED, SEND_AT, EndWatcher, Gate
-from .points import measure_points
+from .handover import HELD_CLOSED, SEND_AT, EndWatcher, Gate
 from .prompts import Prompter, check_counts
 from .scrape import Scraper
 
 log = logging.getLogger("longctx.measure.load")
 # Open loop: the schedule starts this long after its bodies are built; each request is started SEND_AHEAD_S
-# before its time (built, its connection taken) and its first byte held until then (wire.SEND_AT)
+# before its time (built, its connection taken) and its first byte held until then (handover.SEND_AT)
 LEAD_S = 0.05
 SEND_AHEAD_S = 0.025
 # Interference: background streams decode at most this many tokens where no prediction of the window exists
@@ -171,8 +169,8 @@ async def _lag_watch(t0: float, out: list) -> None:
 
 async def closed_loop(ctx: LoadContext, length: int, concurrency: int) -> dict:
     """`concurrency` workers, each sending its next request as its last one ends. The next request is built,
-    connected and held (wire.Gate) once the one before it has half its tokens, and it is written as soon as the
-    [DONE] of the one before reaches the socket, by a thread that watches for it (wire.EndWatcher) or by the
+    connected and held (handover.Gate) once the one before it has half its tokens, and it is written as soon as the
+    [DONE] of the one before reaches the socket, by a thread that watches for it (handover.EndWatcher) or by the
     read that meets it, whichever comes first: a slot is refilled in tens of microseconds, not after the event
     loop has parsed the ended request and set up the next one (2 ms median here; 64 streams that end together
     left the loop 40 ms behind, and the slots empty meanwhile). A held request whose connection the server
@@ -248,7 +246,7 @@ async def _warm(ctx: LoadContext) -> None:
 
 
 async def _send_at(at: float | Gate | None, ctx: LoadContext, *args, **kwargs) -> dict:
-    """_send with its first byte held until `at` (wire.SEND_AT: a time, or a Gate's opening): built and
+    """_send with its first byte held until `at` (handover.SEND_AT: a time, or a Gate's opening): built and
     connected beforehand (its send_setup_s then counts from that early start, the hold included)."""
     SEND_AT.set(at)
     return await _send(ctx, *args, **kwargs)
@@ -398,60 +396,3 @@ def failed_point(kind: str, length: int, level: float, reason: str, **extra) -> 
     """A point that was not measured, or whose measurement raised: a row with its reason all the same."""
     return {"kind": kind, "length": length, LEVEL_KEYS[kind]: level, "status": "failed", "reason": reason,
             "requests": [], **extra}
-
-
-def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, float] | None],
-             keep: Callable[[list[dict]], None], kept: list[dict] | None = None) -> list[dict]:
-    """Every load point of spec.load on the sweep's session (longctx.measure.session.Session: its server up,
-    its prompter probed), in one event loop; keep(points) is called after each point, so that nothing
-    measured is lost. A point after which the server does not answer its health path fails with the
-    server's fault, the server is restarted (within the session's restarts) and the next point goes on."""
-    load = spec.load
-    chunk = session.adapter.chunked_prefill_size(spec.args, session.prov.get("server_info") or {})
-    inter = load["interference"]
-    try:
-        context = session.adapter.context_length(spec.args, session.prov.get("server_info") or {})
-    except (TypeError, ValueError):
-        context = None
-    pool, _ = observed_pool(session.prov)
-    def measure(item: tuple[str, int, float]) -> dict:
-        kind, length, level = item
-        bg = 0
-        if kind == "interference":
-            # the streams and the injected prompt must fit the pool together: a server would hold the prompt
-            # back until a stream ends, and the streams end only after it
-            limits = [int(context) - inter["background_length"]] if context else []
-            if pool:
-                limits.append((int(pool) - length - 2) // inter["background"] - inter["background_length"])
-            bg = background_tokens(inter, predict, length, min(limits) if limits else None)
-            least = inter["steady_tokens"] + inter["tail_tokens"] + 16
-            if limits and min(limits) < least:
-                return failed_point(kind, length, level, (
-                    f"not sent: {inter['background']} streams of {inter['background_length']} tokens decoding {least} "
-                    f"and a prompt of {length} do not fit the KV pool of {pool} tokens (or the context length of "
-                    f"{context})"), background=inter["background"])
-
-        def timeout(prompt: int, in_flight: int) -> float:
-            expected = predict(prompt)
-            one = spec.protocol["request_timeout_s"]
-            if expected:
-                one = max(one, spec.protocol["timeout_factor"] * (expected[0] + load["output_tokens"] * expected[1]))
-            return one * max(1, in_flight)
-
-        async def run() -> dict:
-            async with new_client(session.headers) as client:
-                flush = None
-                if spec.protocol["flush_cache"] and session.api.flush_path:
-                    async def flush():
-                        try:
-                            await client.post(session.base + session.api.flush_path, timeout=30)
-                        except httpx.HTTPError as exc:
-                            log.warning("%s: flush_cache failed: %s", spec.name, exc)
-                ctx = LoadContext(client, session.base, session.api.generate_path, session.prompter, session.adapter,
-                                  f"{run_id}/{spec.name}", load, timeout, flush, session.health_path)
-                return await run_point(ctx, kind, length, level, chunk, bg)
-
-        return asyncio.run(run())
-
-    return measure_points(session, spec.name, points(load), point_key, measure, lambda item, why: failed_point(*item, why),
-                          describe, keep, kept)

@@ -79,10 +79,64 @@ def resumable_any(resume_dir: Path | None, length: int, key: str) -> dict | None
     return kept if kept and kept.get("resume_key") == key else None
 
 
+# a failure another attempt may not repeat: the server died or hung (the sweep's `fault`), or the requests timed out
+# or lost their connection; anything else (too long for the server, refused by its validation, HTTP 4xx) would repeat
+TRANSIENT_WORDS = ("timed out", "ConnectError", "ConnectTimeout", "ReadError", "WriteError", "RemoteProtocolError",
+                   "Connection refused", "Connection reset", "server disconnected")
+
+
+def transient(record: dict | None) -> str | None:
+    """Why a length that did not succeed may succeed if measured again, or None (it succeeded, or failed for a reason
+    that would repeat)."""
+    if not record or record.get("status") == "ok":
+        return None
+    if record.get("fault"):
+        return record["fault"]
+    reason = record.get("reason") or ""
+    if "HTTP 4" in reason:
+        return None
+    return reason if any(w.lower() in reason.lower() for w in TRANSIENT_WORDS) else None
+
+
 def resumable(resume_dir: Path | None, length: int, key: str) -> dict | None:
-    """A kept length of the same key that succeeded (a fixed sweep reuses it whole)."""
+    """A kept length of the same key that a fixed sweep reuses whole: it succeeded, or it failed for a reason that
+    would repeat (transient: a length lost to a server death or a timeout is measured again)."""
     kept = resumable_any(resume_dir, length, key)
-    return kept if kept and kept.get("status") == "ok" else None
+    return kept if kept and transient(kept) is None else None
+
+
+def retry_files(resume_dir: str | Path) -> list[str]:
+    """The note of the latest run of this configuration that lost lengths to a transient fault
+    (resume_dir/retry-<n>.json, n counting such runs), as the bench rule's input: a run that loses lengths writes
+    the next one, so that the input changes and the same command, run again, reruns the job (which remeasures those
+    lengths and reuses the others); a rerun that loses nothing leaves it, and the job is not run again. [] where
+    no run lost one."""
+    found = sorted(Path(resume_dir).glob("retry-*.json"), key=lambda f: _generation(f.name))
+    return [str(found[-1])] if found else []
+
+
+def _generation(name: str) -> int:
+    try:
+        return int(name[len("retry-"):-len(".json")])
+    except ValueError:
+        return 0
+
+
+def retry_generation(resume_dir: str | Path) -> int:
+    """How many runs of this configuration lost lengths to a transient fault (0: none)."""
+    files = retry_files(resume_dir)
+    return _generation(Path(files[0]).name) if files else 0
+
+
+def note_retry(resume_dir: Path | None, lost: dict[int, str]) -> None:
+    """Lengths this run lost to a transient fault ({length: why}): the next run of the same command remeasures them."""
+    if resume_dir is None or not lost:
+        return
+    n = retry_generation(resume_dir) + 1
+    write_json(resume_dir / f"retry-{n}.json", {"generation": n, "lengths": {str(k): v for k, v in sorted(lost.items())}})
+    for old in resume_dir.glob("retry-*.json"):
+        if _generation(old.name) < n:
+            old.unlink(missing_ok=True)
 
 
 def workloads_file(what: str, settings: dict, key: str, common: dict, prov: dict, outdir: Path,

@@ -90,7 +90,8 @@ class Session:
         self.headers = spec.auth_headers()  # every client of this server sends them (measure.load's too)
         self.client = timed_client(headers=self.headers)
         self.prov.update(installed_version=self.version, api=self.api.kind, flush_path=self.api.flush_path,
-                         server_log=str(server_log) if adapter.managed else spec.server_log, starts=0)
+                         server_log=str(server_log) if adapter.managed else spec.server_log, starts=0,
+                         listen=spec.server["host"] if adapter.managed else None)
         if adapter.managed:  # a server an earlier run of this configuration left behind (its bench was killed)
             stray = reap_stray(pid_file(server_log), spec.server["stop_timeout_s"])
             if stray:
@@ -236,6 +237,10 @@ class Session:
             return None if r.status_code == 200 else f"flush_cache answered HTTP {r.status_code}"
         except httpx.HTTPError as exc:
             return f"flush_cache failed: {exc}"
+
+    def restarts_left(self) -> bool:
+        """Whether the server may be started again (within server.max_restarts)."""
+        return self.starts < 1 + self.spec.server["max_restarts"]
 
     def alive(self) -> bool:
         return self.server is not None and self.server.alive()

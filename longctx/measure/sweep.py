@@ -10,6 +10,7 @@ and reused-context workloads after the lengths, measure.load and measure.prefix.
 from __future__ import annotations
 
 import copy
+import logging
 import signal
 import uuid
 from pathlib import Path
@@ -19,13 +20,16 @@ from ..core.hashing import digest
 from ..core.secrets import mask
 from ..engines import ConfigurationSpec, get_adapter
 from .adaptive import run_adaptive
-from .load import run_load
+from .loadrun import run_load
 from .prefix import cache_facts, run_prefix
 from .health import ServerError
 from .progress import EVERY_S, Progress, fitted
 from .protocol import length_line, measure_at, measure_itl_depth, request_timeout, samples
-from .rawfiles import RAW_FORMAT, resumable, resume_key, workloads_file, writable, write_absent, write_json, write_kept
+from .rawfiles import (RAW_FORMAT, note_retry, resumable, resumable_any, resume_key, transient, workloads_file, writable,
+                       write_absent, write_json, write_kept)
 from .session import Session
+
+progress = logging.getLogger("longctx.progress")
 
 
 def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: str | Path,
@@ -59,6 +63,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     common = {"format": RAW_FORMAT, "configuration": name, "engine": adapter.name, "run_id": run_id,
               "spec_hash": digest(spec.to_dict()), "provenance": prov}
     statuses: dict[int, str] = {}
+    transients: dict[int, str] = {}  # lengths lost to a transient fault: the next run of the same command remeasures them
     failure: str | None = None
 
     def on_sigterm(signum, frame):  # Snakemake cancels jobs with SIGTERM: stop the server on the way out
@@ -85,7 +90,20 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                 tracker.end(f"measured before (run {kept['run_id']}), reused", session.alive())
                 continue
             started = provenance.now_iso()
+            before = transient(resumable_any(resume_dir, length, key))  # an earlier run lost it to a transient fault
             result = measure_at(session, spec, length, run_id, history, tracker)
+            lost = transient(result)
+            if result.get("fault") and session.restarts_left():  # lost to its server: measured again, once, on a new one
+                progress.warning("%s L=%d: measuring it again on the restarted server (%s)", name, length, lost.split(";")[0])
+                first = result
+                result = measure_at(session, spec, length, run_id, history, tracker)
+                result["remeasured"] = {"why": lost, "how": "again on the restarted server", "first_attempt": {
+                    "status": first["status"], "reason": first.get("reason"), "trials": first.get("trials") or []}}
+                lost = transient(result)
+            elif before:
+                result["remeasured"] = {"why": before, "how": "by a rerun of the same command"}
+            if lost:
+                transients[length] = lost
             record = {**common, "provenance": copy.deepcopy(prov), "length": length, **result, "resume_key": key,
                       "started_at": started, "finished_at": provenance.now_iso()}
             write_kept(str(length), record, outdir, resume_dir)
@@ -111,6 +129,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         if session is not None:
             session.close()
     write_absent(spec, outdir, common, statuses, failure)
+    note_retry(resume_dir, transients)
     return sum(status == "failed" for status in statuses.values())
 
 

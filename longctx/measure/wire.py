@@ -17,15 +17,15 @@ transports and pools that use them are in measure.transport; what is read from t
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import select
 import socket
 import struct
 import sys
-import threading
 import time
 
 import httpcore
+
+from .handover import HELD_CLOSED, SEND_AT, Gate, hold, wake
 
 # Linux's SO_TIMESTAMPNS (the asm-generic value, x86 and arm alike); Python's socket module does not name it
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
@@ -167,14 +167,6 @@ class WireStream(Stamped, httpcore.NetworkStream):
 
 
 
-def _wake(fut: asyncio.Future, exc: BaseException | None = None) -> None:
-    if not fut.done():
-        if exc is None:
-            fut.set_result(None)
-        else:
-            fut.set_exception(exc)
-
-
 def _readable(sock: socket.socket) -> bool:
     """Whether a read would return at once (bytes waiting, or the peer closed); a closed socket is."""
     if sock.fileno() < 0:
@@ -182,155 +174,6 @@ def _readable(sock: socket.socket) -> bool:
     poll = select.poll()
     poll.register(sock.fileno(), select.POLLIN)
     return bool(poll.poll(0))
-
-
-# A request's first byte is held until this perf_counter time where it is set (an open loop's schedule), or
-# until a Gate opens (a closed loop's next request, held until the one before it ends): the request is built and
-# its connection taken beforehand, so that its send time is its due time and not that plus httpx's set-up (0.3 to
-# 1 ms here, more on a busy loop)
-SEND_AT: contextvars.ContextVar["float | Gate | None"] = contextvars.ContextVar("longctx_send_at", default=None)
-HELD_CLOSED = "the server closed the connection while the request was held before its send"
-SPIN_S = 0.0015  # the last stretch before a hold's end is waited out spinning (epoll's timeout has a millisecond's grain)
-
-
-class Gate:
-    """Holds a request until ``open()`` is called (by the code that saw another request end). A timed asyncio
-    connection (AsyncWireStream) keeps the request's bytes while the gate is shut (headers and body: httpx writes
-    them apart) and open() writes them itself, at once, in one send: the request's task, woken instead, would run
-    an iteration later, after every other stream's event waiting in the loop (64 streams that end together:
-    each replacement would wait for the others' parsing). open() may be called from another thread (EndWatcher)."""
-
-    def __init__(self) -> None:
-        self.is_open = False
-        self._held: "AsyncWireStream | None" = None
-        self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
-        self._lock = threading.Lock()
-
-    def hold(self, stream: "AsyncWireStream") -> bool:
-        """Whether the gate took `stream`'s request to write when it opens (False: open already)."""
-        with self._lock:
-            if not self.is_open:
-                self._held = stream
-            return not self.is_open
-
-    async def wait(self) -> None:
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        with self._lock:
-            if self.is_open:
-                return
-            self._waiting.append((loop, fut))
-        await fut
-
-    def open(self) -> None:
-        with self._lock:
-            if self.is_open:
-                return
-            self.is_open = True
-            held, self._held = self._held, None
-            waiting, self._waiting = self._waiting, []
-        if held is not None:
-            held._release()
-        on_loop = _running_loop()
-        for loop, fut in waiting:
-            if loop is on_loop:
-                _wake(fut)
-            else:
-                loop.call_soon_threadsafe(_wake, fut)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-class EndWatcher:
-    """A thread that opens a stream's Gate as soon as the stream's last bytes (`marker`) reach its socket,
-    whatever the event loop is doing: 64 streams that end together leave the loop tens of milliseconds of
-    work (their last events, the next requests' answers), and a gate opened by the loop would wait for it.
-    ``watch(stream, gate)`` a stream near its end; the thread, woken by epoll (edge-triggered) when new bytes
-    arrive, peeks at them (the loop still reads them) and opens the gate on the marker. While it runs, the
-    interpreter hands the GIL over every SWITCH_S (a waiting thread gets it within that, not 5 ms)."""
-
-    SWITCH_S = 0.0002
-
-    def __init__(self, marker: bytes) -> None:
-        self._marker = marker
-        self._ep = select.epoll() if hasattr(select, "epoll") else None  # (not Linux: the event loop opens the gates)
-        self._watched: dict[int, tuple[socket.socket, Gate]] = {}
-        self._lock = threading.Lock()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="longctx-end-watcher", daemon=True)
-        self._switch = sys.getswitchinterval()
-
-    def __enter__(self) -> "EndWatcher":
-        if self._ep is not None:
-            sys.setswitchinterval(self.SWITCH_S)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._ep is not None:
-            self._stopping = True
-            self._thread.join()
-            self._ep.close()
-            sys.setswitchinterval(self._switch)
-
-    def watch(self, stream: "Stamped", gate: Gate) -> None:
-        sock = stream._sock
-        if self._ep is None or not isinstance(sock, socket.socket) or sock.fileno() < 0:
-            return
-        fd = sock.fileno()
-        with self._lock:
-            self._watched[fd] = (sock, gate)
-        try:
-            self._ep.register(fd, select.EPOLLIN | select.EPOLLET)
-        except FileExistsError:
-            self._ep.modify(fd, select.EPOLLIN | select.EPOLLET)
-        except (OSError, ValueError):
-            return
-        self._check(fd)  # bytes that came before the registration raise no edge
-
-    def _check(self, fd: int) -> None:
-        with self._lock:
-            item = self._watched.get(fd)
-        if item is None or item[0].fileno() != fd:
-            return
-        sock, gate = item
-        try:
-            data = sock.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if data and self._marker not in data:
-            return
-        with self._lock:
-            self._watched.pop(fd, None)
-        try:
-            self._ep.unregister(fd)
-        except (OSError, ValueError):
-            pass
-        if data:
-            gate.open()
-
-    def _run(self) -> None:
-        while not self._stopping:
-            for fd, _ in self._ep.poll(0.05):
-                self._check(fd)
-
-
-async def _hold(until: "float | Gate | None") -> None:
-    if isinstance(until, Gate):
-        await until.wait()
-    elif until is not None:
-        ahead = until - time.perf_counter() - SPIN_S
-        if ahead > 0:
-            await asyncio.sleep(ahead)
-        while time.perf_counter() < until:
-            pass
 
 
 class AsyncWireStream(Stamped, httpcore.AsyncNetworkStream):
@@ -348,10 +191,10 @@ class AsyncWireStream(Stamped, httpcore.AsyncNetworkStream):
     async def _ready(self, add, remove, deadline: float | None, timeout_exc: type[Exception]) -> None:
         fut = self._loop.create_future()
         fd = self._sock.fileno()
-        add(fd, _wake, fut)
+        add(fd, wake, fut)
         timer = None
         if deadline is not None:
-            timer = self._loop.call_at(deadline, _wake, fut, timeout_exc("timed out"))
+            timer = self._loop.call_at(deadline, wake, fut, timeout_exc("timed out"))
         try:
             await fut
         finally:
@@ -398,7 +241,7 @@ class AsyncWireStream(Stamped, httpcore.AsyncNetworkStream):
         self._loop.add_reader(fd, self._on_readable, fut, max_bytes)
         timer = None
         if timeout is not None:
-            timer = self._loop.call_later(timeout, _wake, fut, httpcore.ReadTimeout("timed out"))
+            timer = self._loop.call_later(timeout, wake, fut, httpcore.ReadTimeout("timed out"))
         try:
             return await fut
         finally:
@@ -415,7 +258,7 @@ class AsyncWireStream(Stamped, httpcore.AsyncNetworkStream):
                     return
                 self._held = None
             else:
-                await _hold(until)
+                await hold(until)
         elif self._held is not None:  # written when the gate opens (_release), or by read()
             self._held[1] += buffer
             return
@@ -523,7 +366,7 @@ class _AsyncTLSWire(Stamped, httpcore.AsyncNetworkStream):
             return
         anyio = self._anyio
         if self._after_read:
-            await _hold(SEND_AT.get())  # (through TLS a gate wakes this task: no write from open())
+            await hold(SEND_AT.get())  # (through TLS a gate wakes this task: no write from open())
         self._writing(buffer)
         try:
             with anyio.fail_after(timeout):

@@ -28,6 +28,7 @@ import pandas as pd
 import yaml
 
 from .. import __version__
+from ..core.net import is_loopback
 from ..core.secrets import mask, mask_argv
 from ..analysis import bands
 from ..analysis.tables import concurrency_table, medians
@@ -177,11 +178,18 @@ def needle_rows(med: pd.DataFrame) -> list[dict]:
 def failure_rows(df: pd.DataFrame) -> list[dict]:
     """One row per length that lost requests (or noted a failed warm-up): what lost it where that was its
     server (it died, it stopped answering), not the transport errors behind it; else the length's own
-    reason (its requests' reasons, from the raw file), else its requests' reasons; and how many were lost."""
+    reason (its requests' reasons, from the raw file), else its requests' reasons; and how many were lost.
+    A length whose first attempt a transient fault lost and that was then measured in full is a row too: how it
+    was measured again, and after what."""
     out = []
     for (name, length), g in df.groupby(["configuration", "length"], sort=True):
         bad = g[g["status"] != "ok"]
         noted = g["length_reason"].dropna() if "length_reason" in g else pd.Series(dtype=object)
+        again = g["length_remeasured"].dropna() if "length_remeasured" in g else pd.Series(dtype=object)
+        if bad.empty and noted.empty and len(again):  # lost to a transient fault, then measured in full
+            out.append({"configuration": name, "length": int(length), "reason": again.iloc[0],
+                        "lost": "none: measured again"})
+            continue
         if bad.empty and noted.empty:
             continue
         fault = g["length_fault"].dropna() if "length_fault" in g else pd.Series(dtype=object)
@@ -271,6 +279,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "spec_hash": p.get("spec_hash"),
             "startup_s": p.get("startup_s"),
             "starts": p.get("starts"),
+            # a server longctx started on an address other than loopback (server.allow_remote): reachable from the network
+            "remote_listen": p["listen"] if p.get("listen") and not is_loopback(p["listen"]) else None,
             "fit": fit,
             "bound": bound_words(fit),  # what bounds each phase (longctx.analysis.bounds), in words
             # whether each fit may carry claims (extrapolations among them): fits.json's quality, usable where absent

@@ -10,15 +10,15 @@
 5. which configuration wins where against the baseline, with the bootstrap interval of its speedup,
    and "no measurable difference" where that interval spans 1 (the headline's verdicts).
 
-Where the load workloads were measured (data/load.json, longctx.report.load), two sentences join them,
-after the third: the SLO frontier (the longest context meeting the SLOs at the highest concurrency every
+Where the load workloads were measured (data/load.json, longctx.report.load), two more findings are
+candidates: the SLO frontier (the longest context meeting the SLOs at the highest concurrency every
 configuration's frontier has) and the interference probe (what the longest injected prompt does to the
-running streams, with the fitted stall per chunk). Then a fourth that only says no configuration falls
-off its model gives way, and the budget of five keeps the first ones in this order: prefill, decode,
-usability, frontier, interference, prefix cache, regime changes, the winners. Where the prefix-cache
-workloads were measured (data/prefix_fits.json, longctx.report.prefix.sentence), their sentence says what
-the highest hit rate saves against cold at the longest length, how well the cost model predicts it and how
-often the server's cached count matched.
+running streams). Where the prefix-cache workloads were measured (data/prefix_fits.json,
+longctx.report.prefix.sentence), their sentence says what the highest hit rate saves against cold at the
+longest length, how well the cost model predicts it and how often the server's cached count matched.
+Page one takes the findings by weight (summary._weight: the scaling and where it stops, a measured win,
+what load and reuse change, then what only says nothing moved) while they fit five sentences and 150
+words, and says them in the order above.
 
 The sentences take the longest length each configuration measured in full, as the diagnosis does.
 """
@@ -240,7 +240,7 @@ def _usable(per: dict, crit: dict) -> str | None:
             through.append(name)
             limit = _predicted_limit(p["fit"], crit)
             if limit:
-                predicted.append(f"{name} at about {rounded(limit[0])} tokens ({limit[1]})")
+                predicted.append((name, limit))
     parts = []
     for L, members in sorted(stops.items()):
         who = _names([n for n, _ in members], len(per))
@@ -252,8 +252,15 @@ def _usable(per: dict, crit: dict) -> str | None:
         who = _names(through, len(per))
         singular = len(through) == 1 or who == "every configuration"
         parts.append(f"{who} meet{'s' if singular else ''} it at every length measured, "
-                     f"up to {longest:,} tokens" + (f", and the fits predict {'; '.join(predicted)} as the limit" if predicted else ""))
+                     f"up to {longest:,} tokens" + (f", and the fits predict {_limits(predicted)} as the limit" if predicted else ""))
     return f"By the stated criterion ({words}), " + "; ".join(parts) + "."
+
+
+def _limits(predicted: list[tuple[str, tuple[int, str]]]) -> str:
+    """'page64 at about 30,058 tokens (TTFT)', or for several that the same criterion limits, one span of them."""
+    if len(predicted) > 1 and len({why for _, (_, why) in predicted}) == 1:
+        return f"about {_span([L for _, (L, _) in predicted], lambda x: f'{rounded(x)} tokens')} ({predicted[0][1][1]})"
+    return "; ".join(f"{name} at about {rounded(L)} tokens ({why})" for name, (L, why) in predicted)
 
 
 def _cliffs(per: dict, fits: dict, med: pd.DataFrame) -> str:
@@ -314,17 +321,14 @@ def _winners(headline: dict | None) -> str | None:
         value, interval = _speedup(best, key)
         if verdict in ("faster", "slower"):
             since = _since(rows, best["configuration"], key, verdict, L)
-            parts.append(f"{best['configuration']} {verb} fastest, {value} as fast as the baseline ({interval}{since})"
-                         if verdict == "faster" else
-                         f"every configuration {verb} slower than the baseline (the closest, {best['configuration']}: "
-                         f"{value}, {interval}{since})")
+            parts.append(f"{best['configuration']} {verb} fastest ({value}, {interval}{since})" if verdict == "faster" else
+                         f"every configuration {verb} slower (the closest, {best['configuration']}: {value}, {interval}{since})")
         else:
-            parts.append(f"no configuration {verb} measurably faster than the baseline (the best, {best['configuration']}: "
-                         f"{value}, " + (f"{interval}, which spans 1)" if interval else
-                                          f"no interval: {_trials_words(best, key)})"))
+            parts.append(f"none {verb} measurably faster (best {best['configuration']}: {value}, "
+                         + (f"{interval}, spanning 1)" if interval else f"no interval: {_trials_words(best, key)})"))
     if not parts:
         return None
-    return f"Against the baseline, {base}, at {L:,} tokens: " + "; ".join(parts) + "."
+    return f"Against {base} at {L:,} tokens, " + "; ".join(parts) + "."
 
 
 def _since(rows: list[dict], name: str, key: str, verdict: str, L: int) -> str:
@@ -337,7 +341,7 @@ def _since(rows: list[dict], name: str, key: str, verdict: str, L: int) -> str:
         start = r["length"]
     if start is None or start == L:
         return ""
-    return f"; measurably from {start:,} tokens on"
+    return f"; from {start:,} tokens on"
 
 
 def _frontier(load: dict | None) -> str | None:
@@ -353,17 +357,22 @@ def _frontier(load: dict | None) -> str | None:
         said += f" (for {slo['attainment']:.0%} of requests)"
     verb = "holds" if len(words) == 1 else "hold"
     common = set.intersection(*({r["concurrency"] for r in rows} for rows in confs.values()))
-    parts = []
+    groups: dict[tuple, list[tuple[str, dict]]] = {}  # (length, concurrency) -> the configurations there
     for name, rows in confs.items():
         at = max(common) if common else max(r["concurrency"] for r in rows)
         r = next(r for r in rows if r["concurrency"] == at)
-        how = ", ".join(w for w in (r.get("basis"), LIMITS.get(r.get("limited_by"))) if w)
         L = r.get("max_length")
-        text = f"to {int(L):,} tokens" if is_number(L) and L > 0 else "at no length measured"
+        groups.setdefault((int(L) if is_number(L) and L > 0 else None, at), []).append((name, r))
+    parts = []
+    for (L, at), members in groups.items():
+        text = f"to {L:,} tokens" if L else "at no length measured"
         if len(confs) > 1:
-            text += f" in {name}"
+            text += f" in {listed([n for n, _ in members])}"
         if not common:
             text += f" at {_requests(at)}"
+        bases = sorted({r.get("basis") for _, r in members if r.get("basis")})
+        limits = [LIMITS[k] for k in dict.fromkeys(r.get("limited_by") for _, r in members) if k in LIMITS]
+        how = ", ".join(w for w in (" and ".join(bases), " and ".join(limits).replace(" and limited by", " and")) if w)
         parts.append(text + (f" ({how})" if how else ""))
     lead = f"At {_requests(max(common))}, {said} {verb} " if common else f"{said[0].upper()}{said[1:]} {verb} "
     return lead + listed(parts) + "."
@@ -377,7 +386,7 @@ def _interference(load: dict | None) -> str | None:
     """'A 16,384-token prompt stalls 2 running streams for 3.4 s (worst gap), the whole of its prefill (TTFT
     3.4 s: its 2 chunks run back to back, 1.7 s each on average)': per configuration, its longest injected
     length with a worst gap, and how much of the prefill the streams waited through (where it is known)."""
-    parts = []
+    parts, chosen = [], []
     confs = sorted(((load or {}).get("configurations") or {}).items())
     for name, c in confs:
         inter = (c or {}).get("interference") or {}
@@ -385,6 +394,7 @@ def _interference(load: dict | None) -> str | None:
         if not pts:
             continue
         p = max(pts, key=lambda p: p["length"])
+        chosen.append({**p, "background": p.get("background", inter.get("background"))})
         L, gap = int(p["length"]), float(p["worst_gap"]["value"])
         b = p.get("background", inter.get("background"))
         who = (f"{int(b)} running stream{'s' if int(b) != 1 else ''}" if is_number(b) else "the running streams")
@@ -404,27 +414,62 @@ def _interference(load: dict | None) -> str | None:
         return None
     if len(parts) == 1 and len([1 for _, c in confs if ((c or {}).get("interference") or {}).get("points")]) <= 1:
         text = parts[0][1]
+    elif len({(p["length"], str(p.get("background"))) for p in chosen}) == 1:  # one length, as many streams: one span
+        p = chosen[0]
+        b = p.get("background")
+        who = f"{int(b)} running stream{'s' if int(b) != 1 else ''}" if is_number(b) else "the running streams"
+        gaps = [float(c["worst_gap"]["value"]) for c in chosen]
+        shares = [c.get("stalled_share") for c in chosen]
+        text = (f"a {int(p['length']):,}-token prompt stalls {who} for {_span(gaps, time_words)} (worst gap) in "
+                f"{listed([n for n, _ in parts])}")
+        if all(is_number(x) for x in shares):
+            text += (", the whole of its prefill" if min(shares) >= 0.8 else f", {_span([100 * x for x in shares], _whole_pct)} of its prefill")
     else:
         text = "; ".join(f"in {n}, {t}" for n, t in parts)
     return text[0].upper() + text[1:] + "."
 
 
+WORDS = 150  # page one's sentences, at most (the issue's budget; the title block, figure and table beside them)
+
+
+def _weight(kind: str, text: str) -> int:
+    """How much a finding weighs on page one: the scaling and where it stops first, then what load and reuse change
+    and a cliff, then the winners (the compact table beside the sentences gives every speedup with its interval),
+    then what only says nothing moved (no measurable difference, no cliff)."""
+    if kind == "winners":  # page one's compact table shows every speedup with its interval: the sentence adds less
+        return 4 if ("fastest" in text or "every configuration" in text) else 2
+    if kind == "cliffs":
+        return 7 if text != NO_CLIFFS else 1
+    return {"prefill": 10, "decode": 9, "usable": 9, "frontier": 7, "prefix": 6, "interference": 5}[kind]
+
+
 def summary(med: pd.DataFrame, fits: dict, headline: dict | None, settings: dict, faults: list[str] | None = None,
             load: dict | None = None, prefix: dict | None = None) -> list[dict]:
-    """Page one's sentences ({text, figure}), at most five: first what could not be measured at all (faults:
-    the diagnosis' sentences of configurations with no length, or no usable time, measured), then the
-    module's five, as many as fit; with load (load.json's contents), the frontier's and the interference
-    probe's sentences after the third, and the fourth only where it says something (see the module); with
-    prefix (prefix_fits.json's contents), the prefix cache's sentence after the interference probe's."""
+    """Page one's sentences ({text, figure}): first what could not be measured at all (faults: the diagnosis'
+    sentences of configurations with no length, or no usable time, measured), then the findings chosen by weight
+    (_weight) while they fit five sentences and WORDS words, said in this order: prefill, decode, usability, the SLO
+    frontier, the interference probe, the prefix cache, regime changes, the winners (load: load.json's contents;
+    prefix: prefix_fits.json's)."""
     crit = {**USABLE, **(settings.get("usable") or {})}
     per = _tops(med, fits)
     said = [(t, None) for t in faults or []]
-    loaded = [(_frontier(load), "frontier"), (_interference(load), "interference"), (prefix_sentence(prefix), "prefix_ttft")]
-    loaded = [(t, f) for t, f in loaded if t]
+    found = [("frontier", _frontier(load), "frontier"), ("interference", _interference(load), "interference"),
+             ("prefix", prefix_sentence(prefix), "prefix_ttft")]
     if per:
-        cliffs = _cliffs(per, fits, med)
-        said += [(_prefill(per), "overview"), (_decode(per), "overview"), (_usable(per, crit), "overview")]
-        said += loaded + [(None if loaded and cliffs == NO_CLIFFS else cliffs, "residuals"), (_winners(headline), None)]
-    else:
-        said += loaded
-    return [{"text": t, "figure": f} for t, f in said if t][:5]
+        found = ([("prefill", _prefill(per), "overview"), ("decode", _decode(per), "overview"),
+                  ("usable", _usable(per, crit), "overview")] + found
+                 + [("cliffs", _cliffs(per, fits, med), "residuals"), ("winners", _winners(headline), None)])
+    found = [(i, kind, text, fig) for i, (kind, text, fig) in enumerate(found) if text]
+    budget, room = WORDS - sum(len(t.split()) for t, _ in said), 5 - len(said)
+    chosen, skipped = [], False
+    for i, kind, text, fig in sorted(found, key=lambda f: (-_weight(f[1], f[2]), f[0])):
+        words = len(text.split())
+        if _weight(kind, text) <= 1 and skipped:  # a sentence that only says nothing moved, in place of a finding
+            continue
+        if room > 0 and (words <= budget or not chosen):  # the weightiest finding, whatever its length
+            chosen.append((i, text, fig))
+            budget, room = budget - words, room - 1
+        else:
+            skipped = True
+    said += [(text, fig) for _, text, fig in sorted(chosen)]
+    return [{"text": t, "figure": f} for t, f in said][:5]

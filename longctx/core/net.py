@@ -1,0 +1,15 @@
+"""Addresses: whether a host is this machine's loopback (a server listening there is reachable only from here)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and localhost; any other address (0.0.0.0 and :: included) reaches beyond this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

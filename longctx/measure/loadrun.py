@@ -1,0 +1,71 @@
+"""The load workloads of a configuration on the sweep's session (measure.load's points, in order), each kept as it
+is measured."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+import httpx
+
+from ..specs.pool import observed_pool
+from .load import (LoadContext, background_tokens, describe, failed_point, log, new_client, point_key, points,
+                   run_point)
+from .points import measure_points
+
+
+def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, float] | None],
+             keep: Callable[[list[dict]], None], kept: list[dict] | None = None) -> list[dict]:
+    """Every load point of spec.load on the sweep's session (longctx.measure.session.Session: its server up,
+    its prompter probed), in one event loop; keep(points) is called after each point, so that nothing
+    measured is lost. A point after which the server does not answer its health path fails with the
+    server's fault, the server is restarted (within the session's restarts) and the next point goes on."""
+    load = spec.load
+    chunk = session.adapter.chunked_prefill_size(spec.args, session.prov.get("server_info") or {})
+    inter = load["interference"]
+    try:
+        context = session.adapter.context_length(spec.args, session.prov.get("server_info") or {})
+    except (TypeError, ValueError):
+        context = None
+    pool, _ = observed_pool(session.prov)
+    def measure(item: tuple[str, int, float]) -> dict:
+        kind, length, level = item
+        bg = 0
+        if kind == "interference":
+            # the streams and the injected prompt must fit the pool together: a server would hold the prompt
+            # back until a stream ends, and the streams end only after it
+            limits = [int(context) - inter["background_length"]] if context else []
+            if pool:
+                limits.append((int(pool) - length - 2) // inter["background"] - inter["background_length"])
+            bg = background_tokens(inter, predict, length, min(limits) if limits else None)
+            least = inter["steady_tokens"] + inter["tail_tokens"] + 16
+            if limits and min(limits) < least:
+                return failed_point(kind, length, level, (
+                    f"not sent: {inter['background']} streams of {inter['background_length']} tokens decoding {least} "
+                    f"and a prompt of {length} do not fit the KV pool of {pool} tokens (or the context length of "
+                    f"{context})"), background=inter["background"])
+
+        def timeout(prompt: int, in_flight: int) -> float:
+            expected = predict(prompt)
+            one = spec.protocol["request_timeout_s"]
+            if expected:
+                one = max(one, spec.protocol["timeout_factor"] * (expected[0] + load["output_tokens"] * expected[1]))
+            return one * max(1, in_flight)
+
+        async def run() -> dict:
+            async with new_client(session.headers) as client:
+                flush = None
+                if spec.protocol["flush_cache"] and session.api.flush_path:
+                    async def flush():
+                        try:
+                            await client.post(session.base + session.api.flush_path, timeout=30)
+                        except httpx.HTTPError as exc:
+                            log.warning("%s: flush_cache failed: %s", spec.name, exc)
+                ctx = LoadContext(client, session.base, session.api.generate_path, session.prompter, session.adapter,
+                                  f"{run_id}/{spec.name}", load, timeout, flush, session.health_path)
+                return await run_point(ctx, kind, length, level, chunk, bg)
+
+        return asyncio.run(run())
+
+    return measure_points(session, spec.name, points(load), point_key, measure, lambda item, why: failed_point(*item, why),
+                          describe, keep, kept)
