@@ -98,13 +98,6 @@ def transient(record: dict | None) -> str | None:
     return reason if any(w.lower() in reason.lower() for w in TRANSIENT_WORDS) else None
 
 
-def resumable(resume_dir: Path | None, length: int, key: str) -> dict | None:
-    """A kept length of the same key that a fixed sweep reuses whole: it succeeded, or it failed for a reason that
-    would repeat (transient: a length lost to a server death or a timeout is measured again)."""
-    kept = resumable_any(resume_dir, length, key)
-    return kept if kept and transient(kept) is None else None
-
-
 def retry_files(resume_dir: str | Path) -> list[str]:
     """The note of the latest run of this configuration that lost lengths to a transient fault
     (resume_dir/retry-<n>.json, n counting such runs), as the bench rule's input: a run that loses lengths writes

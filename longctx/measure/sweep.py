@@ -25,7 +25,7 @@ from .prefix import cache_facts, run_prefix
 from .health import ServerError
 from .progress import EVERY_S, Progress, fitted
 from .protocol import length_line, measure_at, measure_itl_depth, request_timeout, samples
-from .rawfiles import (RAW_FORMAT, note_retry, resumable, resumable_any, resume_key, transient, workloads_file, writable,
+from .rawfiles import (RAW_FORMAT, note_retry, resumable_any, resume_key, transient, workloads_file, writable,
                        write_absent, write_json, write_kept)
 from .session import Session
 
@@ -77,7 +77,11 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         session = Session(adapter, spec, server_log, prov)
         key = resume_key(spec, prov["kernel"], session.version)
         history: list[tuple[int, float, float | None]] = []  # (length, TTFT, TPOT) of ok trials
-        kept_before = {i: kept for i, length in enumerate(spec.lengths) if (kept := resumable(resume_dir, length, key))}
+        # what an earlier run of the same key kept: reused where it succeeded or failed for a reason that would
+        # repeat; a length it lost to a transient fault is measured again (rawfiles.transient says why)
+        earlier = {i: kept for i, length in enumerate(spec.lengths) if (kept := resumable_any(resume_dir, length, key))}
+        lost_before = {i: why for i, kept in earlier.items() if (why := transient(kept))}
+        kept_before = {i: kept for i, kept in earlier.items() if i not in lost_before}
         for i, kept in kept_before.items():
             tracker.known(i, samples(spec.lengths[i], kept))
         for i, length in enumerate([] if spec.adaptive else spec.lengths):
@@ -90,7 +94,6 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                 tracker.end(f"measured before (run {kept['run_id']}), reused", session.alive())
                 continue
             started = provenance.now_iso()
-            before = transient(resumable_any(resume_dir, length, key))  # an earlier run lost it to a transient fault
             result = measure_at(session, spec, length, run_id, history, tracker)
             lost = transient(result)
             if result.get("fault") and session.restarts_left():  # lost to its server: measured again, once, on a new one
@@ -100,8 +103,8 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                 result["remeasured"] = {"why": lost, "how": "again on the restarted server", "first_attempt": {
                     "status": first["status"], "reason": first.get("reason"), "trials": first.get("trials") or []}}
                 lost = transient(result)
-            elif before:
-                result["remeasured"] = {"why": before, "how": "by a rerun of the same command"}
+            elif i in lost_before:
+                result["remeasured"] = {"why": lost_before[i], "how": "by a rerun of the same command"}
             if lost:
                 transients[length] = lost
             record = {**common, "provenance": copy.deepcopy(prov), "length": length, **result, "resume_key": key,
