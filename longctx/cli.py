@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
 import sys
 from pathlib import Path
 
-from .core.errors import ConfigError
+from .core.errors import ConfigError, write_atomic, write_fix
 from .core.hashing import digest
 
 LOG_FORMAT = "[%(asctime)s] %(name)s: %(message)s"
+TERMINAL = logging.getLogger("longctx.progress")  # the lines a stage run with --log shows on the terminal
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}  # a path that cannot be written
 
 
 def _job_spec(a):
@@ -40,22 +43,10 @@ def _job_spec(a):
 def _bench(a) -> int:
     from .measure.sweep import run_configuration
 
-    if a.log:  # everything to the file; the console gets the progress lines (measure.progress) and errors
-        Path(a.log).parent.mkdir(parents=True, exist_ok=True)
-        root = logging.getLogger()
-        for h in list(root.handlers):
-            root.removeHandler(h)
-        to_file = logging.FileHandler(a.log, mode="w")
-        to_file.setFormatter(logging.Formatter(LOG_FORMAT))
-        console = logging.StreamHandler(sys.stderr)
-        console.setFormatter(logging.Formatter("longctx bench: %(message)s"))
-        console.addFilter(lambda r: r.name == "longctx.progress" or r.levelno >= logging.ERROR)
-        root.addHandler(to_file)
-        root.addHandler(console)
     spec = _job_spec(a)
     failed = run_configuration(spec, a.outdir or f"data/raw/{spec.name}", a.server_log or f"data/logs/server/{spec.name}.log",
                                a.resume_dir, **({} if a.progress_every is None else {"progress_every_s": a.progress_every}))
-    print(f"{spec.name}: {len(spec.lengths) - failed} of {len(spec.lengths)} lengths measured")
+    logging.getLogger(__name__).info("%s: %d of %d lengths measured", spec.name, len(spec.lengths) - failed, len(spec.lengths))
     return 0
 
 
@@ -90,7 +81,7 @@ def _bench_kernel(a) -> int:
         print(f"{r['variant']:>10} {r['device']:>5} {r['length']:>7}: {r['seconds'] * 1e3:.3f} ms, {r['gb_s']:.2f} GB/s, "
               f"{r['fraction_of_copy']:.0%} of copy", flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"kernel_dir": a.kernel_dir, "records": records}, indent=1) + "\n")
+    write_atomic(a.out, json.dumps({"kernel_dir": a.kernel_dir, "records": records}, indent=1) + "\n")
     return 0
 
 
@@ -237,7 +228,7 @@ def _plan_section(a) -> int:
 
     section = plan_section(a.template, a.plan, a.version, _report_inputs(a), versions_dir=a.versions)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(section)
+    write_atomic(a.out, section)
     print(a.out)
     return 0
 
@@ -456,23 +447,98 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("check-config", help="validate a config file and print it with defaults filled in")
     s.add_argument("configfile")
     s.set_defaults(func=_check_config)
+    for name, s in sub.choices.items():  # bench has its own, with what its console shows
+        if name != "bench":
+            s.add_argument("--log", help="write everything here (this stage's output, its tools', the traceback of a "
+                           "failure); the terminal gets the errors, in a line that names this file")
     return p
 
 
+def _to_log(path: str, command: str):
+    """Everything the stage writes from here on (stdout, stderr, its subprocesses', every log record) goes to
+    path; the terminal keeps the lines meant for it (logger longctx.progress, errors) prefixed `longctx
+    <command>:`. Returns the terminal's stream."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    terminal = os.fdopen(os.dup(2), "w", buffering=1)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    to_file = logging.StreamHandler(sys.stderr)
+    to_file.setFormatter(logging.Formatter(LOG_FORMAT))
+    console = logging.StreamHandler(terminal)
+    console.setFormatter(logging.Formatter(f"longctx {command}: %(message)s"))
+    console.addFilter(lambda r: r.name == TERMINAL.name or r.levelno >= logging.ERROR)
+    root.addHandler(to_file)
+    root.addHandler(console)
+    root.setLevel(logging.INFO)
+    return terminal
+
+
+def _written(args) -> list[str]:
+    """The paths a stage was told to write (its --out* and --outdir options), for an error that names none."""
+    return [str(v) for k, v in sorted(vars(args).items()) if (k in ("out", "outdir") or k.startswith("out_") or k.endswith("_out")) and v]
+
+
+def _write_failure(exc: OSError, args) -> str:
+    """'cannot write data/fits.json: No space left on device; free space on ...': the file the error names, else
+    the ones the stage was told to write."""
+    outs = _written(args)
+    path = getattr(exc, "filename", None) or (outs[0] if outs else ".")
+    where = getattr(exc, "filename", None) or " or ".join(outs) or "its output"
+    return f"cannot write {where}: {exc.strerror or exc}; {write_fix(exc.errno, path)}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     args = parser().parse_args(argv)
+    log_path = getattr(args, "log", None)
+    terminal = sys.stderr
+    try:
+        if log_path:
+            terminal = _to_log(log_path, args.command)
+    except OSError as exc:
+        print(f"longctx {args.command}: cannot write its log {log_path}: {exc.strerror or exc}; "
+              f"{write_fix(exc.errno, log_path)}", file=sys.stderr)
+        return 1
+    if not log_path:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
+
+    def say(message: str) -> None:  # one line on the terminal, and in the log
+        print(f"longctx {args.command}: {message}", file=terminal, flush=True)
+        if log_path:
+            print(message, file=sys.stderr, flush=True)
+
     try:
         return args.func(args)
     except ConfigError as exc:
-        print(f"longctx: {exc}", file=sys.stderr)
+        say(str(exc))
         return 2
     except SystemExit as exc:  # ReportError, PlanError: a message for people, not a traceback
         if isinstance(exc.code, str):
-            print(f"longctx: {exc.code}", file=sys.stderr)
+            say(exc.code)
             return 1
         raise
+    except KeyboardInterrupt:  # Ctrl-C, or (bench) SIGTERM and SIGHUP: what was measured is kept
+        say("interrupted; " + ("the lengths measured so far are kept, and " if args.command == "bench" else "")
+            + "the same command resumes")
+        return 130
+    except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:  # a full disk, a path that cannot be written
+            say(_write_failure(exc, args))
+            return 1
+        if not log_path:
+            raise
+        # a defect: the traceback goes to the log, the terminal gets its line and the log's path
+        logging.getLogger(__name__).exception("failed")
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        say(f"failed: {type(exc).__name__}: {first} (the traceback: {log_path})")
+        return 1
 
 
 if __name__ == "__main__":

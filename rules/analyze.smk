@@ -13,7 +13,7 @@ rule aggregate_results:
         ENV
     shell:
         "longctx aggregate --out-csv {output.csv} --out-provenance {output.provenance} "
-        "--out-itl-depth {output.itl_depth} --partial-dir {params.partial} {input} > {log} 2>&1"
+        "--out-itl-depth {output.itl_depth} --partial-dir {params.partial} {input} --log {log}"
 
 
 rule fit_models:
@@ -32,7 +32,7 @@ rule fit_models:
         ENV
     shell:
         "longctx fit --results {input.results} --provenance {input.provenance} --calibration {input.calibration} "
-        "--settings {params.settings:q} --kernel-bench {input.kernels} --out {output} > {log} 2>&1"
+        "--settings {params.settings:q} --kernel-bench {input.kernels} --out {output} --log {log}"
 
 
 rule plan_memory:
@@ -49,7 +49,7 @@ rule plan_memory:
         ENV
     shell:
         "longctx plan-memory --provenance {input.provenance} --results {input.results} "
-        "--fractions {params.fractions} --out {output} > {log} 2>&1"
+        "--fractions {params.fractions} --out {output} --log {log}"
 
 
 # The load workloads (longctx.analysis.load): a row per request, per interference stream and per
@@ -67,7 +67,7 @@ rule aggregate_load:
         ENV
     shell:
         "longctx aggregate-load --out-requests {output.requests} --out-interference {output.interference} "
-        "--out-metrics {output.metrics} {input} > {log} 2>&1"
+        "--out-metrics {output.metrics} {input} --log {log}"
 
 
 rule analyze_load:
@@ -89,7 +89,7 @@ rule analyze_load:
     shell:
         "longctx analyze-load --requests {input.requests} --interference {input.interference} "
         "--metrics {input.metrics} --fits {input.fits} --provenance {input.provenance} --planner {input.planner} "
-        "--settings {params.settings:q} --out {output} > {log} 2>&1"
+        "--settings {params.settings:q} --out {output} --log {log}"
 
 
 # The reused-context workloads (longctx.analysis.prefix): a row per request, then the cost model
@@ -105,7 +105,7 @@ rule aggregate_prefix:
     conda:
         ENV
     shell:
-        "longctx aggregate-prefix --out {output} {input} > {log} 2>&1"
+        "longctx aggregate-prefix --out {output} {input} --log {log}"
 
 
 rule analyze_prefix:
@@ -123,4 +123,4 @@ rule analyze_prefix:
         ENV
     shell:
         "longctx analyze-prefix --prefix {input.prefix} --results {input.results} --fits {input.fits} "
-        "--settings {params.settings:q} --out {output} > {log} 2>&1"
+        "--settings {params.settings:q} --out {output} --log {log}"

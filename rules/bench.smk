@@ -52,7 +52,7 @@ for _name in IMPORTED:
             ENV
         shell:
             "longctx import --configuration {params.configuration} --spec-hash {params.spec_hash} "
-            "--outdir {params.outdir} > {log} 2>&1"
+            "--outdir {params.outdir} --log {log}"
 
 
 # Measured ceilings of the devices of this machine that the servers compute on (managed servers, and
@@ -73,4 +73,4 @@ rule calibrate_hardware:
     conda:
         ENV
     shell:
-        "longctx calibrate --plan {params.plan:q} --out {output} > {log} 2>&1"
+        "longctx calibrate --plan {params.plan:q} --out {output} --log {log}"

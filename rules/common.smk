@@ -154,4 +154,4 @@ def report_shell(command, options):
     template, the data, the baseline and the configuration, then `options`; its output to the log."""
     data = " ".join(f"--{name.replace('_', '-')} {{input.{name}}}" for name in REPORT_DATA)
     return (f"longctx {command} --template {{input.template}} {data} --baseline {{params.baseline:q}} "
-            f"--config-json {{params.config:q}} {options} > {{log}} 2>&1")
+            f"--config-json {{params.config:q}} {options} --log {{log}}")

@@ -12,7 +12,7 @@ rule build_kernel:
     conda:
         ENV
     shell:
-        "longctx build-kernel --name {wildcards.kernel} --kind {params.kind} --outdir {params.outdir} {params.archs} {input} > {log} 2>&1"
+        "longctx build-kernel --name {wildcards.kernel} --kind {params.kind} --outdir {params.outdir} {params.archs} {input} --log {log}"
 
 
 rule bench_kernel:
@@ -31,4 +31,4 @@ rule bench_kernel:
         ENV
     shell:
         "longctx bench-kernel --kernel-dir {params.outdir} --lengths {params.lengths} {params.shape} "
-        "--threads {threads} --out {output} > {log} 2>&1"
+        "--threads {threads} --out {output} --log {log}"

@@ -15,7 +15,7 @@ rule plot_figures:
         ENV
     shell:
         "longctx plot --results {input.results} --fits {input.fits} --style {input.style} "
-        "--itl-depth {input.itl_depth} --provenance {input.provenance} --outdir {params.outdir} > {log} 2>&1"
+        "--itl-depth {input.itl_depth} --provenance {input.provenance} --outdir {params.outdir} --log {log}"
 
 
 rule plot_analysis_figures:
@@ -34,7 +34,7 @@ rule plot_analysis_figures:
         ENV
     shell:
         "longctx plot-analysis --results {input.results} --fits {input.fits} --planner {input.planner} "
-        "--style {input.style} --outdir {params.outdir} > {log} 2>&1"
+        "--style {input.style} --outdir {params.outdir} --log {log}"
 
 
 rule plot_load_figures:
@@ -52,7 +52,7 @@ rule plot_load_figures:
         ENV
     shell:
         "longctx plot-load --load {input.load} --metrics {input.metrics} --style {input.style} "
-        "--outdir {params.outdir} > {log} 2>&1"
+        "--outdir {params.outdir} --log {log}"
 
 
 rule plot_prefix_figures:
@@ -68,7 +68,7 @@ rule plot_prefix_figures:
     conda:
         ENV
     shell:
-        "longctx plot-prefix --prefix {input.prefix} --style {input.style} --outdir {params.outdir} > {log} 2>&1"
+        "longctx plot-prefix --prefix {input.prefix} --style {input.style} --outdir {params.outdir} --log {log}"
 
 
 # The .tex and its version record (number, hash, previous version, the medians it keeps); the
@@ -106,7 +106,7 @@ rule build_pdf:
         ENV
     shell:
         "longctx pdf --tex {input.tex} --provenance {input.provenance} --version {input.version} "
-        "--out {output} > {log} 2>&1"
+        "--out {output} --log {log}"
 
 
 rule render_markdown:
@@ -165,4 +165,4 @@ rule attach_plan:
     conda:
         ENV
     shell:
-        "longctx attach-plan --plan {output} --section {input} > {log} 2>&1"
+        "longctx attach-plan --plan {output} --section {input} --log {log}"

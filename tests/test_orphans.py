@@ -110,8 +110,8 @@ def test_an_interrupted_workflow_leaves_no_server_and_the_same_command_resumes_i
     config["configurations"] = {"page1": config["configurations"]["page1"]}
     (work / "int.yaml").write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "snakemake", "--cores", "1", "data/raw/page1/256.json", "--configfile", "int.yaml"]
-    snake = subprocess.Popen(command, cwd=work, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+    console = open(tmp_path / "console.txt", "w")  # what the user's terminal shows
+    snake = subprocess.Popen(command, cwd=work, env=ENV, stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
     log = work / "data" / "logs" / "server" / "page1.log"
     try:
         server = wait_for_server(log, 240)
@@ -123,7 +123,12 @@ def test_an_interrupted_workflow_leaves_no_server_and_the_same_command_resumes_i
         assert locks and clear_stale_locks(work) is None and all(p.exists() for p in locks)  # held by a live run
         os.killpg(snake.pid, sig)
         snake.wait(60)
+        console.close()
         assert gone(server), f"server {server} outlived the workflow"
+        said = (tmp_path / "console.txt").read_text()
+        # the bench says, in one line, that the same command resumes; no traceback of ours
+        assert "longctx bench: interrupted; the lengths measured so far are kept, and the same command resumes" in said, said
+        assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
         assert list((work / ".snakemake" / "locks").glob("*.lock")) or sig == signal.SIGINT  # SIGHUP leaves the lock
         again = subprocess.run(command, cwd=work, env=ENV, capture_output=True, text=True, timeout=300)
         assert again.returncode == 0, again.stderr[-3000:]

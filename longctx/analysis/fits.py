@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from ..core.errors import write_atomic
 from ..core.fitting import LEVEL, Fit, decode_summary, holdout, prefill_summary, reciprocal_interval, regime_change_in
 from ..core.numbers import is_number
 from . import bounds, kernel_records
@@ -300,7 +301,7 @@ def fit_file(results_csv: str | Path, out_json: str | Path, provenance_json: str
                    kernel_records.summary(kernel_bench) if kernel_bench else None)
     if cal is not None:
         fits["calibration"] = cal
-    Path(out_json).write_text(json.dumps(fits, indent=1, sort_keys=True, default=_json_default) + "\n")
+    write_atomic(out_json, json.dumps(fits, indent=1, sort_keys=True, default=_json_default) + "\n")
     return fits
 
 

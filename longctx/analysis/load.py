@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.errors import write_atomic
 from ..core.numbers import finite
 from ..engines.base import arg_value
 from .aggregate import read_raw
@@ -317,5 +318,5 @@ def aggregate_load(raw_files: list[str | Path], out_requests: str | Path, out_in
               pd.DataFrame(met, columns=METRICS_COLUMNS))
     for df, out in zip(frames, (out_requests, out_interference, out_metrics)):
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        df.to_csv(out, index=False)
+        write_atomic(out, df.to_csv(index=False))
     return frames

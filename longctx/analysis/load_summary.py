@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..core.errors import write_atomic
 from ..core.fitting import percentile_interval, resamples
 from ..core.numbers import finite, json_plain
 from ..specs.pool import observed_pool
@@ -375,5 +376,5 @@ def analyze_file(requests_csv, interference_csv, metrics_csv, out_json, fits_jso
     result = json_plain(analyze_load(pd.read_csv(requests_csv), pd.read_csv(interference_csv), pd.read_csv(metrics_csv),
                                  doc(fits_json), doc(provenance_json), doc(planner_json), settings))
     Path(out_json).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    write_atomic(out_json, json.dumps(result, indent=1, sort_keys=True) + "\n")
     return result

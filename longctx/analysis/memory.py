@@ -27,6 +27,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from ..core.errors import write_atomic
 from ..core.words import listed
 from ..engines import EngineAdapter, get_adapter
 from ..specs import hardware
@@ -296,5 +297,5 @@ def plan_file(provenance_json: str | Path, results_csv: str | Path | None, out_j
         ok = df[df["status"] == "ok"]
         longest = {str(k): int(v) for k, v in ok.groupby("configuration")["length"].max().items()}
     doc = plan(prov, fractions, longest)
-    Path(out_json).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    write_atomic(out_json, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return doc

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core.errors import write_atomic
 from ..core.numbers import finite
 from .aggregate import read_raw
 
@@ -131,5 +132,5 @@ def aggregate_prefix(raw_files: list[str | Path], out_csv: str | Path) -> pd.Dat
         rows += raw_rows(path)
     df = pd.DataFrame(rows, columns=COLUMNS)
     Path(out_csv).parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out_csv, index=False)
+    write_atomic(out_csv, df.to_csv(index=False))
     return df

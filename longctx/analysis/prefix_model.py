@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.errors import write_atomic
 from ..core.fitting import LEVEL, BasisFit, median_draws, percentile_interval
 from ..core.numbers import finite, is_number, json_plain, ratio
 from .fits import bootstrap_settings
@@ -338,5 +339,5 @@ def analyze_file(prefix_csv, out_json, results_csv=None, fits_json=None, setting
     fits = json.loads(Path(fits_json).read_text()) if fits_json and Path(fits_json).exists() else None
     result = json_plain(analyze_prefix(pd.read_csv(prefix_csv), results, fits, settings))
     Path(out_json).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    write_atomic(out_json, json.dumps(result, indent=1, sort_keys=True) + "\n")
     return result

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..core.errors import write_atomic
 from .microbench import cpu_name
 
 KINDS = ("torch", "native")
@@ -443,5 +444,5 @@ def build(name: str, kind: str, sources: list[str], outdir: str | Path, cuda_arc
                 manifest["cuda_paths"] = cuda_paths(ext, gpu_checks)
         else:
             targets["cuda"] = {"skipped": "no CUDA source (.cu) in this kernel's sources"}
-    (outdir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    write_atomic(outdir / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest

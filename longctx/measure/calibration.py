@@ -17,6 +17,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from ..core.errors import write_atomic
 from ..attention import microbench
 from ..config import configuration_spec
 from ..engines import get_adapter
@@ -97,5 +98,5 @@ def calibrate(plan_: dict, out: str | Path) -> dict:
     if plan_.get("remote"):
         doc["remote"] = plan_["remote"]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    write_atomic(out, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return doc

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import provenance
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, write_atomic
 from ..core.hashing import digest
 from ..engines import ConfigurationSpec
 
@@ -43,10 +43,7 @@ def writable(directory: Path | None) -> None:
 
 
 def write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
 def write_kept(name: str, doc: dict, outdir: Path, resume_dir: Path | None) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jinja2
 
+from ..core.errors import write_atomic
 from . import versions
 from .context import ReportError, ReportInputs, context, render, shown_path, source_date_epoch, version_of, with_version
 from .dialect import Dialect
@@ -100,7 +101,7 @@ def render_report(template, out_tex, version_out, inputs: ReportInputs, *, versi
     ctx = context(inputs, template_dir=template.parent)
     record = version_of(ctx, inputs, template.parent, versions_dir)
     render(template, out_tex, with_version(ctx, record, versions_dir), environment(template.parent))
-    Path(version_out).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    write_atomic(version_out, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
 
 

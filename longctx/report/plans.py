@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..core.errors import write_atomic
+
 BEGIN = "<!-- longctx:results:begin (written by `longctx attach-plan`; edits between these markers are replaced) -->"
 END = "<!-- longctx:results:end -->"
 
@@ -58,7 +60,5 @@ def attach(plan: str | Path, section: str, title: str | None = None) -> Path:
         text = f"# {title or plan.stem}\n"
     new = splice(text, section, str(plan))
     if new != text:
-        tmp = plan.with_name(plan.name + ".tmp")
-        tmp.write_bytes(new.encode("utf-8", errors="surrogateescape"))
-        tmp.replace(plan)
+        write_atomic(plan, new.encode("utf-8", errors="surrogateescape"))
     return plan

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pandas as pd
 
+from ..core.errors import write_atomic
 from ..core.hashing import digest
 from ..core.numbers import ratio
 from .numbers import is_number
@@ -77,12 +77,6 @@ def snapshot(med: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def register(versions_dir: str | Path, record: dict, pdf: str | Path) -> Path:
     """Keep the built PDF as versions/<name>.pdf, its record as <name>.json, and log it once."""
     versions_dir = Path(versions_dir)
@@ -91,12 +85,12 @@ def register(versions_dir: str | Path, record: dict, pdf: str | Path) -> Path:
     if target.exists() and target.read_bytes() != Path(pdf).read_bytes():
         print(f"warning: {target} existed with other bytes (a build that is not reproducible?); replaced")
     shutil.copyfile(pdf, target)
-    _write(versions_dir / f"{record['name']}.json", json.dumps(record, indent=1, sort_keys=True) + "\n")
+    write_atomic(versions_dir / f"{record['name']}.json", json.dumps(record, indent=1, sort_keys=True) + "\n")
     log = read_log(versions_dir)
     if not any(e["hash"] == record["hash"] for e in log):
         log.append(record["entry"])
         log.sort(key=lambda e: e["n"])
-        _write(versions_dir / LOG, json.dumps({"versions": log}, indent=1, sort_keys=True) + "\n")
+        write_atomic(versions_dir / LOG, json.dumps({"versions": log}, indent=1, sort_keys=True) + "\n")
     return target
 
 
