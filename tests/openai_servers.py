@@ -1,7 +1,8 @@
 """Small OpenAI-compatible servers written for the tests, each with one behaviour of servers we did
 not write (issue 15, item 2): no /health, text-only prompts, a BOS token added to every prompt, no
 usage anywhere or usage only in non-streamed responses, tokens in chunks with empty text, a final
-empty event that is not a token.
+empty event that is not a token; and (`broken`) a server that answers its health paths but fails every
+generation with HTTP 500 and the error it hit.
 
 They count prompts with a real Hugging Face tokenizer (the `tokenizers` library, a byte-level BPE
 trained here on English text, nothing downloaded): the count longctx must match is that library's,
@@ -32,6 +33,7 @@ BEHAVIOURS = {  # usage: "stream" (and in responses), "response" (non-streamed o
     "empty-text": dict(health=("/health", "/v1/models"), ids=True, bos=False, usage="stream", empty_every=3, final_event=False),
     "final-event": dict(health=("/health", "/v1/models"), ids=True, bos=True, usage="stream", empty_every=2, final_event=True),
 }
+BROKEN = "CUDA error: an illegal memory access was encountered"  # what a `broken` server answers, with HTTP 500
 
 
 def make_tokenizer(directory: Path, bos: bool = False) -> Path:
@@ -60,10 +62,12 @@ class Seen(list):
 
 
 @contextlib.contextmanager
-def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | None = None, default: int = 404):
+def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | None = None, default: int = 404,
+                  broken: bool = False, refuse_ids_with: int = 422):
     """The server of one behaviour on loopback, counting prompts with tokenizer_dir/tokenizer.json
     (encoded with special tokens: a BOS server's tokenizer adds one). With `codes`, GET answers
-    codes[path] (else `default`) instead of the behaviour's health paths. Yields (base URL, Seen)."""
+    codes[path] (else `default`) instead of the behaviour's health paths; `broken`, every POST is HTTP 500
+    with BROKEN; refuse_ids_with, the code a text-only server refuses token ids with. Yields (base URL, Seen)."""
     from tokenizers import Tokenizer
 
     b = BEHAVIOURS[behaviour]
@@ -93,10 +97,12 @@ def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | N
             seen.append(req)
             if self.path != "/v1/completions":
                 return self._json(404, {"detail": "Not Found"})
+            if broken:
+                return self._json(500, {"error": {"message": BROKEN, "type": "InternalServerError"}})
             prompt = req["prompt"]
             if isinstance(prompt, list):
-                if not b["ids"]:  # what a pydantic model with `prompt: str` answers
-                    return self._json(500, {"error": {"message": "1 validation error: prompt: Input should be a valid string"}})
+                if not b["ids"]:  # what FastAPI answers for a pydantic model with `prompt: str` (422; llama-cpp-python: 500)
+                    return self._json(refuse_ids_with, {"error": {"message": "1 validation error: prompt: Input should be a valid string"}})
                 n_prompt = len(prompt) + (1 if b["bos"] else 0)
             else:
                 n_prompt = len(tok.encode(prompt, add_special_tokens=True).ids)

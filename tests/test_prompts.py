@@ -60,10 +60,18 @@ def test_the_probe_decides_as_each_server_behaves(tmp_path, behaviour):
     assert len(seen) <= 3 and all(a for a in plan.answers)
 
 
-def test_a_text_only_server_without_a_tokenizer_says_what_to_set(tmp_path):
-    with openai_server("text-only", tmp_path) as (base, _), timed_client() as client:
-        with pytest.raises(PromptError, match=r"HTTP 500.*valid string.*set model.tokenizer"):
+@pytest.mark.parametrize("code", [422, 500], ids=["refused", "refused-with-500"])
+def test_a_text_only_server_without_a_tokenizer_says_what_to_set(tmp_path, code):
+    """A server that refuses token ids says what to set, whether it refuses them as FastAPI does (422) or with a
+    server error (500, as llama-cpp-python's does): a short text prompt that goes through tells the second from a
+    server that fails every request (tests/test_terminal.py), which is a server error."""
+    from longctx.measure.health import ServerError
+
+    with openai_server("text-only", tmp_path, refuse_ids_with=code) as (base, seen), timed_client() as client:
+        with pytest.raises(PromptError, match=rf"HTTP {code}.*valid string.*set model.tokenizer") as err:
             probe(client, base + "/v1/completions", "openai", "m", PROTO, {}, 30)
+    assert not isinstance(err.value, ServerError)
+    assert ("a short text prompt: HTTP 200" in str(err.value)) == (code == 500) and len(seen) == 1 + (code == 500)
 
 
 def external(url: str, tokenizer: str, lengths=(64, 300), **protocol) -> dict:

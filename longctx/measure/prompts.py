@@ -30,6 +30,7 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from .bodies import JSON_HEADERS, request_body
+from .health import ServerError
 from .stream import EVENT_RULES, StreamRecord, astream_generate, stream_generate
 from .workload import PREFIX_TOKENS, prompt_ids
 
@@ -311,6 +312,26 @@ def _authorized(rec: StreamRecord, client: httpx.Client) -> None:
                                   "configuration's api_key_env"))
 
 
+PLAIN_TEXT = "The grass is green and the sky is blue."  # what the probe sends to learn whether a server works at all
+
+
+def _server_failed(rec: StreamRecord, sent: str, plan: PromptPlan) -> None:
+    """ServerError where the server failed the probe's `sent` with an error of its own (HTTP 5xx): a server error,
+    with what it answered, not a prompt it refuses (a 4xx), which would point at the wrong fix."""
+    if rec.http_status is not None and rec.http_status >= 500:
+        raise ServerError(f"the server failed the prompt probe's {sent} with a server error ({(rec.error or '')[:300]}), "
+                          f"not a refusal of the prompt's form (it answered: {'; '.join(plan.answers)}); its own log says why")
+
+
+def _works_at_all(client: httpx.Client, url: str, api: str, model: str, timeout_s: float, plan: PromptPlan) -> None:
+    """After a token-id prompt failed with HTTP 5xx where no text prompt of an exact length can follow (no tokenizer,
+    or protocol.prompt: token_ids): a plain text prompt tells a server that fails everything (ServerError, a server
+    error) from one that answers 5xx to token ids alone (llama-cpp-python's validation does), which takes none."""
+    rec = stream_generate(client, url, request_body(api, PLAIN_TEXT, 1, model), timeout_s, api, "every")
+    plan.answers.append(_answer(rec, "a short text prompt"))
+    _server_failed(rec, "token-id prompt and a short text prompt", plan)
+
+
 def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, model_cfg: dict, timeout_s: float) -> tuple[PromptPlan, Prompter]:
     """Ask the server once (twice or three times where the first answers say to) how it takes
     prompts and counts tokens; the plan and the Prompter that follows it. PromptError where it takes
@@ -326,12 +347,14 @@ def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, mod
         rec = stream_generate(client, url, request_body(api, ids, PROBE_OUTPUT, model), timeout_s, api, "every")
         plan.answers.append(_answer(rec, f"token-id prompt of {PROBE_TOKENS}"))
         _authorized(rec, client)
+        if not rec.ok and (rec.http_status or 0) >= 500 and (wanted == "token_ids" or tok is None):
+            _works_at_all(client, url, api, model, timeout_s, plan)
         if not rec.ok and wanted == "token_ids":
-            raise PromptError(f"the server takes no token-id prompt (protocol.prompt: token_ids): {plan.answers[-1]}")
+            raise PromptError(f"the server takes no token-id prompt (protocol.prompt: token_ids): {'; '.join(plan.answers)}")
     prompt: list[int] | str = ids
     if rec is None or not rec.ok:
         if tok is None:
-            raise PromptError(f"the server takes no token-id prompt ({plan.answers[-1] if plan.answers else 'protocol.prompt: text'}); "
+            raise PromptError(f"the server takes no token-id prompt ({'; '.join(plan.answers) or 'protocol.prompt: text'}); "
                               "text prompts of exact lengths need the model's own tokenizer: set model.tokenizer to a "
                               "directory with its tokenizer.json (or model.path to the model's directory)")
         text_prompts = TextPrompts(tok)
@@ -340,6 +363,7 @@ def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, mod
         plan.answers.append(_answer(rec, f"text prompt of {PROBE_TOKENS} tokens"))
         _authorized(rec, client)
         if not rec.ok:
+            _server_failed(rec, f"text prompt of {PROBE_TOKENS} tokens", plan)
             raise PromptError("the server took neither prompt the probe sent: " + "; ".join(plan.answers))
         plan.prompt, plan.tokenizer, plan.tokenizer_library = "text", str(tok.path), tok.library
     counts = {"prompt_tokens": rec.meta.get("prompt_tokens"), "completion_tokens": rec.meta.get("completion_tokens")}

@@ -91,7 +91,10 @@ class Session:
         self.client = timed_client(headers=self.headers)
         self.prov.update(installed_version=self.version, api=self.api.kind, flush_path=self.api.flush_path,
                          server_log=str(server_log) if adapter.managed else spec.server_log, starts=0,
-                         listen=spec.server["host"] if adapter.managed else None)
+                         listen=spec.server["host"] if adapter.managed else None,
+                         # where an external server computes is its configuration's word (remote by default), known
+                         # before it answers; a managed one's, from its flags and installation, once it is up
+                         **({} if adapter.managed else {"device": adapter.device(spec)}))
         if adapter.managed:  # a server an earlier run of this configuration left behind (its bench was killed)
             stray = reap_stray(pid_file(server_log), spec.server["stop_timeout_s"])
             if stray:
@@ -106,8 +109,9 @@ class Session:
         last = None
         while self.starts < limit:
             self.starts += 1
-            progress.info("%s: %s (attempt %d of at most %d)", self.spec.name, "starting the server" if self.adapter.managed
-                          else f"connecting to the external server at {self.spec.url}", self.starts, limit)
+            progress.info("%s: %s%s", self.spec.name, "starting the server" if self.adapter.managed
+                          else f"connecting to the external server at {self.spec.url}",
+                          f" (attempt {self.starts} of at most {limit})" if self.starts > 1 else "")
             try:
                 self._start()
                 self._probe()
@@ -118,7 +122,8 @@ class Session:
                 last = self.scrub(str(exc))
                 progress.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
                 self.down()
-        raise ServerError(f"the server could not be (re)started after {self.starts} starts; last: {last}")
+        raise ServerError((f"the server could not be (re)started after {self.starts} starts" if self.adapter.managed
+                           else f"the external server at {self.spec.url} failed {self.starts} times") + f"; last: {last}")
 
     def _start(self) -> None:
         a, spec = self.adapter, self.spec
