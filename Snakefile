@@ -38,3 +38,14 @@ rule all:
         CFG["report"]["plans"],
         [f"report/{plan}" for plan in CFG["report"]["plans"]],
     default_target: True
+
+
+# A run in which no configuration measured anything exits non-zero, once the report that says what failed
+# is written (a run where some measured exits 0: page one names what was not measured).
+onsuccess:
+    from longctx.analysis.aggregate import nothing_measured
+
+    _nothing = nothing_measured("data/results.csv")
+    if _nothing:
+        print(f"longctx: {_nothing}", file=sys.stderr)
+        sys.exit(1)

@@ -105,6 +105,28 @@ def test_a_length_lost_with_no_restart_left_is_measured_by_the_same_command_run_
     assert failed == 1 and raws[128]["status"] == "failed" and "the server died while measuring length 128" in raws[128]["reason"]
     assert [raws[n]["status"] for n in (32, 64)] == ["ok", "ok"] and "remeasured" not in raws[128]
     assert retry_generation(tmp_path / "partial") == 1
+    # the death's line is one line, with the server log's path; the log's tail is in this process's log, not in it
+    assert "\n" not in raws[128]["reason"] and f"server log: {tmp_path / 'server.log'}" in raws[128]["reason"]
+    # the report agrees with itself: the diagnosis, the failures section and the flags take one cause for the length
+    # (the death, not the transport errors of the requests it cut off), and no failed trial is counted as succeeded
+    import pandas as pd
+
+    from longctx.analysis.aggregate import aggregate
+    from longctx.analysis.tables import medians
+    from longctx.report.context import failure_rows
+    from longctx.report.diagnosis import diagnose
+    from longctx.report.wording import trial_flags
+
+    aggregate(sorted((tmp_path / "raw").glob("*.json")), tmp_path / "r.csv", tmp_path / "p.json")
+    df = pd.read_csv(tmp_path / "r.csv")
+    [row] = failure_rows(df)
+    died = row["reason"]
+    assert died.startswith("the server died while measuring length 128 (exit code -9); server log: "), died
+    said = " ".join(s["text"] for g in diagnose(medians(df), {})["configurations"] for s in g["items"])
+    assert f"at 128 tokens: {died.rstrip('.')}" in said and "Error" not in said, said
+    bad, ok = df[df["status"] != "ok"], int((df["status"] == "ok").sum())
+    assert len(bad) and all(f" of {ok} trials" in f for f in trial_flags(df))
+    assert trial_flags(bad) == [], bad.to_dict("records")  # flags count trials that succeeded only
     first_runs = {n: raws[n]["run_id"] for n in (32, 64)}
     failed, raws = sweep(tmp_path, server=no_restart)
     assert failed == 0 and raws[128]["status"] == "ok" and raws[128]["remeasured"]["how"] == "by a rerun of the same command"
@@ -247,7 +269,7 @@ def test_an_output_directory_that_cannot_be_written_is_said_before_any_server_st
                           str(tmp_path / "file" / "raw"), "--server-log", str(tmp_path / "server.log")],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr
-    assert f"longctx: cannot write to {tmp_path / 'file' / 'raw'} (" in run.stderr and "nothing was started" in run.stderr
+    assert f"longctx bench: cannot write to {tmp_path / 'file' / 'raw'} (" in run.stderr and "nothing was started" in run.stderr
     assert not (tmp_path / "server.log").exists()
     if os.geteuid() != 0:  # permission bits hold only for other users than root
         (tmp_path / "ro").mkdir(mode=0o500)

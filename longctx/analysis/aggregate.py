@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core.errors import write_atomic
 from ..measure.telemetry import NVML_METRICS, PSUTIL_METRICS
 from ..specs.pool import observed_pool
 
 log = logging.getLogger("longctx.analysis.aggregate")
+terminal = logging.getLogger("longctx.progress")  # what a stage run with --log (longctx.cli) also says on the terminal
 
 COLUMNS = [
     "configuration", "engine", "length", "concurrency", "trial", "request", "status", "reason",
@@ -58,7 +60,7 @@ SERVER_FAULTS = ("the server died while measuring", "the server stopped answerin
 def length_fault(raw: dict) -> str | None:
     """What lost a length, where it was its server (it died, or stopped answering its health path), not
     its requests: the sweep's `fault`, else the server part of an older file's reason; up to the server
-    log's path (the log's last lines stay in the raw file)."""
+    log's path (the log's last line follows it in the raw file)."""
     text = raw.get("fault") or raw.get("reason") or ""
     if not text.startswith(SERVER_FAULTS):
         return None
@@ -87,10 +89,12 @@ def _rows(path: Path, partial_dir: Path | None = None) -> tuple[list[dict], dict
         kept, copy_problem = read_raw(copy) if copy else (None, None)
         if kept is None or kept.get("length", length) != length:
             also = f"; its copy {copy}: {copy_problem or 'another length'}" if copy else ""
+            terminal.warning("%s is unreadable (%s)%s: length %d of %s is reported as failed", path, problem,
+                             also or "; no copy was kept", length, configuration)
             return [{"configuration": configuration, "length": length, "status": "failed",
                      "reason": f"unreadable raw file {path} ({problem}){also}"}], None
         raw = {**kept, "recovered_from": str(copy), "recovered_because": f"{path}: {problem}"}
-        log.warning("%s is unreadable (%s): its intact copy %s is used", path, problem, copy)
+        terminal.warning("%s is unreadable (%s): recovered from its intact copy %s", path, problem, copy)
     prov = raw.get("provenance", {})
     base = {
         "configuration": raw.get("configuration", configuration),
@@ -175,7 +179,7 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
     sweeps = {p.parent.name: p for p in map(Path, raw_files) if p.stem == "sweep"}
     depth_rows = [r for p in sorted(paths) if p.stem == "itl_depth" for r in itl_depth_rows(p)]
     if out_itl_depth:
-        pd.DataFrame(depth_rows, columns=ITL_DEPTH_COLUMNS).to_csv(out_itl_depth, index=False)
+        write_atomic(out_itl_depth, pd.DataFrame(depth_rows, columns=ITL_DEPTH_COLUMNS).to_csv(index=False))
     for path in sorted((p for p in paths if p.stem != "itl_depth"), key=lambda p: (p.parent.name, int(p.stem))):
         r, raw = _rows(path, Path(partial_dir) if partial_dir else None)
         if raw is not None and raw.get("status") == "not chosen":  # a grid length the adaptive sweep did not measure
@@ -202,6 +206,21 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
                                                          kind="stable")
     df = flag_contended(df, prov)
     Path(out_csv).parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out_csv, index=False)
-    Path(out_provenance).write_text(json.dumps(prov, indent=1, sort_keys=True) + "\n")
+    write_atomic(out_csv, df.to_csv(index=False))
+    write_atomic(out_provenance, json.dumps(prov, indent=1, sort_keys=True) + "\n")
     return df
+
+
+def nothing_measured(results_csv: str | Path) -> str | None:
+    """Why the run measured nothing, where it did not (no configuration has a trial that succeeded in
+    results.csv), for the workflow to exit non-zero once the report that says what failed is written;
+    None where something was measured or results.csv was not made."""
+    try:
+        df = pd.read_csv(results_csv)
+    except (OSError, ValueError):
+        return None
+    if df.empty or (df["status"] == "ok").any():
+        return None
+    names = sorted(df["configuration"].astype(str).unique())
+    return (f"nothing was measured: every length of {', '.join(names)} failed; the report says why each did "
+            "(its Failures section)")

@@ -102,6 +102,21 @@ def medians(df: pd.DataFrame, provenance: dict | None = None) -> pd.DataFrame:
         if column in df:
             first = df.groupby(["configuration", "length"])[column].first()
             out[column] = [first.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
-    reasons = df[df["status"] != "ok"].groupby(["configuration", "length"])["reason"].first()
-    out["reason"] = [reasons.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
+    causes = {key: length_cause(g) for key, g in df.groupby(["configuration", "length"], sort=True)}
+    out["reason"] = [causes.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
     return out
+
+
+def length_cause(g: pd.DataFrame) -> str | None:
+    """Why a length's requests failed, decided once for the diagnosis, the failures section and page one (g:
+    its results.csv rows): its server, where that lost it (it died, it stopped answering: the sweep's fault,
+    not the transport errors of the requests it cut off); else the length's own reason (raw file); else its
+    failed requests' reasons; None where nothing failed."""
+    bad = g[g["status"] != "ok"]
+    for column in ("length_fault", "length_reason"):
+        said = g[column].dropna() if column in g else ()
+        if len(said) and (len(bad) or column == "length_reason"):
+            return str(said.iloc[0])
+    if bad.empty:
+        return None
+    return "; ".join(sorted(set(bad["reason"].dropna().astype(str)))) or "failed"

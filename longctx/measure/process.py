@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import re
 import sys
@@ -24,6 +25,8 @@ import psutil
 
 from ..core.secrets import mask_argv
 from .health import ServerError, wait_health
+
+log = logging.getLogger(__name__)
 
 # How servers (uvicorn, SGLang, vLLM) say that their port was taken.
 ADDRESS_IN_USE_RE = re.compile(r"address already in use|\[Errno 98\]|EADDRINUSE", re.IGNORECASE)
@@ -160,7 +163,11 @@ def listening_process(port: int) -> tuple[int | None, str | None]:
     return tops[0], None
 
 
-def tail(path: str | Path, lines: int = 20) -> str:
+TAIL_LINES = 20  # of a dead server's log, into this process's log
+LAST_LINE_CHARS = 160  # of its last line, in the one line that says it died
+
+
+def tail(path: str | Path, lines: int = TAIL_LINES) -> str:
     try:
         text = Path(path).read_text(errors="replace")
     except OSError:
@@ -215,8 +222,14 @@ class ManagedServer:
         return self.proc is not None and self.proc.poll() is None
 
     def died_message(self, what: str) -> str:
+        """One line: what happened, the exit code, the log's path and the log's last line; the log's last
+        TAIL_LINES lines go to this process's log."""
         code = self.proc.returncode if self.proc else None
-        return f"{what} (exit code {code}); server log: {self.log_path}\n--- last lines ---\n{tail(self.log_path)}"
+        lines = tail(self.log_path, TAIL_LINES)
+        log.info("%s: the last lines of %s:\n%s", what, self.log_path, lines)
+        last = next((ln.strip() for ln in reversed(lines.splitlines()) if ln.strip()), "")
+        return (f"{what} (exit code {code}); server log: {self.log_path}"
+                + (f"; its last line: {last[:LAST_LINE_CHARS]}" if last else ""))
 
     def wait_healthy(self, url: str, timeout_s: float, port: int | None = None) -> float:
         """Poll url until it answers 200; the seconds it took (wait_ready with url as the only probe)."""

@@ -27,11 +27,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from ..core.errors import write_atomic
 from .. import __version__
 from ..core.net import is_loopback
 from ..core.secrets import mask, mask_argv
 from ..analysis import bands
-from ..analysis.tables import concurrency_table, medians
+from ..analysis.tables import concurrency_table, length_cause, medians
 from ..measure.provenance import git_info, package_versions
 from ..specs.hardware import TABLE_PATH
 from . import load as loadview, prefix as prefixview, versions, wording
@@ -192,9 +193,7 @@ def failure_rows(df: pd.DataFrame) -> list[dict]:
             continue
         if bad.empty and noted.empty:
             continue
-        fault = g["length_fault"].dropna() if "length_fault" in g else pd.Series(dtype=object)
-        reason = (fault.iloc[0] if len(fault) else noted.iloc[0] if len(noted)
-                  else "; ".join(sorted(set(bad["reason"].dropna().astype(str)))) or "failed")
+        reason = length_cause(g)
         measured = "trial" in g and g["trial"].notna().any()
         out.append({"configuration": name, "length": int(length), "reason": reason,
                     "lost": f"{len(bad)} of {len(g)}" if measured else "all"})
@@ -241,6 +240,10 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
     for name in names:
         p = prov["configurations"].get(name, {})
         fit = fits.get(name, {})
+        if "model_spec" not in fit and p.get("model_spec"):  # nothing fitted: the model as its configuration describes it
+            fit = {**fit, "model_spec": p["model_spec"], "kv_bytes_per_token": (p.get("model") or {}).get("kv_bytes_per_token"),
+                   "kv_bytes_source": (p["model_spec"].get("field_sources") or {}).get("kv_bytes_per_token"), **({"model_spec_absent": p["model_spec_absent"]}
+                                                             if p.get("model_spec_absent") else {})}
         info = p.get("server_info") if isinstance(p.get("server_info"), dict) else {}
         where = wording.device(p, fit)
         spec = fit.get("model_spec") or {}
@@ -434,4 +437,4 @@ def render(template: str | Path, out: str | Path, ctx: dict, env: jinja2.Environ
     """render_text, written to out."""
     text = render_text(template, ctx, env)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(text)
+    write_atomic(out, text)

@@ -305,8 +305,10 @@ def prompt_probe(plan: dict | None) -> list[str]:
 
 
 def trial_flags(rows) -> list[str]:
-    """What a configuration's trials were flagged with (results.csv rows), in sentences."""
+    """What a configuration's trials that succeeded were flagged with (results.csv rows), in sentences: a failed
+    trial is counted with the failures, never here."""
     out = []
+    rows = rows[rows["status"].eq("ok")] if "status" in rows else rows
     n = len(rows)
 
     def count(column: str) -> int:

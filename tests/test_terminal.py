@@ -1,0 +1,136 @@
+"""What a user is told when a run goes wrong (issue 34, items 2 to 4), each probe as the user meets it: a
+server that fails every generation (HTTP 500), a full disk, a lost raw file, a server death, a run that
+measured nothing. Each says its cause and its fix on the terminal, in one line; the report agrees with it.
+
+The servers are real processes on loopback (the reference engine, a stdlib OpenAI server from
+tests/openai_servers.py); the full disk is /dev/full, which fails every write with ENOSPC, as a full disk does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from .conftest import ENV, ROOT, TINY_ARCH, copy_workflow
+from .openai_servers import BROKEN, openai_server
+from .test_report import pdftotext
+
+
+def longctx(*args, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "longctx.cli", *map(str, args)], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def broken_run(tmp_path_factory):
+    """The README's command on a config whose one configuration is an external server that answers its health
+    path and fails every generation with HTTP 500 (the model described by model.architecture)."""
+    tmp = tmp_path_factory.mktemp("broken")
+    (tmp / "wf").mkdir()
+    work = copy_workflow(tmp / "wf")
+    with openai_server("no-health", tmp / "tok", broken=True) as (base, seen):
+        config = {"lengths": [64, 128], "protocol": {"warmup": 0, "trials": 1, "output_tokens": 4, "token_id_range": [3, 300]},
+                  "model": {"name": "tiny-mla", "architecture": TINY_ARCH},
+                  "configurations": {"ext": {"engine": "external", "url": base, "api": "openai"}}}
+        (work / "broken.yaml").write_text(yaml.safe_dump(config))
+        run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report/longctx.pdf", "report/longctx.md",
+                              "--configfile", "broken.yaml"], cwd=work, env=ENV, capture_output=True, text=True, timeout=600)
+    return work, run, seen
+
+
+def test_a_server_error_is_said_as_one_with_its_body_not_as_a_prompt_it_refuses(broken_run):
+    work, run, seen = broken_run
+    assert seen, "the server was never asked"
+    for n in (64, 128):
+        reason = json.loads((work / "data" / "raw" / "ext" / f"{n}.json").read_text())["reason"]
+        assert "with a server error (HTTP 500: " in reason and BROKEN in reason, reason
+        assert "takes no token-id prompt" not in reason and "model.tokenizer" not in reason, reason
+    assert "with a server error (HTTP 500: " in run.stderr and BROKEN in run.stderr
+
+
+def test_a_run_that_measured_nothing_exits_non_zero_after_writing_its_report(broken_run):
+    work, run, _ = broken_run
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "longctx: nothing was measured: every length of ext failed" in run.stderr
+    assert (work / "report" / "longctx.pdf").stat().st_size > 0 and (work / "report" / "longctx.md").exists()
+    text = " ".join(pdftotext(work / "report" / "longctx.pdf").split())
+    assert "with a server error (HTTP 500: " in text
+
+
+def test_the_report_of_a_server_never_measured_says_what_the_config_said_of_it(broken_run):
+    """An external server is remote unless its configuration says otherwise, and the config described its model:
+    the report says neither 'on GPU' nor 'no architecture' of a server it never measured."""
+    work, _, _ = broken_run
+    md = (work / "report" / "longctx.md").read_text()
+    text = " ".join(pdftotext(work / "report" / "longctx.pdf").split()) + md
+    assert "on GPU" not in text and "no architecture" not in text
+    assert "on a remote machine" in text and "MLA" in text
+
+
+def test_a_full_disk_names_the_file_and_the_fix_in_one_line_and_leaves_no_temporary_file(tmp_path):
+    """The aggregate stage's output on a full disk (/dev/full): one line on the terminal naming the file, the
+    cause and what to do; the traceback in the stage's log; no .tmp left."""
+    from longctx.core.errors import WriteError, write_atomic
+
+    out = tmp_path / "out.json"
+    (tmp_path / "out.json.tmp").symlink_to("/dev/full")
+    with pytest.raises(WriteError) as err:
+        write_atomic(out, "{}" * 10000)
+    assert err.value.path == str(out) and err.value.errno == 28 and not os.path.lexists(tmp_path / "out.json.tmp")
+
+    raw = tmp_path / "raw" / "page1"
+    raw.mkdir(parents=True)
+    (raw / "64.json").write_text("{")  # unreadable: a failed row, so that there is something to write
+    (tmp_path / "results.csv.tmp").symlink_to("/dev/full")  # where the file is written before its rename
+    log = tmp_path / "logs" / "aggregate.log"
+    run = longctx("aggregate", "--out-csv", tmp_path / "results.csv", "--out-provenance", tmp_path / "p.json",
+                  "--out-itl-depth", tmp_path / "d.csv", raw / "64.json", "--log", log)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    [line] = [ln for ln in lines if "cannot write" in ln]
+    assert line.startswith(f"longctx aggregate: cannot write {tmp_path / 'results.csv'}: No space left on device; "
+                           f"free space on the disk that holds {tmp_path} (df -h {tmp_path})"), line
+    assert "cannot write" in log.read_text()
+
+
+def test_a_path_that_cannot_be_written_is_named_with_what_to_do():
+    """Permission bits do not hold for root (the CI's user), so the error the stage meets is built here:
+    the line names the file, the cause and the command that fixes it."""
+    import argparse
+    import errno
+
+    from longctx.cli import _write_failure
+
+    args = argparse.Namespace(out="report/longctx.tex", version_out="report/version.json", template="t.j2")
+    line = _write_failure(PermissionError(errno.EACCES, "Permission denied", "report/longctx.tex"), args)
+    where = os.path.abspath("report")
+    assert line == (f"cannot write report/longctx.tex: Permission denied; make {where} writable for this user "
+                    f"(ls -ld {where}; chmod u+w {where}), then run the same command again")
+    # a write error that names no file (ENOSPC comes from write(), not open()) names what the stage writes
+    line = _write_failure(OSError(errno.ENOSPC, "No space left on device"), args)
+    assert line.startswith("cannot write report/longctx.tex or report/version.json: No space left on device; free space")
+
+
+def test_a_recovered_raw_file_is_said_on_the_terminal(tmp_path):
+    raw = tmp_path / "raw" / "page1"
+    kept = tmp_path / "partial" / "page1"
+    for d in (raw, kept):
+        d.mkdir(parents=True)
+    good = {"format": "longctx.raw/1", "configuration": "page1", "engine": "reference", "length": 64, "status": "failed",
+            "reason": "refused", "trials": []}
+    (raw / "64.json").write_text(json.dumps(good)[:30])
+    (kept / "64.json").write_text(json.dumps(good))
+    (raw / "128.json").write_text("{")
+    run = longctx("aggregate", "--out-csv", tmp_path / "r.csv", "--out-provenance", tmp_path / "p.json",
+                  "--out-itl-depth", tmp_path / "d.csv", "--partial-dir", tmp_path / "partial", raw / "64.json",
+                  raw / "128.json", "--log", tmp_path / "a.log")
+    assert run.returncode == 0, run.stderr
+    assert f"longctx aggregate: {raw / '64.json'} is unreadable (" in run.stderr
+    assert f"recovered from its intact copy {kept / '64.json'}" in run.stderr
+    assert f"longctx aggregate: {raw / '128.json'} is unreadable (" in run.stderr
+    assert "length 128 of page1 is reported as failed" in run.stderr
