@@ -16,6 +16,8 @@ import sys
 import pytest
 import yaml
 
+from longctx.measure.process import free_port
+
 from .conftest import ENV, ROOT, TINY_ARCH, copy_workflow
 from .openai_servers import BROKEN, openai_server
 from .test_report import pdftotext
@@ -36,7 +38,9 @@ def broken_run(tmp_path_factory):
     with openai_server("no-health", tmp / "tok", broken=True) as (base, seen):
         config = {"lengths": [64, 128], "protocol": {"warmup": 0, "trials": 1, "output_tokens": 4, "token_id_range": [3, 300]},
                   "model": {"name": "tiny-mla", "architecture": TINY_ARCH},
-                  "configurations": {"ext": {"engine": "external", "url": base, "api": "openai"}}}
+                  "configurations": {"ext": {"engine": "external", "url": base, "api": "openai"},
+                                     # and one where nothing listens: it never answers, so nothing of it is recorded
+                                     "gone": {"engine": "external", "url": f"http://127.0.0.1:{free_port()}", "api": "openai"}}}
         (work / "broken.yaml").write_text(yaml.safe_dump(config))
         run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report/longctx.pdf", "report/longctx.md",
                               "--configfile", "broken.yaml"], cwd=work, env=ENV, capture_output=True, text=True, timeout=600)
@@ -51,12 +55,15 @@ def test_a_server_error_is_said_as_one_with_its_body_not_as_a_prompt_it_refuses(
         assert "with a server error (HTTP 500: " in reason and BROKEN in reason, reason
         assert "takes no token-id prompt" not in reason and "model.tokenizer" not in reason, reason
     assert "with a server error (HTTP 500: " in run.stderr and BROKEN in run.stderr
+    # each connection is retried (server.max_restarts): the second and third are counted, the first is not
+    assert "ext: connecting to the external server at" in run.stderr and "(attempt 1 of" not in run.stderr
+    assert "(attempt 3 of at most 3)" in run.stderr
 
 
 def test_a_run_that_measured_nothing_exits_non_zero_after_writing_its_report(broken_run):
     work, run, _ = broken_run
     assert run.returncode == 1, run.stderr[-3000:]
-    assert "longctx: nothing was measured: every length of ext failed" in run.stderr
+    assert "longctx: nothing was measured: every length of ext, gone failed" in run.stderr
     assert (work / "report" / "longctx.pdf").stat().st_size > 0 and (work / "report" / "longctx.md").exists()
     text = " ".join(pdftotext(work / "report" / "longctx.pdf").split())
     assert "with a server error (HTTP 500: " in text
@@ -69,7 +76,8 @@ def test_the_report_of_a_server_never_measured_says_what_the_config_said_of_it(b
     md = (work / "report" / "longctx.md").read_text()
     text = " ".join(pdftotext(work / "report" / "longctx.pdf").split()) + md
     assert "on GPU" not in text and "no architecture" not in text
-    assert "on a remote machine" in text and "MLA" in text
+    assert "external (OpenAI API), version not reported, on a remote machine (every configuration)" in text
+    assert "tiny-mla, MLA, 96 KV bytes per token" in text
 
 
 def test_a_full_disk_names_the_file_and_the_fix_in_one_line_and_leaves_no_temporary_file(tmp_path):
