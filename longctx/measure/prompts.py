@@ -315,12 +315,12 @@ def _authorized(rec: StreamRecord, client: httpx.Client) -> None:
 PLAIN_TEXT = "The grass is green and the sky is blue."  # what the probe sends to learn whether a server works at all
 
 
-def _server_failed(rec: StreamRecord, sent: str, plan: PromptPlan) -> None:
+def _server_failed(rec: StreamRecord, sent: str) -> None:
     """ServerError where the server failed the probe's `sent` with an error of its own (HTTP 5xx): a server error,
     with what it answered, not a prompt it refuses (a 4xx), which would point at the wrong fix."""
     if rec.http_status is not None and rec.http_status >= 500:
-        raise ServerError(f"the server failed the prompt probe's {sent} with a server error ({(rec.error or '')[:300]}), "
-                          f"not a refusal of the prompt's form (it answered: {'; '.join(plan.answers)}); its own log says why")
+        raise ServerError(f"the server failed the prompt probe's {sent} with a server error ({(rec.error or '')[:300]}): "
+                          "not a refusal of the prompt's form; its own log says why")
 
 
 def _works_at_all(client: httpx.Client, url: str, api: str, model: str, timeout_s: float, plan: PromptPlan) -> None:
@@ -329,7 +329,7 @@ def _works_at_all(client: httpx.Client, url: str, api: str, model: str, timeout_
     error) from one that answers 5xx to token ids alone (llama-cpp-python's validation does), which takes none."""
     rec = stream_generate(client, url, request_body(api, PLAIN_TEXT, 1, model), timeout_s, api, "every")
     plan.answers.append(_answer(rec, "a short text prompt"))
-    _server_failed(rec, "token-id prompt and a short text prompt", plan)
+    _server_failed(rec, "token-id prompt and a short text prompt alike")
 
 
 def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, model_cfg: dict, timeout_s: float) -> tuple[PromptPlan, Prompter]:
@@ -363,7 +363,7 @@ def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, mod
         plan.answers.append(_answer(rec, f"text prompt of {PROBE_TOKENS} tokens"))
         _authorized(rec, client)
         if not rec.ok:
-            _server_failed(rec, f"text prompt of {PROBE_TOKENS} tokens", plan)
+            _server_failed(rec, f"text prompt of {PROBE_TOKENS} tokens")
             raise PromptError("the server took neither prompt the probe sent: " + "; ".join(plan.answers))
         plan.prompt, plan.tokenizer, plan.tokenizer_library = "text", str(tok.path), tok.library
     counts = {"prompt_tokens": rec.meta.get("prompt_tokens"), "completion_tokens": rec.meta.get("completion_tokens")}
