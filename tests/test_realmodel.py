@@ -349,7 +349,9 @@ def test_llamacpp_is_described_as_its_log_says(llamacpp_workflow):
     # a fit that failed its gate is marked in its table, in the twin as in the PDF (llama.cpp's decode step hardly
     # grows over 256 to 1,024 tokens: its fit's R² is near 0 in every run here)
     md = (work / "report" / "longctx.md").read_text()
-    gated = [kind for kind in ("prefill", "decode") if not fits["quality"][kind]["usable"]]
+    # (a phase with no fit at all, quality None, has no row to mark: on a loaded machine its trials may all be
+    # flagged as contended and left out)
+    gated = [kind for kind in ("prefill", "decode") if fits["quality"][kind] and not fits["quality"][kind]["usable"]]
     assert md.count("| real‡ |") == len(gated), gated
 
 

@@ -222,9 +222,9 @@ def slurm_run(slurm, tmp_path_factory):
     before = {job["JobID"] for job in squeue()}
     cmd = ["timeout", "-k", "10", str(RUN_TIMEOUT_S), sys.executable, "-m", "snakemake", "--profile", "profiles/slurm",
            "--configfile", "tiny.yaml",  # the default target, as the local run: the PDF and its twin
-           # the test node's CPUs; no accounting (no slurmdbd); status 10 s after a submission (the kernel
-           # build is done by then), then 20 s later (the bench jobs: each wait is 10 s longer); the jobs' logs
-           "--cores", "1", "--slurm-no-account", "--slurm-init-seconds-before-status-checks", "10",
+           # the test node's CPUs; no accounting (no slurmdbd); status 2 s after a submission, then 10 s longer each
+           # time none finished (2, 12, 22 s: the kernel builds and the bench jobs take 10 to 15 s here); the jobs' logs
+           "--cores", "1", "--slurm-no-account", "--slurm-init-seconds-before-status-checks", "2",
            "--slurm-keep-successful-logs"]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=work, env=ENV, capture_output=True, text=True)
