@@ -10,7 +10,8 @@ import pytest
 
 from longctx import config as lcfg
 from longctx.measure.transport import timed_client
-from longctx.measure.prompts import PromptError, TextPrompts, Tokenizer, probe
+from longctx.measure.probe import probe
+from longctx.measure.prompts import PromptError, TextPrompts, Tokenizer
 from longctx.measure.sweep import run_configuration
 
 from .openai_servers import BEHAVIOURS, DECODE_S, make_tokenizer, openai_server

@@ -21,7 +21,8 @@ from ..specs.pool import observed_pool
 from .health import ExternalServer, NoHealthPath, ServerError
 from .process import ManagedServer, PortTaken, free_port, pid_file, reap_stray
 from .provenance import model_provenance
-from .prompts import Prompter, PromptError, probe as prompt_probe, tokenizer_path
+from .probe import probe as prompt_probe
+from .prompts import Prompter, PromptError, tokenizer_path
 from .telemetry import telemetry_source
 from .transport import timed_client
 
