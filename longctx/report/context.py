@@ -176,6 +176,54 @@ def needle_rows(med: pd.DataFrame) -> list[dict]:
             for r in med.to_dict("records") if text(r.get("needle"))]
 
 
+def planner_groups(configs: list[dict], plans: dict) -> list[dict]:
+    """The planner section's blocks: configurations next to each other whose planner entries read the same (the
+    memory free before loading, which moves by megabytes between starts, aside) share one, with that memory as a
+    range. Each {names, p (the first one's entry), reason, memory: (lowest, highest) bytes or None}."""
+    out: list[dict] = []
+    for c in configs:
+        p = plans.get(c["name"])
+        if p is None:
+            continue
+        # what the section prints: not the memory itself, nor the uncapped pools that follow it (the figure's)
+        key = json.dumps({**p, "memory": {k: v for k, v in p["memory"].items() if k != "memory_bytes"},
+                          "rows": [{k: v for k, v in r.items() if k != "pool_tokens_uncapped"} for r in p.get("rows") or []]},
+                         sort_keys=True, default=str)
+        mem = p["memory"].get("memory_bytes")
+        prev = out[-1] if out else None
+        if prev and prev["key"] == key and prev["reason"] == c["planner_reason"]:
+            prev["names"].append(c["name"])
+            if mem is not None and prev["memory"]:
+                prev["memory"] = (min(prev["memory"][0], mem), max(prev["memory"][1], mem))
+            continue
+        out.append({"key": key, "names": [c["name"]], "p": p, "reason": c["planner_reason"],
+                    "memory": (mem, mem) if mem is not None else None})
+    return [{k: v for k, v in g.items() if k != "key"} for g in out]
+
+
+def needle_table(rows: list[dict]) -> list[dict]:
+    """The needle section's table: a configuration whose every length has the same verdict and words is one row
+    ("every length, 1,024 to 16,384"), and configurations whose one row reads the same share it; otherwise a row
+    per length. Each row: {configuration (names), lengths (words), partial, verdict, answer, reason}."""
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["configuration"], []).append(r)
+    out: list[dict] = []
+    for name, rs in by.items():
+        same = len(rs) > 1 and not any(r["partial"] for r in rs) and \
+            len({(r["verdict"], r["answer"], r["reason"]) for r in rs}) == 1
+        if not same:
+            out += [{**r, "lengths": f"{int(r['length']):,}"} for r in rs]
+            continue
+        one = {**rs[0], "lengths": f"every length, {int(rs[0]['length']):,} to {int(rs[-1]['length']):,}"}
+        prev = out[-1] if out else None
+        if prev and all(prev[k] == one[k] for k in ("lengths", "verdict", "answer", "reason", "partial")):
+            prev["configuration"] += f", {name}"
+        else:
+            out.append(one)
+    return out
+
+
 def failure_rows(df: pd.DataFrame) -> list[dict]:
     """One row per length that lost requests (or noted a failed warm-up): what lost it where that was its
     server (it died, it stopped answering), not the transport errors behind it; else the length's own
@@ -366,6 +414,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "itl_depth": itl_depth_summary(inputs.itl_depth),
         "concurrency": concurrency_table(df).to_dict("records"),
         "needle": needle_rows(med),
+        "needle_table": needle_table(needle_rows(med)),
+        "planner_groups": planner_groups(configs, plans),
         # the load workloads (longctx.report.load.view): the load section and its figures where any was measured
         "load": loadview.view(load, loadview.read_metrics(inputs.load_metrics), order),
         # the prefix cache's hit rates and conversations (longctx.report.prefix.view): its section where measured
