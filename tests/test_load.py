@@ -201,7 +201,10 @@ def test_a_sweep_with_load_on_the_reference_engine(tmp_path):
     spec.protocol.update(warmup=0, trials=1, output_tokens=4, concurrency=[], itl_depth={"length": None, "output_tokens": 2})
     spec.protocol["needle"]["enabled"] = False
     spec = replace(spec, args={**spec.args, "chunked-prefill-size": 128, "max-running-requests": 4}, load={
-        "lengths": [128], "output_tokens": 32,  # each point a few tenths of a second: many scrapes while it runs
+        # each point most of a second (the engine decodes ~1,500 tokens/s here): several scrapes while it runs, though
+        # each waits 9 times its last GET (Scraper), which a loaded machine makes slow (at 32 tokens a point took a
+        # tenth of a second, and was once read only idle)
+        "lengths": [128], "output_tokens": 320,
         "closed": {"concurrency": [2], "requests": 4, "duration_s": None},
         "open": {"rates": [10.0], "requests": 4, "arrival": "poisson", "burstiness": 1.0, "seed": 0},
         "interference": {"lengths": [1536], "background": 2, "background_length": 64, "steady_tokens": 4,
@@ -215,7 +218,7 @@ def test_a_sweep_with_load_on_the_reference_engine(tmp_path):
     closed, open_, inter = doc["workloads"]
     for point in (closed, open_):
         assert len(point["requests"]) == 4
-        assert all(r["status"] == "ok" and r["prompt_tokens"] == 128 and r["completion_tokens"] == 32 for r in point["requests"])
+        assert all(r["status"] == "ok" and r["prompt_tokens"] == 128 and r["completion_tokens"] == 320 for r in point["requests"])
         samples = point["metrics"]["samples"]
         assert samples and point["metrics"]["error"] is None
         assert max(s[1]["running"] for s in samples) >= 1 and all("used_tokens" in s[1] for s in samples)

@@ -105,7 +105,9 @@ def test_an_interrupted_workflow_leaves_no_server_and_the_same_command_resumes_i
     (no --unlock, no --rerun-incomplete), reusing the length measured before."""
     work = copy_workflow(tmp_path)
     config = yaml.safe_load(TINY.read_text())
-    config.update(lengths=[64, 128, 256], protocol={**config["protocol"], "warmup": 0, "trials": 12, "output_tokens": 24,
+    # 12 trials of 96 tokens: a length takes about a second here, so that the signal, sent once the first is kept,
+    # finds the sweep at its second or third (24 tokens let the whole sweep end before it, 1 run in 3 under load)
+    config.update(lengths=[64, 128, 256], protocol={**config["protocol"], "warmup": 0, "trials": 12, "output_tokens": 96,
                                                      "concurrency": [], "itl_depth": {"length": None}})
     config["configurations"] = {"page1": config["configurations"]["page1"]}
     (work / "int.yaml").write_text(yaml.safe_dump(config))
