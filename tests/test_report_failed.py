@@ -152,6 +152,14 @@ def test_figures_without_data_say_not_measured(report):
     assert "not measured: no time to first token above 0" in text_of(figures / "ttft.pdf")
     assert "not measured: no decode rate" in text_of(figures / "decode_rate.pdf")
     assert "not measured: no decode step time" in text_of(figures / "step_time.pdf")
+    # and the report does not spend a page on each: a line where the figure would be, in the PDF and its twin, and
+    # no sentence points at a figure that is not there (an undefined reference prints ??)
+    for said in ("No figure: no trial decoded a second token.", "No figure: no model was fitted."):
+        assert said in report["pdf"] and said in report["md"], said
+    if report["case"] == "all_failed":
+        said = "No figure: no length has a time to first token above 0."
+        assert said in report["pdf"] and said in report["md"]
+    assert "??" not in report["pdf"]
 
 
 def test_a_real_sweep_with_a_trial_lost_marks_that_length_and_leaves_it_out_of_the_fits(tmp_path, monkeypatch):

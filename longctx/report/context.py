@@ -176,6 +176,22 @@ def needle_rows(med: pd.DataFrame) -> list[dict]:
             for r in med.to_dict("records") if text(r.get("needle"))]
 
 
+# the figure each `drawn` flag stands for (longctx.report.figures' names)
+DRAWN_FIGURES = {"ttft": ("ttft",), "decode": ("decode_rate", "step_time"), "fits": ("residuals", "extrapolation"),
+                 "planner": ("planner",)}
+
+
+def without_undrawn(diagnosis: dict, drawn: dict) -> dict:
+    """The diagnosis with no sentence pointing at a figure the report does not draw (nothing to draw in it)."""
+    gone = {f for flag, figures in DRAWN_FIGURES.items() if not drawn[flag] for f in figures}
+
+    def fix(items: list[dict]) -> list[dict]:
+        return [{**d, "figure": None if d.get("figure") in gone else d.get("figure")} for d in items]
+
+    return {**diagnosis, "summary": fix(diagnosis["summary"]), "planner": fix(diagnosis["planner"]),
+            "configurations": [{**g, "items": fix(g["items"])} for g in diagnosis["configurations"]]}
+
+
 def planner_groups(configs: list[dict], plans: dict) -> list[dict]:
     """The planner section's blocks: configurations next to each other whose planner entries read the same (the
     memory free before loading, which moves by megabytes between starts, aside) share one, with that memory as a
@@ -397,6 +413,11 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "flagged": [{"name": c["name"], "flags": c["flags"]} for c in configs if c["flags"]],
         "cache_flush": cache_flush,
         "measured": bool((med["ttft_s"] > 0).any()),  # False: no length of any configuration has a usable TTFT
+        # the figures with something to draw; one without is a line in its section, not a page of axes
+        "drawn": {"ttft": bool((med["ttft_s"] > 0).any()),
+                  "decode": bool((med["decode_tok_s"] > 0).any()) if "decode_tok_s" in med else False,
+                  "fits": any(f.get("prefill") or f.get("decode") for f in fits.values()),
+                  "planner": any(p.get("rows") for p in plans.values())},
         "telemetry": telemetry,
         "devices": {"gpu": "gpu" in devices, "cpu": "cpu" in devices, "remote": "remote" in devices or any(c["imported"] for c in configs),
                     "remote_names": [c["name"] for c in configs if c["device"] == "remote" or c["imported"]]},
@@ -430,7 +451,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
     }
     # page one's answer and the diagnosis: the headline's speedups (with their intervals) are what it compares
     out["compact"] = compact(out["headline"])
-    out["diagnosis"] = diagnose(med, fits, planner, out["headline"], analysis.get("settings"), load, prefix)
+    out["diagnosis"] = without_undrawn(diagnose(med, fits, planner, out["headline"], analysis.get("settings"), load, prefix),
+                                       out["drawn"])
     return out
 
 
