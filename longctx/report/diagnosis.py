@@ -294,7 +294,7 @@ def _speculative(name: str, top, L: int, partial: dict[int, str]) -> list[tuple[
     if not is_number(top.get("spec_accept_length")):
         return []
     rate = f" ({top['spec_accept_rate']:.0%} of drafts accepted)" if is_number(top.get("spec_accept_rate")) else ""
-    return [("acceptance", f"{name}: speculative decoding produces {top['spec_accept_length']:.3g} tokens per verify step "
+    return [("", f"{name}: speculative decoding produces {top['spec_accept_length']:.3g} tokens per verify step "
                            f"at {_at(L, partial)}{rate}.")]
 
 

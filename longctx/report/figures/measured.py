@@ -230,24 +230,6 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
     _legend_or_not_measured(ax, "no decode step time (no trial decoded a second token)")
     save(fig, outdir, "step_time")
 
-    # speculative acceptance length against L
-    fig, ax = plt.subplots()
-    spec = med[med["spec_accept_length"].notna()]
-    for name in names:
-        s = sty[name]
-        m = spec[spec["configuration"] == name]
-        if len(m):
-            ax.plot(m["length"], m["spec_accept_length"], color=s["color"], linestyle=s["linestyle"], marker=s["marker"], label=name)
-    if spec.empty:
-        ax.text(0.5, 0.5, "no speculative configuration", transform=ax.transAxes, ha="center", va="center")
-    else:
-        ax.legend()
-    ax.set(xlabel="context length L (tokens)", ylabel="tokens per verify step",
-           title="Speculative decoding: acceptance length")
-    length_axis(ax, df["length"])
-    ax.set_ylim(bottom=0)
-    save(fig, outdir, "acceptance")
-
     # inter-token latency against KV depth, inside one long request per configuration
     fig, ax = plt.subplots()
     depth = pd.read_csv(itl_depth_csv) if itl_depth_csv else pd.DataFrame(columns=["configuration", "depth", "itl_s"])
