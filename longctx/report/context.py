@@ -443,7 +443,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "prefix": prefixview.view(prefix, order),
         "measured_at": datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if prov.get("configurations") else None,
         "source_date_epoch": epoch,
-        "config_yaml": yaml.safe_dump(mask(config), sort_keys=False, width=88).splitlines() if config else [],
+        # lists and maps of plain values on one line each (flow style): the appendix is read, not edited
+        "config_yaml": yaml.safe_dump(mask(config), sort_keys=False, width=100, default_flow_style=None).splitlines() if config else [],
         "snapshot": versions.snapshot(med),
         "sections": sections(template_dir) if template_dir else {"front": [], "body": [], "appendix": []},
         "version": None,
