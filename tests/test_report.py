@@ -567,3 +567,21 @@ def test_a_server_listening_beyond_loopback_is_named(served):
     for text in (served["reference"]["pdf"], served["reference"]["md"]):
         assert "listening on 0.0.0.0: reachable from the network (server.allow_remote)" in text.replace("`", "")
     assert "reachable from the network" not in served["external"]["pdf"]
+
+
+def test_a_servers_settings_are_printed_once_and_the_others_as_what_differs():
+    """Pages earned: the servers appendix prints the first server's settings in full; a server whose settings are
+    mostly the same prints those that differ (and those it lacks); one mostly different prints all of its own."""
+    from longctx.report.context import settings_against_first
+
+    base = [(f"k{i}", str(i)) for i in range(10)]
+    configs = [{"name": "a", "server_args": base},
+               {"name": "b", "server_args": [("k0", "x")] + base[1:9]},  # k0 differs, k9 missing
+               {"name": "c", "server_args": [(k, "y") for k, _ in base]},  # all differ
+               {"name": "d", "server_args": []},  # reported none
+               {"name": "e", "server_args": list(base)}]  # the same
+    settings_against_first(configs)
+    got = {c["name"]: (c["settings_base"], c["settings_shown"]) for c in configs}
+    assert got["a"] == (None, base) and got["c"] == (None, configs[2]["server_args"]) and got["d"] == (None, [])
+    assert got["b"] == ("a", [("k0", "x"), ("k9", "not reported")])
+    assert got["e"] == ("a", [])

@@ -176,6 +176,21 @@ def needle_rows(med: pd.DataFrame) -> list[dict]:
             for r in med.to_dict("records") if text(r.get("needle"))]
 
 
+def settings_against_first(configs: list[dict]) -> None:
+    """Each configuration's `settings_shown` (the server's settings the appendix prints) and `settings_base`: the first
+    configuration whose server reported settings prints them all; another whose settings are mostly the same prints
+    only those that differ from it (and those it lacks, as 'not reported'), as that one's 'except'."""
+    first = next((c for c in configs if c["server_args"]), None)
+    for c in configs:
+        c["settings_shown"], c["settings_base"] = c["server_args"], None
+        if first is None or c is first or not c["server_args"]:
+            continue
+        mine, base = dict(c["server_args"]), dict(first["server_args"])
+        differ = [(k, mine.get(k, "not reported")) for k in sorted(set(mine) | set(base)) if mine.get(k) != base.get(k)]
+        if len(differ) < len(mine) / 2:
+            c["settings_shown"], c["settings_base"] = differ, first["name"]
+
+
 # the figure each `drawn` flag stands for (longctx.report.figures' names)
 DRAWN_FIGURES = {"ttft": ("ttft",), "decode": ("decode_rate", "step_time"), "fits": ("residuals", "extrapolation"),
                  "planner": ("planner",)}
@@ -377,6 +392,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "any": any(c.startswith("decode_") and med[c].notna().any() for c in med.columns),
     }
     devices = {c["device"] for c in configs}
+    settings_against_first(configs)
     # the planner's configurations whose pool SGLang's sizing rule modelled (those with rows)
     ruled = [c for c in configs if (plans.get(c["name"]) or {}).get("rows")]
     served = _served_groups(configs)
