@@ -105,9 +105,9 @@ def test_an_interrupted_workflow_leaves_no_server_and_the_same_command_resumes_i
     (no --unlock, no --rerun-incomplete), reusing the length measured before."""
     work = copy_workflow(tmp_path)
     config = yaml.safe_load(TINY.read_text())
-    # 12 trials of 96 tokens: a length takes about a second here, so that the signal, sent once the first is kept,
-    # finds the sweep at its second or third (24 tokens let the whole sweep end before it, 1 run in 3 under load)
-    config.update(lengths=[64, 128, 256], protocol={**config["protocol"], "warmup": 0, "trials": 12, "output_tokens": 96,
+    # 12 trials of 256 tokens: a length takes 2 to 3 s here, so that the signal, sent once the first is kept, finds the
+    # sweep at its second or third (at 24 tokens, and once at 96 on the CI machine, the sweep ended before it)
+    config.update(lengths=[64, 128, 256], protocol={**config["protocol"], "warmup": 0, "trials": 12, "output_tokens": 256,
                                                      "concurrency": [], "itl_depth": {"length": None}})
     config["configurations"] = {"page1": config["configurations"]["page1"]}
     (work / "int.yaml").write_text(yaml.safe_dump(config))
@@ -117,19 +117,21 @@ def test_an_interrupted_workflow_leaves_no_server_and_the_same_command_resumes_i
     log = work / "data" / "logs" / "server" / "page1.log"
     try:
         server = wait_for_server(log, 240)
-        deadline = time.monotonic() + 120
-        while not (work / "data" / "partial" / "page1" / "64.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not (work / "data" / "partial" / "page1" / "256.json").exists(), "the sweep ended before the signal"
         locks = sorted((work / ".snakemake" / "locks").glob("*.lock"))
         assert locks and clear_stale_locks(work) is None and all(p.exists() for p in locks)  # held by a live run
-        os.killpg(snake.pid, sig)
+        deadline = time.monotonic() + 120
+        while not (work / "data" / "partial" / "page1" / "64.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(snake.pid, sig)  # at once: the lock check above took up to 2 s of a 2 s sweep on a loaded machine
+        assert not (work / "data" / "partial" / "page1" / "256.json").exists(), "the sweep ended before the signal"
         snake.wait(60)
         console.close()
         assert gone(server), f"server {server} outlived the workflow"
         said = (tmp_path / "console.txt").read_text()
-        # the bench says, in one line, that the same command resumes; no traceback of ours
-        assert "longctx bench: interrupted; the lengths measured so far are kept, and the same command resumes" in said, said
+        # on Ctrl-C the bench says, in one line, that the same command resumes (on SIGHUP nobody reads the terminal,
+        # and Snakemake may be gone before the bench's line); no traceback of ours either way
+        if sig == signal.SIGINT:
+            assert "longctx bench: interrupted; the lengths measured so far are kept, and the same command resumes" in said, said
         assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
         assert list((work / ".snakemake" / "locks").glob("*.lock")) or sig == signal.SIGINT  # SIGHUP leaves the lock
         again = subprocess.run(command, cwd=work, env=ENV, capture_output=True, text=True, timeout=300)
