@@ -3,7 +3,7 @@
 # and running as root; otherwise the command to run is printed.
 set -euo pipefail
 PACKAGES="texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended texlive-science lmodern latexmk poppler-utils"
-STYLES="booktabs.sty longtable.sty graphicx.sty hyperref.sty geometry.sty lmodern.sty siunitx.sty"
+STYLES="booktabs.sty longtable.sty placeins.sty graphicx.sty hyperref.sty geometry.sty lmodern.sty siunitx.sty"
 have_all() {
   command -v latexmk >/dev/null && command -v pdflatex >/dev/null && command -v pdftotext >/dev/null \
     && command -v kpsewhich >/dev/null || return 1
