@@ -488,10 +488,9 @@ def _written(args) -> list[str]:
 def _write_failure(exc: OSError, args) -> str:
     """'cannot write data/fits.json: No space left on device; free space on ...': the file the error names, else
     the ones the stage was told to write."""
-    outs = _written(args)
-    path = getattr(exc, "filename", None) or (outs[0] if outs else ".")
-    where = getattr(exc, "filename", None) or " or ".join(outs) or "its output"
-    return f"cannot write {where}: {exc.strerror or exc}; {write_fix(exc.errno, path)}"
+    outs = [exc.filename] if exc.filename else _written(args)
+    where = " or ".join(map(str, outs)) or "its output"
+    return f"cannot write {where}: {exc.strerror or exc}; {write_fix(exc.errno, str(outs[0]) if outs else '.')}"
 
 
 def main(argv: list[str] | None = None) -> int:
