@@ -204,7 +204,7 @@ def _regime_change(kind: str, lengths, y, tolerance: float, n_boot: int) -> dict
     """The regime change as fits.json finds it (longctx.analysis.fits): regime_change_in over the prediction
     check's cuts of the rows (longctx.core.fitting.holdout)."""
     rows = pd.DataFrame({"length": lengths, PREDICTED[kind]: y})
-    cuts = (prediction_check({kind: rows}, n_boot, LEVEL, 0).get(kind) or {}).get("cuts", [])
+    cuts = (prediction_check({kind: rows}, LEVEL, bool(n_boot)).get(kind) or {}).get("cuts", [])
     return regime_change_in(kind, cuts, tolerance)
 
 

@@ -25,7 +25,7 @@ def test_models_that_hold_predict_the_longest_length_inside_their_intervals():
     # TTFT = 0.05 + 2e-5 L + 1e-9 L^2 and step = 0.01 + 1e-7 L, with 0.2% noise: at 32k the TTFT is 1.78 s, the step
     # 13.3 ms (with 1% noise the quadratic term, a tenth of 4k's TTFT, is too loose to carry 8x further within 5%)
     g = rows(lambda L: 0.05 + 2e-5 * L + 1e-9 * L**2, lambda L: 0.01 + 1e-7 * L, noise=0.002)
-    check = prediction_check({"prefill": g, "decode": g}, 400, 0.95, 0)
+    check = prediction_check({"prefill": g, "decode": g}, 0.95)
     head = check["prefill"]["headline"]
     # the first half: 3 of the 6 lengths (up to 4,096) predict 32,768
     assert (head["fitted_up_to"], head["length"], head["lengths_fitted"]) == (4096, 32768, 3)
@@ -45,7 +45,7 @@ def test_models_that_hold_predict_the_longest_length_inside_their_intervals():
 def test_a_miss_is_tied_to_the_regime_change_it_is():
     # decode steps twice as long from 16k on (by construction): the rate there is half the model's, -50%
     g = rows(lambda L: 0.05 + 2e-5 * L, lambda L: (0.01 + 1e-7 * L) * (2 if L >= 16384 else 1))
-    check = prediction_check({"prefill": None, "decode": g}, 400, 0.95, 0)
+    check = prediction_check({"prefill": None, "decode": g}, 0.95)
     head = check["decode"]["headline"]
     assert head["inside"] is False and head["rate_deviation"] == pytest.approx(-0.5, abs=0.03)
     rc = regime_change_in("decode", check["decode"]["cuts"], 0.2)  # as longctx.analysis.fits finds it
@@ -56,38 +56,35 @@ def test_a_miss_is_tied_to_the_regime_change_it_is():
     assert said["missed"] == ["decode"]
     # one odd length, no trend: said to be no regime change
     g = rows(lambda L: 0.05, lambda L: (0.01 + 1e-7 * L) * (2 if L == 32768 else 1))
-    check = prediction_check({"decode": g}, 400, 0.95, 0)
+    check = prediction_check({"decode": g}, 0.95)
     said = wording.prediction({"prediction": check, "decode": {"regime_change": None}})
     assert "with no regime change detected" in said["sentence"]
 
 
 def test_too_few_lengths_check_nothing():
     g = rows(lambda L: 0.05, lambda L: 0.01)[lambda d: d["length"] <= 4096]
-    assert prediction_check({"prefill": g, "decode": g.iloc[:0]}, 100, 0.95, 0) == {}
+    assert prediction_check({"prefill": g, "decode": g.iloc[:0]}, 0.95) == {}
     assert wording.prediction({"prediction": {}}) is None
 
 
-@pytest.mark.parametrize("noise", [0.02, 0.05])
+@pytest.mark.parametrize("noise", [0.02, 0.05, 0.1, 0.3])
 def test_the_prediction_interval_covers_the_held_out_median_as_often_as_it_states(noise):
-    """Issue 32: 'inside its interval' must hold as often as the 95% it states. Models that hold exactly, 3 trials a
-    length, relative noise over a floor (2 ms on TTFT, 0.2 ms on a step), 200 seeds: the headline's held-out median
-    (the longest length, predicted from the first half) falls inside its prediction interval in 93% to 98% of them.
-    The curve's interval alone (which leaves out the held-out median's own noise) held 90% at 2% noise; the textbook
-    prediction interval holds 95-96% there, and more at 5% (98%), where the non-negative fits clamp a coefficient at
-    0 and the interval widens."""
+    """Issue 32: 'inside its interval' must hold as often as the 95% it states, 93% to 97%. Models that hold exactly,
+    3 trials a length, relative noise of 2% to 30% over a floor (2 ms on TTFT, 0.2 ms on a step), 1,000 seeds: the
+    headline's held-out median (the longest length, predicted from the first half) falls inside its prediction
+    interval in 94-96% of them. Before: the curve's interval alone (which leaves out the held-out median's own noise)
+    held 90% at 2% noise; the textbook interval on the non-negative fits held 97% at 2%, 98% at 5% and 100% at 30%
+    (a coefficient the shorter lengths barely resolve, held at 0, leaves it too wide)."""
     inside = {"prefill": [], "decode": []}
-    for seed in range(200):
+    for seed in range(1000):
         rng = np.random.default_rng(seed)
-        out = []
-        for L in LENGTHS:
-            t, s = 0.05 + 2e-5 * L + 1e-9 * L**2, 0.01 + 1e-7 * L
-            for _ in range(3):
-                out.append({"length": L, "ttft_s": t + np.hypot(noise * t, 0.002) * rng.standard_normal(),
-                            "step_s": s + np.hypot(noise * s, 0.0002) * rng.standard_normal()})
-        g = pd.DataFrame(out)
-        check = prediction_check({"prefill": g, "decode": g}, 20, 0.95, seed)  # draws only switch the intervals on
+        L = np.repeat(LENGTHS, 3).astype(float)
+        t, s = 0.05 + 2e-5 * L + 1e-9 * L**2, 0.01 + 1e-7 * L
+        g = pd.DataFrame({"length": L, "ttft_s": t + np.hypot(noise * t, 0.002) * rng.standard_normal(L.size),
+                          "step_s": s + np.hypot(noise * s, 0.0002) * rng.standard_normal(L.size)})
+        check = prediction_check({"prefill": g, "decode": g}, 0.95)
         for kind in inside:
             inside[kind].append(check[kind]["headline"]["inside"])
     rates = {kind: float(np.mean(v)) for kind, v in inside.items()}
     print(f"\nnoise {noise:.0%}: inside {rates}")
-    assert all(0.93 <= r <= 0.985 for r in rates.values()), rates
+    assert all(0.93 <= r <= 0.97 for r in rates.values()), rates

@@ -87,7 +87,7 @@ def _pct(x, ref):
 PREDICTED = {"prefill": "ttft_s", "decode": "step_s"}
 
 
-def prediction_check(rows: dict[str, pd.DataFrame | None], n_boot: int, level: float, seed: int) -> dict:
+def prediction_check(rows: dict[str, pd.DataFrame | None], level: float, intervals: bool = True) -> dict:
     """How well the models fitted to the shorter lengths predicted the longer ones measured (the rows the
     regime detection looks at, partial lengths left out under exclude): per model, every cut
     (longctx.core.fitting.holdout, from as many lengths as the model has coefficients), and the headline:
@@ -98,7 +98,7 @@ def prediction_check(rows: dict[str, pd.DataFrame | None], n_boot: int, level: f
     for kind, g in rows.items():
         if g is None or g["length"].nunique() <= FIT_LENGTHS[kind]:
             continue
-        cuts = holdout(kind, g["length"], g[PREDICTED[kind]], n_boot, level, seed, min_lengths=FIT_LENGTHS[kind])
+        cuts = holdout(kind, g["length"], g[PREDICTED[kind]], level, FIT_LENGTHS[kind], intervals)
         n = g["length"].nunique()
         half = max(FIT_LENGTHS[kind], -(-n // 2))
         head = next((c for c in cuts if c["lengths_fitted"] == half), None)
@@ -160,7 +160,7 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
         fits["decode"] = Fit("decode", d["length"], d["step_s"], n_boot, level, seed)
         out["decode"] = decode_summary(fits["decode"], kv)
     out["prediction"] = prediction_check({"prefill": p_regime if "prefill" in fits else None,
-                                          "decode": d_regime if "decode" in fits else None}, min(n_boot, 400), level, seed)
+                                          "decode": d_regime if "decode" in fits else None}, level, bool(n_boot))
     for kind in fits:  # the regime detection walks the prediction check's cuts (the same fits of the same rows)
         out[kind]["regime_change"] = regime_change_in(kind, (out["prediction"].get(kind) or {}).get("cuts", []),
                                                       st["regime_tolerance"])

@@ -31,9 +31,10 @@ def _scaled(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return X / scale, scale
 
 
-def _solve_weighted(Xs: np.ndarray, Y: np.ndarray, W: np.ndarray) -> np.ndarray:
+def _solve_weighted(Xs: np.ndarray, Y: np.ndarray, W: np.ndarray, signed: bool = False) -> np.ndarray:
     """Non-negative least squares of W * (Y - Xs beta) for every row of Y and W (B x n) at once:
-    a batched QR solve, NNLS only for the rows whose unconstrained solution has a negative coefficient."""
+    a batched QR solve, NNLS only for the rows whose unconstrained solution has a negative coefficient
+    (none with `signed`: plain least squares, coefficients of either sign)."""
     A = Xs[None, :, :] * W[:, :, None]
     rhs = Y * W
     Q, R = np.linalg.qr(A)
@@ -41,6 +42,10 @@ def _solve_weighted(Xs: np.ndarray, Y: np.ndarray, W: np.ndarray) -> np.ndarray:
         coef = np.linalg.solve(R, np.einsum("bij,bi->bj", Q, rhs)[:, :, None])[:, :, 0]
     except np.linalg.LinAlgError:
         coef = np.full((Y.shape[0], Xs.shape[1]), -1.0)
+        if signed:
+            return np.stack([np.linalg.lstsq(A[i], rhs[i], rcond=None)[0] for i in range(len(A))])
+    if signed:
+        return coef
     bad = ~np.isfinite(coef).all(axis=1) | (coef < 0).any(axis=1)
     for i in np.flatnonzero(bad):
         coef[i], _ = nnls(A[i], rhs[i])
@@ -72,27 +77,24 @@ def noise_floor(X: np.ndarray, y: np.ndarray, level: float = LEVEL) -> float:
     m, v, df = m[keep], v[keep], df[keep]
     if len(np.unique(m)) < 2:
         return 0.0
-
-    def loglik(k: float) -> float:
-        shape = k + m * m
-        s2 = float((df * v / shape).sum() / df.sum())
-        return float(-0.5 * (df * np.log(s2 * shape)).sum())
-
     grid = np.concatenate([[0.0], (m.min() ** 2) * np.geomspace(1e-3, 1e4, 57)])
-    ll = np.array([loglik(k) for k in grid])
+    shape = grid[:, None] + (m * m)[None, :]  # one row per floor on the grid
+    s2 = (df * v / shape).sum(axis=1) / df.sum()
+    ll = -0.5 * (df * np.log(s2[:, None] * shape)).sum(axis=1)  # the profile log likelihood of each
     best = int(np.argmax(ll))
     return float(grid[best]) if 2 * (ll[best] - ll[0]) > chi2.ppf(level, 1) else 0.0
 
 
-def _nnls_weighted_batch(X: np.ndarray, Y: np.ndarray, floor_s2: float = 0.0) -> np.ndarray:
+def _nnls_weighted_batch(X: np.ndarray, Y: np.ndarray, floor_s2: float = 0.0, signed: bool = False) -> np.ndarray:
     """Non-negative coefficients minimising sum(((y - X beta) / noise_sd(m, floor_s2))^2) for every row y of Y
     (relative residuals where floor_s2 is 0): first with m = y, then with m the first fit's values (weights that do
-    not follow the noise, which would bias the fit low). Columns are scaled for conditioning."""
+    not follow the noise, which would bias the fit low). Columns are scaled for conditioning. With `signed`, the
+    coefficients may take either sign (_solve_weighted)."""
     Xs, scale = _scaled(X)
-    coef = _solve_weighted(Xs, Y, 1.0 / noise_sd(Y, floor_s2))
+    coef = _solve_weighted(Xs, Y, 1.0 / noise_sd(Y, floor_s2), signed)
     fitted = coef @ Xs.T
     fitted = np.where(fitted > 0, fitted, Y)
-    return _solve_weighted(Xs, Y, 1.0 / noise_sd(fitted, floor_s2)) / scale
+    return _solve_weighted(Xs, Y, 1.0 / noise_sd(fitted, floor_s2), signed) / scale
 
 
 def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
@@ -153,37 +155,42 @@ class BasisFit:
     n_boot times; the intervals are the bootstrap percentiles. (At 95% the intervals cover known
     coefficients of synthetic data in about 94% of draws, with relative noise and with a floor:
     tests/test_analysis.py.) A subclass maps its own inputs to the columns (`design`); here they are
-    the columns themselves."""
+    the columns themselves. `signed` lifts the sign constraint (the prediction check's fits: prediction_interval)."""
 
-    def __init__(self, names, X, y, n_boot: int = 0, level: float = LEVEL, seed: int = 0):
-        self.names, self.level = tuple(names), level
+    def __init__(self, names, X, y, n_boot: int = 0, level: float = LEVEL, seed: int = 0, signed: bool = False):
+        self.names, self.level, self.signed = tuple(names), level, signed
         X, y = np.asarray(X, float).reshape(len(np.asarray(y)), -1), np.asarray(y, float)
         # the noise model needs a positive time
         self.kept = np.isfinite(y) & (y > 0) & np.isfinite(X).all(axis=1)
         self.X, self.y = X[self.kept], y[self.kept]
         X = self.X
         self.floor_s2 = noise_floor(X, self.y) if len(self.y) else 0.0
-        self.coef = _nnls_weighted_batch(X, self.y[None, :], self.floor_s2)[0]
+        self.coef = _nnls_weighted_batch(X, self.y[None, :], self.floor_s2, signed)[0]
         self.pred = X @ self.coef
         self.r2 = _r2(self.y, self.pred)
         self.draws: np.ndarray | None = None
         if n_boot and len(self.y) > len(self.names):
             rng = np.random.default_rng(seed)
-            sd = self.sd(self.pred)
+            sd = self.fitted_sd()
             e = self.standardised() / np.sqrt(np.clip(1 - self.leverage(), 1e-6, None))
             e -= e.mean()
             Y = self.pred + sd * rng.choice(e, size=(n_boot, len(self.y)))
             Y = np.where(Y > 0, Y, self.pred)  # a time is positive
-            self.draws = _nnls_weighted_batch(X, Y, self.floor_s2)
+            self.draws = _nnls_weighted_batch(X, Y, self.floor_s2, signed)
 
     def sd(self, values) -> np.ndarray:
         """The noise model's sd shape at fitted values (relative to the fit where floor_s2 is 0)."""
         pred = np.where(np.asarray(values, float) > 0, values, 1e-300)
         return noise_sd(pred, self.floor_s2)
 
+    def fitted_sd(self) -> np.ndarray:
+        """The noise model's sd at the observations: at the fitted values, or at the observed ones where a fit
+        whose coefficients may take either sign (`signed`) goes to 0 or below (as the fit's own weights do)."""
+        return self.sd(np.where(self.pred > 0, self.pred, self.y))
+
     def standardised(self) -> np.ndarray:
         """The residuals over the noise model's sd (the relative residuals where floor_s2 is 0)."""
-        return (self.y - self.pred) / self.sd(self.pred)
+        return (self.y - self.pred) / self.fitted_sd()
 
     def noise_scale(self) -> float:
         """The spread of the standardised residuals (root mean square over the degrees of freedom): the relative
@@ -192,7 +199,7 @@ class BasisFit:
         return float(np.sqrt((e**2).sum() / max(1, len(e) - len(self.names))))
 
     def weighted_design(self) -> np.ndarray:
-        return self.X / self.sd(self.pred)[:, None]
+        return self.X / self.fitted_sd()[:, None]
 
     def leverage(self) -> np.ndarray:
         A = self.weighted_design()
@@ -237,10 +244,10 @@ class Fit(BasisFit):
 
     KINDS = {"prefill": ("a_s", "b_s_per_token", "c_s_per_token2"), "decode": ("t0_s", "beta_s_per_token")}
 
-    def __init__(self, kind: str, lengths, y, n_boot: int = 0, level: float = LEVEL, seed: int = 0):
+    def __init__(self, kind: str, lengths, y, n_boot: int = 0, level: float = LEVEL, seed: int = 0, signed: bool = False):
         self.kind = kind
         L = np.asarray(lengths, float)
-        super().__init__(self.KINDS[kind], self.basis(L), y, n_boot, level, seed)
+        super().__init__(self.KINDS[kind], self.basis(L), y, n_boot, level, seed, signed)
         self.L = L[self.kept]
 
     def basis(self, L) -> np.ndarray:
@@ -303,11 +310,13 @@ def prediction_interval(fit: "BasisFit", inputs, n: np.ndarray) -> tuple[np.ndar
     """Where the median of n new trials at `inputs` should fall, at the fit's level: the textbook prediction interval
     of weighted least squares, pred +- t(dof) sqrt(phi' Cov phi + the median's own variance), Cov = s^2 (A'A)^-1 with
     A the design weighted by the noise model and s the residuals' spread (noise_scale), the median's variance that
-    of n values with the noise model's sd there (median_sd). The fit's bootstrap draws set its curve's interval, but
-    with a few lengths they understate the spread of an extrapolation (the check held 90% at 2% noise with them).
-    None without bootstrap draws (no intervals asked for) or without a residual degree of freedom."""
+    of n values with the noise model's sd there (median_sd). It holds its level for a fit whose coefficients may take
+    either sign (BasisFit's `signed`): on a non-negative fit, a coefficient held at 0 (one the shorter lengths barely
+    resolve) leaves the interval too wide (98% at 5% noise, 100% at 30%; tests/test_prediction.py), and the
+    bootstrap's percentiles understate an extrapolation's spread (90% at 2% noise). None without a residual degree of
+    freedom."""
     dof = len(fit.y) - len(fit.names)
-    if fit.draws is None or dof < 1:
+    if dof < 1:
         return None, None
     phi = fit.design(inputs)
     pred = phi @ fit.coef
@@ -322,23 +331,25 @@ def prediction_interval(fit: "BasisFit", inputs, n: np.ndarray) -> tuple[np.ndar
     return pred - half, pred + half
 
 
-def holdout(kind: str, lengths, y, n_boot: int = 400, level: float = LEVEL, seed: int = 0,
-            min_lengths: int | None = None) -> list[dict]:
+def holdout(kind: str, lengths, y, level: float = LEVEL, min_lengths: int | None = None,
+            intervals: bool = True) -> list[dict]:
     """The model fitted to the lengths up to each cut, set against every longer length: for each cut from
     min_lengths fitted lengths (default: as many as the model has coefficients) to all but the last, the
     fit's prediction of each longer length's median, its prediction interval there (prediction_interval: the
-    curve's interval and the held-out median's own noise), the median measured, and the relative deviation
-    (measured / predicted - 1)."""
+    curve's interval and the held-out median's own noise; none unless `intervals`), the
+    median measured, and the relative deviation (measured / predicted - 1). The fits here are the model's
+    least squares with coefficients of either sign: the question is whether the model's form holds beyond the
+    lengths fitted, and only that fit's interval holds the level it states."""
     L, y = np.asarray(lengths, float), np.asarray(y, float)
     distinct = np.unique(L)
     out = []
     for k in range(min_lengths or len(Fit.KINDS[kind]), len(distinct)):
         inside = L <= distinct[k - 1]
-        fit = Fit(kind, L[inside], y[inside], n_boot, level, seed)
+        fit = Fit(kind, L[inside], y[inside], level=level, signed=True)
         later, med = _medians_by_length(L[~inside], y[~inside])
         pred = fit.predict(later)
         counts = np.array([int(np.sum(np.isfinite(y[L == x]))) for x in later])
-        lo, hi = prediction_interval(fit, later, counts)
+        lo, hi = prediction_interval(fit, later, counts) if intervals else (None, None)
         out.append({"fitted_up_to": int(distinct[k - 1]), "lengths_fitted": k, "predictions": [
             {"length": int(x), "measured": float(m), "predicted": float(q), "deviation": float(m / q - 1) if q > 0 else None,
              "lo": None if lo is None else float(lo[i]), "hi": None if hi is None else float(hi[i]),
