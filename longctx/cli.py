@@ -111,6 +111,19 @@ def _analyze_load(a) -> int:
     return 0
 
 
+def _whatif(a) -> int:
+    from .analysis.whatif import whatif_file
+
+    doc = whatif_file(a.fits, a.load, a.provenance, a.requests, a.interference, json.loads(a.settings), a.out)
+    for name, c in doc["configurations"].items():
+        e = (c.get("errors") or {}).get("p50") or {}
+        said = c.get("reason") or (f"median absolute error at p50 {e['median_abs']:.0%} over {e['n']} figures"
+                                   if e.get("median_abs") is not None else "no measured load point to check against")
+        print(f"{name}: {said}; {len(c.get('whatif') or [])} what-if settings, {c.get('events', 0):,} events "
+              f"in {c.get('seconds', 0):.1f} s")
+    return 0
+
+
 def _aggregate_prefix(a) -> int:
     from .analysis.prefix import aggregate_prefix
 
@@ -327,6 +340,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.set_defaults(func=_analyze_load)
 
+    s = sub.add_parser("whatif", help="fits + load points + provenance -> whatif.json: the serving model simulated, "
+                       "checked against the measured load points, and the what-if grid")
+    s.add_argument("--fits", required=True, help="data/fits.json: the prefill and decode fits and their bootstrap draws")
+    s.add_argument("--load", required=True, help="data/load.json: the measured load points")
+    s.add_argument("--provenance", required=True, help="data/provenance.json: each configuration's flags, pool and engine")
+    s.add_argument("--requests", required=True, help="data/load_requests.csv: the open loop's scheduled arrivals")
+    s.add_argument("--interference", required=True, help="data/load_interference.csv: the probes' background streams")
+    s.add_argument("--settings", required=True, help='the config\'s whatif, slo and load sections as JSON')
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_whatif)
+
     s = sub.add_parser("aggregate-prefix", help="raw prefix.json files -> prefix.csv (a row per request of the hit-rate "
                        "points and the growing conversations)")
     s.add_argument("--out", required=True, help="data/prefix.csv")
@@ -407,6 +431,7 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--prefix", help="data/prefix_fits.json (the prefix cache's analysis)")
         s.add_argument("--load", help="data/load.json (the load workloads' analysis)")
         s.add_argument("--load-metrics", help="data/load_metrics.csv (the servers' /metrics through the load workloads)")
+        s.add_argument("--whatif", help="data/whatif.json (the serving model simulated, the what-if grid)")
         s.add_argument("--config-json", help="the validated configuration as JSON (what the workflow passes)")
         s.add_argument("--configfile", help="or: a config file")
         s.add_argument("--baseline", help="the configuration speedups are against (default: report.baseline, else the first one)")

@@ -102,6 +102,10 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     if baseline is not None and baseline not in config["configurations"]:
         raise ConfigError(f"config key 'report.baseline': {baseline!r} is not a configuration; "
                           f"allowed values: {', '.join(config['configurations'])}")
+    for name in config["whatif"]["configurations"] or []:
+        if name not in config["configurations"]:
+            raise ConfigError(f"config key 'whatif.configurations': {name!r} is not a configuration; "
+                              f"allowed values: {', '.join(config['configurations'])}")
     for name, conf in config["configurations"].items():
         kernel = conf["kernel"]
         if kernel is not None and kernel not in config["kernels"]:

@@ -92,6 +92,29 @@ rule analyze_load:
         "--settings {params.settings:q} --out {output} --log {log}"
 
 
+# What if (longctx.analysis.whatif): the serving model of each configuration simulated against its measured load
+# points, and the whatif grid of settings nobody measured.
+rule whatif:
+    input:
+        fits="data/fits.json",
+        load="data/load.json",
+        provenance="data/provenance.json",
+        requests="data/load_requests.csv",
+        interference="data/load_interference.csv",
+    output:
+        "data/whatif.json",
+    log:
+        "data/logs/whatif.log",
+    params:
+        settings=lambda w: canonical_json({"whatif": CFG["whatif"], "slo": CFG["slo"], "load": CFG["load"]}),
+    conda:
+        ENV
+    shell:
+        "longctx whatif --fits {input.fits} --load {input.load} --provenance {input.provenance} "
+        "--requests {input.requests} --interference {input.interference} --settings {params.settings:q} "
+        "--out {output} --log {log}"
+
+
 # The reused-context workloads (longctx.analysis.prefix): a row per request, then the cost model
 # TTFT = a + b (L - P) + c (L^2 - P^2) fitted over hit rates and cold trials, the saving against cold,
 # every cached-count check and the conversation's turns against the model.

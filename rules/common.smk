@@ -53,7 +53,7 @@ os.environ[lcfg.CONFIG_SOURCES_VAR] = canonical_json({"configfiles": [str(f) for
 # `longctx render/markdown/plan-section` (--results, --fits, --provenance, --itl-depth, --planner).
 REPORT_DATA = dict(results="data/results.csv", fits="data/fits.json", provenance="data/provenance.json",
                    itl_depth="data/itl_depth.csv", planner="data/planner.json", load="data/load.json",
-                   load_metrics="data/load_metrics.csv", prefix="data/prefix_fits.json")
+                   load_metrics="data/load_metrics.csv", prefix="data/prefix_fits.json", whatif="data/whatif.json")
 # ... and the baseline and configuration those rules pass (their params).
 REPORT_PARAMS = dict(baseline=BASELINE, config=REPORT_CONFIG)
 
@@ -64,6 +64,7 @@ localrules:
     aggregate_results,
     aggregate_load,
     analyze_load,
+    whatif,
     plot_load_figures,
     aggregate_prefix,
     analyze_prefix,

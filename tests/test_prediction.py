@@ -1,6 +1,7 @@
 """The prediction check (longctx.analysis.fits.prediction_check, longctx.report.wording.prediction): the models fitted
 to the shorter lengths against the longer ones, on data whose answer is known by construction."""
 
+import os
 import re
 
 import numpy as np
@@ -12,6 +13,7 @@ from longctx.core.fitting import regime_change_in
 from longctx.report import wording
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]
+SEEDS = int(os.environ.get("LONGCTX_COVERAGE_SEEDS", 500))  # the coverage test's seeds
 
 
 def rows(ttft, step, noise=0.01, trials=3, seed=0):
@@ -70,13 +72,14 @@ def test_too_few_lengths_check_nothing():
 @pytest.mark.parametrize("noise", [0.02, 0.05, 0.1, 0.3])
 def test_the_prediction_interval_covers_the_held_out_median_as_often_as_it_states(noise):
     """Issue 32: 'inside its interval' must hold as often as the 95% it states, 93% to 97%. Models that hold exactly,
-    3 trials a length, relative noise of 2% to 30% over a floor (2 ms on TTFT, 0.2 ms on a step), 1,000 seeds: the
-    headline's held-out median (the longest length, predicted from the first half) falls inside its prediction
-    interval in 94-96% of them. Before: the curve's interval alone (which leaves out the held-out median's own noise)
-    held 90% at 2% noise; the textbook interval on the non-negative fits held 97% at 2%, 98% at 5% and 100% at 30%
-    (a coefficient the shorter lengths barely resolve, held at 0, leaves it too wide)."""
+    3 trials a length, relative noise of 2% to 30% over a floor (2 ms on TTFT, 0.2 ms on a step): the headline's
+    held-out median (the longest length, predicted from the first half) falls inside its prediction interval in
+    94.2-96.4% of 500 seeds (the suite's), 94.4-95.9% of 1,000 (LONGCTX_COVERAGE_SEEDS=1000). Before: the curve's
+    interval alone (which leaves out the held-out median's own noise) held 90% at 2% noise; the textbook interval
+    on the non-negative fits held 97% at 2%, 98% at 5% and 100% at 30% (a coefficient the shorter lengths barely
+    resolve, held at 0, leaves it too wide)."""
     inside = {"prefill": [], "decode": []}
-    for seed in range(1000):
+    for seed in range(SEEDS):
         rng = np.random.default_rng(seed)
         L = np.repeat(LENGTHS, 3).astype(float)
         t, s = 0.05 + 2e-5 * L + 1e-9 * L**2, 0.01 + 1e-7 * L

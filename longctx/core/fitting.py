@@ -23,6 +23,7 @@ from scipy.stats import t as student_t
 
 LEVEL = 0.95
 MIN_DRAWS = 10  # usable bootstrap draws a percentile interval needs
+KEPT_DRAWS = 100  # bootstrap draws of the coefficients a summary keeps (the what-if simulation's intervals)
 
 
 def _scaled(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -234,6 +235,7 @@ class BasisFit:
         out["noise"] = {"relative": s, "floor_s": s * float(np.sqrt(self.floor_s2)) if s is not None else None}
         out.update(r2=self.r2, n=int(len(self.y)), level=self.level,
                    bootstrap=0 if self.draws is None else int(len(self.draws)),
+                   draws=None if self.draws is None else self.draws[:KEPT_DRAWS].tolist(),
                    ci={name: self.interval(self.draws[:, i]) if self.draws is not None else None for i, name in enumerate(self.names)})
         return out
 
@@ -337,19 +339,24 @@ def holdout(kind: str, lengths, y, level: float = LEVEL, min_lengths: int | None
     min_lengths fitted lengths (default: as many as the model has coefficients) to all but the last, the
     fit's prediction of each longer length's median, its prediction interval there (prediction_interval: the
     curve's interval and the held-out median's own noise; none unless `intervals`), the
-    median measured, and the relative deviation (measured / predicted - 1). The fits here are the model's
-    least squares with coefficients of either sign: the question is whether the model's form holds beyond the
-    lengths fitted, and only that fit's interval holds the level it states."""
+    median measured, and the relative deviation (measured / predicted - 1). The prediction is the report's model
+    (the non-negative fit); the interval is that of the model's least squares with coefficients of either sign,
+    the only one that holds the level it states (prediction_interval), its low end at 0 at least. Where the two
+    fits differ (a coefficient held at 0), the prediction may fall outside the interval: the shorter lengths then
+    argue against the model's form."""
     L, y = np.asarray(lengths, float), np.asarray(y, float)
     distinct = np.unique(L)
     out = []
     for k in range(min_lengths or len(Fit.KINDS[kind]), len(distinct)):
         inside = L <= distinct[k - 1]
-        fit = Fit(kind, L[inside], y[inside], level=level, signed=True)
+        fit = Fit(kind, L[inside], y[inside], level=level)
         later, med = _medians_by_length(L[~inside], y[~inside])
         pred = fit.predict(later)
         counts = np.array([int(np.sum(np.isfinite(y[L == x]))) for x in later])
-        lo, hi = prediction_interval(fit, later, counts) if intervals else (None, None)
+        lo, hi = None, None
+        if intervals:
+            lo, hi = prediction_interval(Fit(kind, L[inside], y[inside], level=level, signed=True), later, counts)
+            lo = None if lo is None else np.maximum(lo, 0.0)  # a time is not negative
         out.append({"fitted_up_to": int(distinct[k - 1]), "lengths_fitted": k, "predictions": [
             {"length": int(x), "measured": float(m), "predicted": float(q), "deviation": float(m / q - 1) if q > 0 else None,
              "lo": None if lo is None else float(lo[i]), "hi": None if hi is None else float(hi[i]),

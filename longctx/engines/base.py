@@ -297,6 +297,14 @@ class EngineAdapter(ABC):
         installation in its Python) give."""
         return self.compute_device(spec.args)
 
+    def scheduler_rules(self, args: dict[str, Any], server_info: dict, pool_tokens: int | None,
+                        device: str | None = None) -> dict | None:
+        """The rules its scheduler follows, as the fields of longctx.analysis.simulate.Rules (policy, chunk,
+        max_running, pool_tokens and the policy's own), from its flags as configured or reported (and the device
+        the run recorded, where its defaults depend on it), with `source`: where they come from, in words. None where
+        longctx does not know its scheduler (a server someone else runs)."""
+        return None
+
     def cpu_threads(self, args: dict[str, Any]) -> int | None:
         """The threads a server on the CPU computes with (None: the engine does not say)."""
         return None
@@ -337,3 +345,34 @@ class EngineAdapter(ABC):
     def served_model(self, spec: ConfigurationSpec) -> str:
         """The model name an OpenAI server expects in requests."""
         return str(arg_value(spec.args, "served-model-name") or spec.model.get("path") or spec.model["name"])
+
+
+# SGLang's scheduler (python/sglang/srt/managers/scheduler.py get_next_batch_to_run, schedule_policy.py PrefillAdder;
+# read at 0.5.23): prefill first, the chunk budget, admission reserving new_token_ratio (0.7 to 0.098) of the running
+# requests' output; max-running-requests, where neither set nor reported, SGLang's resolve_max_num_reqs of the pool
+SGLANG_NEW_TOKEN_RATIO = (0.7, 0.098)
+SGLANG_CHUNK_DEFAULT = 8192  # --chunked-prefill-size on a GPU of 60 to 160 GB (4096 where SGLang cannot read its memory)
+
+
+def sglang_scheduler(adapter: EngineAdapter, args: dict[str, Any], server_info: dict, pool_tokens: int | None,
+                     one_prefill: bool, reserve: bool) -> dict:
+    """SGLang's scheduler rules (EngineAdapter.scheduler_rules) for an engine that follows them: its flags as
+    configured or reported; `one_prefill` (one request per prefill batch) and `reserve` (new_token_ratio) as the
+    engine does."""
+    notes = []
+    chunk = adapter.chunked_prefill_size(args, server_info)
+    if chunk is None and adapter.setting(args, server_info, "chunked-prefill-size") is None:
+        chunk = SGLANG_CHUNK_DEFAULT
+        notes.append(f"chunked-prefill-size not set or reported: SGLang's {chunk:,} for a 60-160 GB GPU")
+    max_running = adapter.setting(args, server_info, "max-running-requests")
+    if max_running is None and pool_tokens:
+        context = adapter.context_length(args, server_info) or pool_tokens
+        estimated = max(min(int(pool_tokens / context * 512), 4096), 2048)
+        max_running = min(estimated, pool_tokens // 2)
+        notes.append(f"max-running-requests not set or reported: SGLang's rule of the pool, {max_running:,}")
+    ratio = SGLANG_NEW_TOKEN_RATIO if reserve else (0.0, 0.0)
+    return {"policy": "prefill_first", "chunk": chunk, "max_running": int(max_running) if max_running else None,
+            "pool_tokens": pool_tokens, "one_prefill": one_prefill,
+            "mixed_chunk": bool(adapter.setting(args, server_info, "enable-mixed-chunk")),
+            "reserve": ratio[0], "reserve_min": ratio[1], "notes": notes}
+

@@ -8,7 +8,7 @@ import sys
 
 from ..refengine.args import DEFAULT_TORCH_DTYPE, build_parser
 from ..specs.model import ModelSpec
-from .base import EngineAdapter, RaisingParser, arg_value, args_to_argv
+from .base import EngineAdapter, RaisingParser, arg_value, args_to_argv, sglang_scheduler
 from .configuration import ConfigurationSpec
 from .sglang import SGLANG_METRICS
 
@@ -23,6 +23,14 @@ class ReferenceAdapter(EngineAdapter):
 
     def parser(self):
         return build_parser(RaisingParser)
+
+    def scheduler_rules(self, args: dict, server_info: dict, pool_tokens: int | None, device: str | None = None) -> dict | None:
+        # its own defaults where neither the flag nor its info says (its parser's)
+        defaults = vars(build_parser(RaisingParser).parse_args([]))
+        info = {**{k: defaults[k] for k in ("max_running_requests", "chunked_prefill_size") if k in defaults}, **server_info}
+        rules = sglang_scheduler(self, args, info, pool_tokens, one_prefill=True, reserve=False)
+        return {**rules, "source": "the reference engine's (longctx.refengine.scheduler: SGLang's, one "
+                "request per prefill batch, admission by the prompt's pages)"}
 
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
         from ..core.errors import ConfigError

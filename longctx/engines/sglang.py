@@ -7,7 +7,7 @@ from dataclasses import replace
 from packaging.version import InvalidVersion, Version
 
 from .api import SGLANG
-from .base import EngineAdapter, arg_value, args_to_argv
+from .base import EngineAdapter, arg_value, args_to_argv, sglang_scheduler
 from .configuration import ConfigurationSpec
 
 # (first version with the new name, old flag, new flag). 0.5.23 split --cuda-graph-max-bs and
@@ -79,6 +79,11 @@ class SGLangAdapter(EngineAdapter):
 
         if not config["model"].get("path"):
             raise ConfigError(f"configuration {configuration!r} runs SGLang: set config key 'model.path' to the model directory")
+
+    def scheduler_rules(self, args: dict, server_info: dict, pool_tokens: int | None, device: str | None = None) -> dict | None:
+        rules = sglang_scheduler(self, args, server_info, pool_tokens, one_prefill=False, reserve=True)
+        return {**rules, "source": "SGLang's (get_next_batch_to_run, PrefillAdder; 0.5.23): a prefill batch "
+                "before any decode, waiting requests filling the chunk, new_token_ratio reserved for running output"}
 
     def gpus(self, args: dict) -> int:
         """tp x pp, times dp unless DP attention shares the TP ranks, per node (--nnodes)."""

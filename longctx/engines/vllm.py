@@ -103,6 +103,28 @@ class VLLMAdapter(EngineAdapter):
         """vLLM's prefix cache hashes whole KV blocks: its block size (kv_block_size), where it is known."""
         return self.kv_block_size(spec)[0]
 
+    def scheduler_rules(self, args: dict, server_info: dict, pool_tokens: int | None, device: str | None = None) -> dict | None:
+        """vLLM's V1 scheduler (vllm/v1/core/sched/scheduler.py, 0.32): a token budget per step, running requests
+        first. --max-num-batched-tokens and --max-num-seqs, else vLLM's defaults for the OpenAI server
+        (arg_utils.get_batch_defaults: 2048 and 128 per rank on its CPU build; 8192 and 1024 on a GPU of 70 GiB
+        or more, 2048 and 256 on a smaller one, where longctx takes the larger), max-num-seqs at most the budget."""
+        ranks = self.tp_size(args) * int(arg_value(args, "pipeline-parallel-size", default=1))
+        cpu = device == "cpu" if device else self.compute_device(args) == "cpu"  # its CPU build, as the run recorded
+        notes = []
+        budget = arg_value(args, "max-num-batched-tokens")
+        if budget is None:
+            budget = 2048 * ranks if cpu else 8192
+            notes.append(f"max-num-batched-tokens not set: vLLM's default {budget:,}" + ("" if cpu else " (a GPU of 70 GiB or more)"))
+        seqs = arg_value(args, "max-num-seqs")
+        if seqs is None:
+            seqs = 128 * ranks if cpu else 1024
+            notes.append(f"max-num-seqs not set: vLLM's default {seqs:,}")
+        long_prefill = arg_value(args, "long-prefill-token-threshold")
+        return {"policy": "token_budget", "chunk": int(budget), "max_running": min(int(seqs), int(budget)),
+                "pool_tokens": pool_tokens, "long_prefill": int(long_prefill) if long_prefill else None, "notes": notes,
+                "source": "vLLM's V1 scheduler's (vllm/v1/core/sched/scheduler.py, 0.32): a token budget per step, running "
+                "requests first, a waiting one admitted where its whole prompt fits, the last admitted preempted"}
+
     def check_spec(self, configuration: str, conf: dict, config: dict) -> None:
         from ..core.errors import ConfigError
 

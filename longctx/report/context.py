@@ -35,7 +35,7 @@ from ..analysis import bands
 from ..analysis.tables import concurrency_table, length_cause, medians
 from ..measure.provenance import git_info, package_versions
 from ..specs.hardware import TABLE_PATH
-from . import load as loadview, prefix as prefixview, versions, wording
+from . import load as loadview, prefix as prefixview, versions, whatif as whatifview, wording
 from .diagnosis import bound_words, diagnose
 from .headline import choose_baseline, compact, headline
 
@@ -47,13 +47,13 @@ __all__ = ["DATA_FILES", "ReportError", "ReportInputs", "command_lines", "contex
 # this order; a section file not named here (a new analysis) comes after the named ones that precede
 # "comparison". Files named appendix_* make the appendix, in APPENDIX_ORDER, then by name.
 BODY_ORDER = ("diagnosis", "prefill", "decode", "intervals", "roofline", "hardware", "speculative", "telemetry", "planner", "needle",
-              "concurrency", "load", "prefix", "itl_depth", "comparison", "failures")
+              "concurrency", "load", "whatif", "prefix", "itl_depth", "comparison", "failures")
 APPENDIX_ORDER = ("appendix_configuration", "appendix_servers", "appendix_model", "appendix_hardware", "appendix_results",
                   "appendix_versions")
 FRONT = ("summary",)
 # The data files a report reads: the fields of ReportInputs, in this order, are the keys of
 # rules/common.smk's REPORT_DATA and the options of `longctx render/markdown/plan-section`.
-DATA_FILES = ("results", "fits", "provenance", "itl_depth", "planner", "prefix", "load", "load_metrics")
+DATA_FILES = ("results", "fits", "provenance", "itl_depth", "planner", "prefix", "load", "load_metrics", "whatif")
 
 
 class ReportError(SystemExit):
@@ -80,6 +80,8 @@ class ReportInputs:
     """data/load.json: the load workloads' analysis (longctx.analysis.load); None or absent: no load section."""
     load_metrics: str | Path | None = None
     """data/load_metrics.csv: the server's own series over every load workload; None: none."""
+    whatif: str | Path | None = None
+    """data/whatif.json: the serving model simulated (longctx.analysis.whatif); None or absent: no what-if section."""
     baseline: str | None = None
     """The configuration speedups are against; None: the first one in the configuration's order."""
     config: dict | None = None
@@ -455,6 +457,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "planner_groups": planner_groups(configs, plans),
         # the load workloads (longctx.report.load.view): the load section and its figures where any was measured
         "load": loadview.view(load, loadview.read_metrics(inputs.load_metrics), order),
+        # the serving model simulated against the load points, and the what-if grid (longctx.report.whatif.view)
+        "whatif": whatifview.view(whatifview.read(inputs.whatif), order, load),
         # the prefix cache's hit rates and conversations (longctx.report.prefix.view): its section where measured
         "prefix": prefixview.view(prefix, order),
         "measured_at": datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if prov.get("configurations") else None,

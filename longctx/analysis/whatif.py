@@ -1,0 +1,357 @@
+"""What if: each configuration's serving model, checked against its measured load points, then asked about
+settings nobody measured -> data/whatif.json.
+
+- The serving model (longctx.analysis.simulate.Costs) comes from fits.json: the prefill fit's a, b, c and the
+  decode fit's t0 and beta; its bootstrap draws (paired by index) give the intervals. The decode batch's cost per
+  request beyond the first, r, is the one free figure: it is chosen (a grid over 0 to 4 t0) to fit the measured
+  closed-loop points with more than one request in flight (their median TPOT, in log), which are then in-sample
+  for TPOT; everything else predicted (TTFT, the open loop, the interference probe) is out of sample. Without
+  such a point, r = 0 and the model says so.
+- The scheduler's rules are the adapter's (EngineAdapter.scheduler_rules): a configuration whose engine has none
+  that longctx knows (a server someone else runs) is not simulated, with the reason.
+- Checked: every measured closed-loop and open-loop point is simulated with the same workload (the closed loop's
+  concurrency, requests, prompt and output; the open loop's own scheduled arrivals) and every interference probe
+  with its background streams; per point the measured and predicted p50 and p90 of TTFT and TPOT (p90 only where
+  the point has the samples for it: longctx.analysis.load_summary.MIN_SAMPLES) and the interference's worst
+  stall, with the error predicted / measured - 1. The headline: the median absolute error at p50. A closed loop
+  that did not hold its level (longctx.analysis.load_summary's `held`: the client kept off its CPUs) ran another
+  workload than the one simulated: its rows say so and stay out of the headline and of r's fit.
+- What if: the `whatif` grid (max-running-requests, chunked-prefill size, mem-fraction-static through the memory
+  planner's pool, concurrency, length) answered per setting with the predicted closed loop at each concurrency and
+  length: its p90 TTFT and TPOT, goodput against the `slo` section (longctx.analysis.slo.goodput), and the
+  predicted frontier, the longest length that meets the SLOs at each concurrency (bisected between the grid's
+  lengths to 2%). Marked as predicted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..core.errors import write_atomic
+from ..core.numbers import finite, json_plain
+from ..specs.pool import observed_pool
+from .load import page_size, victim_figures
+from .load_summary import min_samples
+from .memory import adapter_of, memory_model, pool_tokens
+from .simulate import Costs, Rules, simulate
+from .slo import goodput
+
+log = logging.getLogger("longctx.analysis.whatif")
+
+FORMAT = "longctx.whatif/1"
+DRAWS = 24  # bootstrap draws simulated per measured point (the intervals)
+R_GRID = 41  # values of r tried, 0 to 4 t0
+QUANTITIES = ("ttft", "tpot")
+FRONTIER_TOLERANCE = 0.02  # the predicted frontier is bisected to within 2% of its length
+DEFAULT_GRID = {"configurations": None, "max_running_requests": [], "chunked_prefill_size": [],
+                "mem_fraction_static": [], "concurrency": [], "lengths": [], "output_tokens": 64, "requests": 32}
+
+
+def costs_of(fit: dict) -> tuple[Costs | None, list[Costs], str | None]:
+    """The serving model of one configuration's fits.json entry, its bootstrap draws' models, and why there is
+    none (a fit missing)."""
+    p, d = fit.get("prefill") or {}, fit.get("decode") or {}
+    if not p or not d:
+        return None, [], f"no {'prefill' if not p else 'decode'} fit (fits.json)"
+    best = Costs(a=p["a_s"], b=p["b_s_per_token"], c=p["c_s_per_token2"], t0=d["t0_s"], beta=d["beta_s_per_token"])
+    pd_, dd = p.get("draws") or [], d.get("draws") or []
+    draws = [Costs(a=x[0], b=x[1], c=x[2], t0=y[0], beta=y[1]) for x, y in zip(pd_, dd)]
+    return best, draws, None
+
+
+def rules_of(entry: dict, load: dict | None) -> tuple[Rules | None, dict]:
+    """A configuration's scheduler rules (its adapter's scheduler_rules, the pool the server allocated, the page it
+    ran with: longctx.analysis.load.page_size), and the adapter's words on them."""
+    pool = observed_pool(entry)[0] or (load or {}).get("pool_tokens")
+    said = adapter_of(entry).scheduler_rules(entry.get("args") or {}, entry.get("server_info") or {}, pool,
+                                             entry.get("device"))
+    if said is None:
+        return None, {}
+    fields = {f.name for f in dataclasses.fields(Rules)}
+    return Rules(**{k: v for k, v in said.items() if k in fields}, page=page_size(entry)), said
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    v = [x for x in values if x is not None]
+    return float(np.quantile(v, q)) if len(v) >= min_samples(q) else None
+
+
+def _summary(results: list[dict]) -> dict:
+    """p50 and p90 of TTFT and TPOT over the successful requests (p90 only with its samples)."""
+    ok = [r for r in results if not r["failed"]]
+    return {q: {"p50": _quantile([r[q] for r in ok], 0.5), "p90": _quantile([r[q] for r in ok], 0.9)} for q in QUANTITIES}
+
+
+def _closed(costs: Costs, rules: Rules, c: int, n: int, prompt: int, output: int) -> list[dict]:
+    return simulate(costs, rules, closed=(int(c), int(n), int(prompt), int(output)))[0]
+
+
+def _open(costs: Costs, rules: Rules, arrivals: list[float], prompt: int, output: int) -> list[dict]:
+    return simulate(costs, rules, [(t, int(prompt), int(output)) for t in arrivals])[0]
+
+
+def _interference(costs: Costs, rules: Rules, background: int, bg_length: int, length: int, steady: int,
+                  tail: int) -> dict:
+    """The probe as the client runs it: `background` streams decode at bg_length; once each has decoded `steady`
+    tokens one prompt of `length` is sent; each victim's steady gap, worst gap and extra time
+    (longctx.analysis.load.victim_figures) over the simulated token times."""
+    out = steady + tail + 64
+    first, _ = simulate(costs, rules, [(0.0, bg_length, out)] * background)
+    sent = max(r["times"][steady - 1] for r in first)  # each stream has decoded `steady` tokens
+    results, _ = simulate(costs, rules, [(0.0, bg_length, out)] * background + [(sent, length, 2)])
+    inj = results[-1]
+    if not inj["times"]:
+        return {"worst_gap": None, "extra": None}
+    figs = [victim_figures({"event_times": r["times"]}, sent, inj["times"][0]) for r in results[:-1]]
+    worst = [f["worst_gap_s"] for f in figs if f.get("status") == "ok"]
+    extra = [f["extra_s"] for f in figs if f.get("status") == "ok"]
+    return {"worst_gap": float(np.median(worst)) if worst else None, "extra": float(np.median(extra)) if extra else None}
+
+
+def calibrate_r(costs: Costs, rules: Rules, closed: list[dict]) -> tuple[float, str]:
+    """r, the decode batch's cost per request beyond the first, fitted to the closed-loop points with more than one
+    request in flight (their measured median TPOT, in log), and how it was set."""
+    pts = [p for p in closed if (p.get("level") or 0) > 1 and not _held_below(p)
+           and finite(((p.get("tpot") or {}).get("p50") or {}).get("value"))]
+    if not pts:
+        return 0.0, "0: no closed-loop point held more than one request in flight"
+    best, best_err = 0.0, None
+    for r in np.linspace(0.0, 4 * costs.t0, R_GRID):
+        c = dataclasses.replace(costs, r=float(r))
+        err = 0.0
+        for p in pts:
+            pred = _summary(_closed(c, rules, p["level"], p["n"], p["length"], _output(p)))["tpot"]["p50"]
+            err += (np.log(pred) - np.log(p["tpot"]["p50"]["value"])) ** 2 if pred else 1e9
+        if best_err is None or err < best_err - 1e-12:
+            best, best_err = float(r), err
+    return best, f"fitted to the median TPOT of {len(pts)} closed-loop point{'s' if len(pts) != 1 else ''} with more than one request in flight"
+
+
+def _output(point: dict) -> int:
+    return max(2, int(round(finite(point.get("output_tokens")) or 16)))
+
+
+def _measured(p: dict, q: str, which: str) -> float | None:
+    return finite(((p.get(q) or {}).get(which) or {}).get("value"))
+
+
+def _held_below(p: dict) -> str | None:
+    """Why a closed-loop point is not the workload simulated: it did not hold its concurrency (load_summary's held)."""
+    held = p.get("held") or {}
+    if not held.get("below"):
+        return None
+    stall = f", the client kept off its CPUs up to {held['client_stall_max_s']:.2g} s" if held.get("client_stall_max_s") else ""
+    return f"the loop held its {held.get('level')} requests {held['share']:.0%} of the time{stall}"
+
+
+def _row(kind: str, p: dict, predicted: dict, draws: list[dict], r_fitted: bool) -> list[dict]:
+    rows = []
+    excluded = _held_below(p) if kind == "closed" else None
+    for q in QUANTITIES:
+        for which in ("p50", "p90"):
+            m, v = _measured(p, q, which), predicted[q][which]
+            d = [x[q][which] for x in draws if x[q][which] is not None]
+            rows.append({"kind": kind, "level": p["level"], "length": p["length"], "n": p.get("n"), "quantity": q,
+                         "which": which, "measured": m, "predicted": v,
+                         "low": float(np.quantile(d, 0.025)) if len(d) >= 10 else None,
+                         "high": float(np.quantile(d, 0.975)) if len(d) >= 10 else None,
+                         "error": v / m - 1 if m and v is not None else None,
+                         "in_sample": r_fitted and q == "tpot" and kind == "closed" and (p["level"] or 0) > 1,
+                         "excluded": excluded})
+    return rows
+
+
+def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: pd.DataFrame, inter: pd.DataFrame,
+          interference_cfg: dict, r_fitted: bool = True) -> list[dict]:
+    """Every measured load point predicted (module docstring): one row per point, quantity and percentile, and one
+    per interference length (the victims' worst gap)."""
+    rows = []
+    for kind in ("closed", "open"):
+        for p in load.get(kind) or []:
+            if not p.get("ok"):
+                continue
+            if kind == "closed":
+                run = lambda c: _closed(c, rules, p["level"], p["n"], p["length"], _output(p))  # noqa: E731
+            else:
+                sel = requests[(requests["kind"] == "open") & (requests["level"] == p["level"])
+                               & (requests["length"] == p["length"])]
+                arrivals = sorted(float(x) for x in sel["scheduled_s"].dropna())
+                if not arrivals:
+                    continue
+                run = lambda c, a=arrivals: _open(c, rules, a, p["length"], _output(p))  # noqa: E731
+            rows += _row(kind, p, _summary(run(costs)), [_summary(run(c)) for c in draws[:DRAWS]], r_fitted)
+    for p in (load.get("interference") or {}).get("points") or []:
+        m = finite((p.get("worst_gap") or {}).get("value"))
+        sel = inter[inter["length"] == p["length"]]
+        bg_len = int(sel["background_length"].dropna().iloc[0]) if len(sel) and sel["background_length"].notna().any() else None
+        if m is None or bg_len is None:
+            continue
+        args = (int(p["background"]), bg_len, int(p["length"]), interference_cfg["steady_tokens"], interference_cfg["tail_tokens"])
+        v = _interference(costs, rules, *args)["worst_gap"]
+        d = [x for x in (_interference(c, rules, *args)["worst_gap"] for c in draws[:DRAWS]) if x is not None]
+        rows.append({"kind": "interference", "level": p["background"], "length": p["length"], "n": p.get("n"),
+                     "quantity": "worst_gap", "which": "p50", "measured": m, "predicted": v,
+                     "low": float(np.quantile(d, 0.025)) if len(d) >= 10 else None,
+                     "high": float(np.quantile(d, 0.975)) if len(d) >= 10 else None,
+                     "error": v / m - 1 if v is not None else None, "in_sample": False, "excluded": None})
+    return rows
+
+
+def errors(rows: list[dict]) -> dict:
+    """The median absolute error at p50 over every point and quantity (a point that did not run the workload
+    simulated, a closed loop below its level, left out), out of sample only, and at p90."""
+    rows = [r for r in rows if not r.get("excluded")]
+
+    def med(rs, which="p50"):
+        e = [abs(r["error"]) for r in rs if r["which"] == which and r["error"] is not None]
+        return {"median_abs": float(np.median(e)) if e else None, "n": len(e)}
+    return {"p50": med(rows), "p50_out_of_sample": med([r for r in rows if not r["in_sample"]]), "p90": med(rows, "p90")}
+
+
+def _closed_point(costs: Costs, rules: Rules, c: int, L: int, g: dict, slo: dict, level: float) -> tuple[dict, int]:
+    """One predicted closed loop of the grid: its p50 and p90, goodput against the SLOs, failures and retractions."""
+    res, events = simulate(costs, rules, closed=(int(c), max(int(g["requests"]), int(c)), int(L), int(g["output_tokens"])))
+    span = max((x["times"][-1] for x in res if x["times"]), default=None)
+    df = pd.DataFrame({"status": ["ok" if not x["failed"] else "failed" for x in res],
+                       "ttft_s": [x["ttft"] for x in res], "tpot_s": [x["tpot"] for x in res],
+                       "itl_max_s": [x["max_gap"] for x in res]})
+    gp = goodput(df, slo, L, span, level)
+    s = _summary(res)
+    return {"concurrency": c, "length": L, "ttft_p50": s["ttft"]["p50"], "ttft_p90": s["ttft"]["p90"],
+            "tpot_p50": s["tpot"]["p50"], "tpot_p90": s["tpot"]["p90"], "goodput_share": gp["share"],
+            "goodput_rate_s": gp["rate_s"], "failed": sum(1 for x in res if x["failed"]),
+            "retractions": sum(x["retractions"] for x in res), "n": len(res)}, events
+
+
+def _passes(p: dict, slo: dict) -> bool:
+    return (p["goodput_share"] or 0) >= slo.get("attainment", 0.9)
+
+
+def _frontier(costs: Costs, rules: Rules, c: int, points: list[dict], g: dict, slo: dict, level: float) -> tuple[dict, int]:
+    """The longest length meeting the SLOs at concurrency c: the grid's longest pass before its first fail, then
+    bisected (geometric means) between them to within FRONTIER_TOLERANCE; open_above where nothing in the grid
+    failed."""
+    pts = sorted((p for p in points if p["concurrency"] == c), key=lambda p: p["length"])
+    passed = [p for p in pts if _passes(p, slo)]
+    fail = next((p for p in pts if not _passes(p, slo)), None)
+    lo = max((p["length"] for p in passed if fail is None or p["length"] < fail["length"]), default=None)
+    events = 0
+    best = next((p for p in pts if p["length"] == lo), None)
+    if lo is not None and fail is not None:
+        hi = fail["length"]
+        while hi / lo > 1 + FRONTIER_TOLERANCE:
+            mid = int(round((lo * hi) ** 0.5))
+            if mid in (lo, hi):
+                break
+            p, ev = _closed_point(costs, rules, c, mid, g, slo, level)
+            events += ev
+            if _passes(p, slo):
+                lo, best = mid, p
+            else:
+                hi = mid
+    return {"concurrency": c, "max_length": lo, "open_above": fail is None and lo is not None,
+            "goodput_rate_s": best["goodput_rate_s"] if best else None}, events
+
+
+def grid(costs: Costs, rules: Rules, mm: dict | None, g: dict, slo: dict, level: float) -> tuple[list[dict], int]:
+    """The what-if grid of one configuration: per setting, per concurrency and length, the predicted closed loop and
+    its goodput; per setting and concurrency the predicted frontier (_frontier). Also the events simulated."""
+    settings = list(itertools.product(g["max_running_requests"] or [rules.max_running],
+                                      g["chunked_prefill_size"] or [rules.chunk],
+                                      g["mem_fraction_static"] or [None]))
+    out, events = [], 0
+    for mr, chunk, frac in settings:
+        pool, pool_source = rules.pool_tokens, "as measured"
+        if frac is not None:
+            pool = pool_tokens(mm, float(frac)) if mm else None
+            pool_source = f"the memory planner at mem-fraction-static {frac:g}"
+            if not pool:
+                out.append({"max_running_requests": mr, "chunked_prefill_size": chunk, "mem_fraction_static": frac,
+                            "reason": "the memory planner cannot size this configuration's pool at this "
+                                      "mem-fraction-static" if pool is None else "no page fits the pool at this fraction"})
+                continue
+        r = dataclasses.replace(rules, max_running=mr, chunk=chunk, pool_tokens=pool)
+        points = []
+        for c, L in itertools.product(g["concurrency"], g["lengths"]):
+            p, ev = _closed_point(costs, r, c, L, g, slo, level)
+            points.append(p)
+            events += ev
+        frontier = []
+        for c in g["concurrency"]:
+            f, ev = _frontier(costs, r, c, points, g, slo, level)
+            frontier.append(f)
+            events += ev
+        out.append({"max_running_requests": mr, "chunked_prefill_size": chunk, "mem_fraction_static": frac,
+                    "pool_tokens": pool, "pool_source": pool_source, "points": points, "frontier": frontier})
+    return out, events
+
+
+def whatif(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, inter: pd.DataFrame, config: dict) -> dict:
+    g = {**DEFAULT_GRID, **(config.get("whatif") or {})}
+    slo = config.get("slo") or {}
+    level = float((fits.get("settings") or {}).get("confidence", 0.95))
+    icfg = (config.get("load") or {}).get("interference") or {}
+    icfg = {"steady_tokens": int(icfg.get("steady_tokens", 8)), "tail_tokens": int(icfg.get("tail_tokens", 8))}
+    out: dict = {"format": FORMAT, "configurations": {}, "grid": g}
+    wanted = g.get("configurations")
+    for name, entry in (provenance.get("configurations") or {}).items():
+        ld = (load.get("configurations") or {}).get(name)
+        if wanted is not None and name not in wanted:
+            continue
+        if wanted is None and not ld:
+            continue
+        fit = (fits.get("configurations") or {}).get(name) or {}
+        costs, draws, why = costs_of(fit)
+        rules, said = rules_of(entry, ld)
+        if adapter_of(entry).verify_width(entry.get("args") or {}) > 1:
+            why = why or "speculative decoding (a step verifies several tokens) is not in the serving model"
+        if rules is None:
+            why = why or f"the scheduler of {adapter_of(entry).title} is not known to longctx"
+        if why:
+            out["configurations"][name] = {"reason": why}
+            continue
+        t = time.perf_counter()
+        r, r_source = calibrate_r(costs, rules, (ld or {}).get("closed") or [])
+        costs = dataclasses.replace(costs, r=r)
+        draws = [dataclasses.replace(c, r=r) for c in draws]
+        rows = check(costs, draws, rules, ld or {}, requests[requests["configuration"] == name],
+                     inter[inter["configuration"] == name], icfg, r_fitted=r_source.startswith("fitted")) if ld else []
+        try:
+            mm = memory_model(entry)
+        except Exception as e:  # noqa: BLE001 - a pool the planner cannot size leaves mem_fraction_static unanswered
+            log.info("%s: no memory model (%s)", name, e)
+            mm = None
+        settings, events = grid(costs, rules, mm, g, slo, level) if g["concurrency"] and g["lengths"] else ([], 0)
+        out["configurations"][name] = {
+            "costs": dataclasses.asdict(costs), "r_source": r_source, "draws": len(draws),
+            "rules": dataclasses.asdict(rules), "rules_source": said.get("source"),
+            "rules_notes": (said.get("notes") or []) + [f"the {k} fit failed its quality gate: the model stands on it"
+                                                         for k in ("prefill", "decode")
+                                                         if not ((fit.get("quality") or {}).get(k) or {}).get("usable", True)],
+            "check": rows, "errors": errors(rows), "whatif": settings, "events": events,
+            "seconds": round(time.perf_counter() - t, 3)}
+    return out
+
+
+def _read_csv(path: str | Path | None, columns: list[str]) -> pd.DataFrame:
+    if path and Path(path).exists() and Path(path).stat().st_size:
+        return pd.read_csv(path)
+    return pd.DataFrame(columns=columns)
+
+
+def whatif_file(fits_json, load_json, provenance_json, requests_csv, interference_csv, config: dict, out_json) -> dict:
+    from .load import INTERFERENCE_COLUMNS, REQUEST_COLUMNS
+
+    read = lambda p: json.loads(Path(p).read_text()) if p and Path(p).exists() else {}  # noqa: E731
+    out = whatif(read(fits_json), read(load_json), read(provenance_json), _read_csv(requests_csv, REQUEST_COLUMNS),
+                 _read_csv(interference_csv, INTERFERENCE_COLUMNS), config)
+    write_atomic(out_json, json.dumps(json_plain(out), indent=1, sort_keys=True))
+    return out

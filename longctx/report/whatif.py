@@ -1,0 +1,78 @@
+"""The what-if section's view of data/whatif.json (longctx.analysis.whatif): per configuration the serving model
+in words, the prediction against every measured load point with its error, and the what-if grid's predicted
+frontier beside the measured one (data/load.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..analysis.whatif import DRAWS
+
+WORKLOAD = {"closed": "closed, c = {level}", "open": "open, {level}/s", "interference": "interference, {level} streams"}
+TOLERANCE = 0.15  # the issue's target: a figure further off than this, outside the model's interval, is named
+QUANTITY = {"ttft": "TTFT", "tpot": "TPOT", "worst_gap": "worst stall"}
+
+
+def read(path: str | Path | None) -> dict:
+    if not path or not Path(path).exists():
+        return {}
+    return json.loads(Path(path).read_text())
+
+
+def _level(x) -> str:
+    return f"{x:g}" if isinstance(x, (int, float)) else str(x)
+
+
+def _model_words(c: dict) -> str:
+    k, r = c["costs"], c["rules"]
+    ms = lambda x: f"{x * 1e3:.3g} ms"  # noqa: E731
+    us = lambda x: f"{x * 1e6:.3g} us"  # noqa: E731
+    parts = [f"prefill chunk {us(k['b'])} per token + {k['c'] * 1e9:.3g} ns x ((p+k)^2 - p^2), {ms(k['a'])} once a request",
+             f"decode step {ms(k['t0'])} + {ms(k['r'])} per further request + {k['beta'] * 1e9:.3g} ns per context token "
+             f"(the per-request cost {c['r_source']})"]
+    sched = [f"{r['policy'].replace('_', ' ')}", f"chunk {r['chunk']:,}" if r.get("chunk") else "no chunking",
+             f"at most {r['max_running']:,} running" if r.get("max_running") else "no running limit",
+             f"pool {r['pool_tokens']:,} tokens" if r.get("pool_tokens") else "pool not known", f"page {r['page']}"]
+    return "; ".join(parts) + ". Scheduler: " + ", ".join(sched) + f"; its rules: {c['rules_source']}"
+
+
+def view(doc: dict, order: list[str], load: dict) -> dict:
+    """What the templates print: `any` (a section at all), per configuration its model, check rows, errors and
+    what-if settings; configurations not simulated with the reason."""
+    confs = doc.get("configurations") or {}
+    names = [n for n in order if n in confs] + [n for n in confs if n not in order]
+    out, skipped = [], []
+    for name in names:
+        c = confs[name]
+        if c.get("reason"):
+            skipped.append({"name": name, "reason": c["reason"]})
+            continue
+        rows = [{**r, "workload": WORKLOAD[r["kind"]].format(level=_level(r["level"])),
+                 "what": f"{QUANTITY[r['quantity']]} {r['which']}"}
+                for r in c.get("check") or [] if r["measured"] is not None]
+        # where the model does not hold: more than TOLERANCE off, the measured figure outside the model's interval
+        misses = [f"{r['workload']} at {r['length']:,}, {r['what']} ({r['error']:+.0%})" for r in rows
+                  if r["error"] is not None and not r.get("excluded") and abs(r["error"]) > TOLERANCE
+                  and not (r["low"] is not None and r["low"] <= r["measured"] <= r["high"])]
+        measured = {f["concurrency"]: f.get("max_length") for f in ((load.get("configurations") or {}).get(name) or {}).get("frontier") or []}
+        settings = []
+        for s in c.get("whatif") or []:
+            if s.get("reason"):
+                settings.append({**s, "frontier_words": s["reason"]})
+                continue
+            words = []
+            for f in s["frontier"]:
+                rate = f", {f['goodput_rate_s']:.3g} req/s" if f.get("goodput_rate_s") else ""
+                above = " or more" if f.get("open_above") else ""
+                words.append(f"c={f['concurrency']}: {f['max_length']:,}{above}{rate}" if f["max_length"] else f"c={f['concurrency']}: none")
+            settings.append({**s, "frontier_words": "; ".join(words)})
+        excluded = sorted({f"{r['workload']} at {r['length']:,} ({r['excluded']})" for r in rows if r.get("excluded")})
+        out.append({"name": name, "model": _model_words(c), "rows": rows, "misses": misses, "excluded": excluded, "errors": c["errors"], "settings": settings,
+                    "measured_frontier": "; ".join(f"c={k}: {v:,}" if v else f"c={k}: none" for k, v in sorted(measured.items())),
+                    "notes": [n[:1].upper() + n[1:] for n in c.get("rules_notes") or []], "events": c.get("events"), "seconds": c.get("seconds"),
+                    "draws": c.get("draws")})
+    grid = doc.get("grid") or {}
+    return {"any": bool(out), "configurations": out, "skipped": skipped, "grid": grid,
+            "draws": min([DRAWS, *(c["draws"] for c in out)]) if out else 0,
+            "asked": bool(grid.get("concurrency") and grid.get("lengths"))}

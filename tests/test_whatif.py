@@ -1,0 +1,167 @@
+"""The what-if simulator (longctx.analysis.simulate) on cases derived by hand, the adapters' scheduler rules from
+the engines' own parsers and defaults, and the what-if grid (longctx.analysis.whatif). Against measured load points:
+the reference engine's in tests/test_workflow.py (the tiny workflow), vLLM's in tests/test_thirdparty.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from longctx.analysis.simulate import PREFILL_FIRST, TOKEN_BUDGET, Costs, Rules, simulate
+from longctx.engines import get_adapter
+
+K = Costs(a=0.01, b=2e-5, c=1e-9, t0=0.002, beta=1e-7, r=0.0005)
+
+
+@pytest.mark.parametrize("policy", [PREFILL_FIRST, TOKEN_BUDGET])
+@pytest.mark.parametrize("chunk", [None, 1000, 4096])
+def test_a_single_request_reproduces_the_fits(policy, chunk):
+    """Alone, a request's TTFT is the prefill fit a + b L + c L^2 whatever the chunking (the chunks' attention terms
+    telescope: sum of (p + k)^2 - p^2 is L^2), and its steps are the decode fit's t0 + beta x context, the context
+    one token longer each step: TPOT = t0 + beta (L + n / 2) over n + 1 output tokens."""
+    if policy == TOKEN_BUDGET and chunk is None:
+        chunk = 1 << 20
+    L, n = 3000, 9
+    (r,), events = simulate(K, Rules(policy, chunk=chunk), [(0.5, L, n + 1)])
+    assert events == n + 1
+    assert r["ttft"] == pytest.approx(0.01 + 2e-5 * L + 1e-9 * L * L, rel=1e-12)
+    assert r["tpot"] == pytest.approx(0.002 + 1e-7 * (L + n / 2 + 0.5), rel=1e-12)
+    assert r["e2e"] == pytest.approx(r["ttft"] + n * r["tpot"], rel=1e-12)
+
+
+def test_a_prefill_stalls_a_running_stream_for_all_its_chunks_under_prefill_first():
+    """SGLang runs a prefill's chunks one after another before any decode step: a stream decoding when a prompt of L
+    tokens arrives waits the whole prefill, a + b L + c L^2, plus the next step, now of 2 requests. beta = 0 here, so
+    the step is t0 + r (n - 1) whatever the contexts."""
+    k = Costs(a=0.01, b=2e-5, c=1e-9, t0=0.002, beta=0.0, r=0.0005)
+    L, chunk = 10000, 4096
+    victim_ttft = k.a + k.chunk(0, 100)
+    arrive = victim_ttft + 5.5 * k.t0  # halfway through the victim's sixth step
+    res, _ = simulate(k, Rules(PREFILL_FIRST, chunk=chunk), [(0.0, 100, 40), (arrive, L, 3)])
+    victim, injected = res
+    prefill = k.a + k.chunk(0, 4096) + k.chunk(4096, 4096) + k.chunk(8192, L - 8192)
+    assert prefill == pytest.approx(k.a + k.b * L + k.c * L * L)
+    assert victim["max_gap"] == pytest.approx(prefill + k.t0 + k.r, rel=1e-9)
+    # the injected request waited for the step in progress, then its whole prefill
+    assert injected["ttft"] == pytest.approx(victim_ttft + 6 * k.t0 - arrive + prefill, rel=1e-9)
+
+
+def test_a_prefill_stalls_a_running_stream_by_one_chunk_a_step_under_a_token_budget():
+    """vLLM's step holds the running decode (1 token) and as much of the prompt as the budget leaves (chunk - 1):
+    the stream gets a token every step, each step one chunk longer; its worst gap is the step with the costliest
+    chunk, the last full one or the remainder (the attention term grows with p), plus the decode part."""
+    k = Costs(a=0.01, b=2e-5, c=1e-9, t0=0.002, beta=0.0, r=0.0)
+    L, budget = 10000, 2048
+    res, _ = simulate(k, Rules(TOKEN_BUDGET, chunk=budget), [(0.0, 100, 60), (0.03, L, 3)])
+    victim, injected = res
+    chunks, p = [], 0
+    while p < L:
+        n = min(budget - 1, L - p)
+        chunks.append(k.chunk(p, n) + (k.a if p == 0 else 0.0))
+        p += n
+    assert victim["max_gap"] == pytest.approx(k.t0 + max(chunks), rel=1e-9)
+    assert len(chunks) == 5  # and the prefill took that many steps, none stalling the stream longer
+
+
+def test_a_request_waits_for_a_running_slot_and_its_ttft_is_the_wait_plus_its_prefill():
+    """max_running 1: the second request, arriving while the first decodes, is admitted when the first ends."""
+    L, n = 500, 20
+    res, _ = simulate(K, Rules(PREFILL_FIRST, chunk=8192, max_running=1), [(0.0, L, n), (0.02, L, n)])
+    first, second = res
+    end1 = first["times"][-1]
+    assert second["ttft"] == pytest.approx(end1 - 0.02 + K.a + K.chunk(0, L), rel=1e-9)
+
+
+def test_a_closed_loop_of_one_sends_each_request_as_the_last_ends():
+    L, n = 800, 6
+    res, _ = simulate(K, Rules(PREFILL_FIRST, chunk=8192), closed=(1, 4, L, n))
+    assert len(res) == 4
+    for before, after in zip(res, res[1:]):
+        assert after["arrival"] == before["times"][-1]
+        assert after["ttft"] == pytest.approx(res[0]["ttft"], rel=1e-12)
+
+
+@pytest.mark.parametrize("policy", [PREFILL_FIRST, TOKEN_BUDGET])
+def test_a_pool_too_small_for_every_stream_retracts_and_every_request_still_finishes(policy):
+    """4 requests of 1,000 prompt tokens and 600 output in a pool of 5,000: all are admitted (their prompts fit),
+    their decodes do not; requests are retracted (preempted) and prefilled again, and each still gets all its
+    tokens, one per step, in order."""
+    res, _ = simulate(K, Rules(policy, chunk=8192, pool_tokens=5000, page=16), [(0.0, 1000, 600)] * 4)
+    assert sum(r["retractions"] for r in res) >= 1
+    assert all(r["output"] == 600 and not r["failed"] for r in res)
+    assert all(np.all(np.diff(r["times"]) > 0) for r in res)
+
+
+def test_a_prompt_larger_than_the_pool_fails_with_the_reason():
+    (r,), _ = simulate(K, Rules(PREFILL_FIRST, pool_tokens=1000), [(0.0, 5000, 4)])
+    assert r["failed"] and "larger than the pool" in r["failed"]
+
+
+def test_sglang_reserves_running_output_at_admission_and_the_reference_engine_does_not():
+    """SGLang's PrefillAdder keeps new_token_ratio of the running requests' remaining output free (and the new one's
+    own): with a pool of 6,000, a second 2,000-token prompt beside one that will decode 3,000 more waits; the
+    reference engine admits it at once (its prompt's pages are free)."""
+    reqs = [(0.0, 2000, 3000), (0.001, 2000, 10)]
+    sg, _ = simulate(K, Rules(PREFILL_FIRST, chunk=8192, pool_tokens=6000, reserve=0.7, reserve_min=0.098), reqs)
+    ref, _ = simulate(K, Rules(PREFILL_FIRST, chunk=8192, pool_tokens=6000, one_prefill=True), reqs)
+    prefill = K.a + K.chunk(0, 2000)
+    assert ref[1]["ttft"] == pytest.approx(prefill - 0.001 + prefill, rel=1e-9)  # admitted as the first's prefill ends
+    # SGLang: 2,000 held + 2,000 + 10 + 0.7 x 3,000 = 6,110 > 6,000; each decode step holds one token more and
+    # reserves about 2.7 fewer (one fewer to come, the ratio 0.001 lower), so some 40 steps pass first
+    assert sg[1]["ttft"] > ref[1]["ttft"] + 30 * K.t0
+
+
+def test_the_adapters_state_their_schedulers_rules():
+    """From each engine's flags (as configured, else its info, else the engine's own default): SGLang's and the
+    reference engine's prefill-first rules, vLLM's token budget with its CPU defaults (2048 tokens, 128 sequences:
+    vllm/engine/arg_utils.py get_batch_defaults), none for a server someone else runs."""
+    ref = get_adapter("reference").scheduler_rules({"page-size": 1}, {}, 40960)
+    assert (ref["policy"], ref["chunk"], ref["max_running"], ref["one_prefill"], ref["reserve"]) == ("prefill_first", 8192, 8, True, 0.0)
+    sg = get_adapter("sglang").scheduler_rules({"max-running-requests": 8, "chunked-prefill-size": 4096,
+                                               "enable-mixed-chunk": True}, {}, 200000)
+    assert (sg["chunk"], sg["max_running"], sg["mixed_chunk"], sg["one_prefill"], sg["reserve"]) == (4096, 8, True, False, 0.7)
+    # SGLang's resolve_max_num_reqs where max-running-requests is neither set nor reported: min(clamp(pool /
+    # context x 512, 2048, 4096), pool // 2)
+    sg = get_adapter("sglang").scheduler_rules({"context-length": 200000}, {"chunked_prefill_size": 8192}, 230000)
+    assert sg["max_running"] == min(max(min(int(230000 / 200000 * 512), 4096), 2048), 115000) == 2048
+    vl = get_adapter("vllm").scheduler_rules({}, {}, 8192, device="cpu")  # its CPU build, as the run recorded it
+    assert (vl["policy"], vl["chunk"], vl["max_running"]) == ("token_budget", 2048, 128)
+    vl = get_adapter("vllm").scheduler_rules({"tensor-parallel-size": 2}, {}, 8192, device="gpu")
+    assert (vl["chunk"], vl["max_running"]) == (8192, 1024)
+    vl = get_adapter("vllm").scheduler_rules({"device": "cpu", "max-num-batched-tokens": 64, "max-num-seqs": 256}, {}, 8192)
+    assert vl["max_running"] == 64  # vLLM caps max_num_seqs at the budget
+    assert get_adapter("external").scheduler_rules({}, {}, None) is None
+
+
+def test_the_reference_engines_defaults_are_its_parsers():
+    from longctx.refengine.args import build_parser
+
+    d = build_parser().parse_args([])
+    ref = get_adapter("reference").scheduler_rules({}, {}, 1000)
+    assert (ref["chunk"], ref["max_running"]) == (d.chunked_prefill_size, d.max_running_requests)
+
+
+def test_the_whatif_grid_answers_each_setting_with_a_frontier():
+    """A grid of max_running and chunk sizes on a serving model with a pool: each setting has its points and a
+    frontier per concurrency, bisected between the grid's lengths; more running requests never lengthen the
+    frontier; one running slot queues the 8 clients' requests one after another, eight run them together; a setting
+    whose pool cannot be sized says so."""
+    from longctx.analysis.whatif import grid
+
+    rules = Rules(PREFILL_FIRST, chunk=8192, max_running=4, pool_tokens=100000, page=1, one_prefill=True)
+    g = {"max_running_requests": [1, 8], "chunked_prefill_size": [], "mem_fraction_static": [], "concurrency": [1, 8],
+         "lengths": [1000, 4000, 16000], "output_tokens": 16, "requests": 16}
+    slo = {"ttft_s": 0.5, "tpot_s": 0.05, "attainment": 0.9}
+    out, events = grid(K, rules, None, g, slo, 0.95)
+    assert events > 0 and len(out) == 2
+    one, eight = out
+    # alone, the TTFT is the fit: a + b L + c L^2 <= 0.5 s up to about 12.6k tokens
+    L_star = (-K.b + math.sqrt(K.b**2 + 4 * K.c * (0.5 - K.a))) / (2 * K.c)
+    f1 = {f["concurrency"]: f for f in one["frontier"]}[1]
+    assert L_star / 1.03 <= f1["max_length"] <= L_star
+    # at c = 8 with one running slot, the 8th request queues behind 7 others: far shorter
+    assert {f["concurrency"]: f["max_length"] for f in one["frontier"]}[8] < {f["concurrency"]: f["max_length"] for f in eight["frontier"]}[8]
+    out, _ = grid(K, rules, None, {**g, "max_running_requests": [], "mem_fraction_static": [0.9]}, slo, 0.95)
+    assert "cannot size" in out[0]["reason"]
