@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The what-if grid's speed (issue 35, item 5): the study's example config (config/examples/kimi-k2.6-rtx-pro-6000.yaml)
-has a `whatif` grid (max-running-requests 8 and 64, mem-fraction-static 0.85 and 0.94, 1 to 64 requests in flight,
-5k to 185k tokens, 256 output tokens); this simulates the whole grid for one configuration, as `longctx whatif` does
+has a `whatif` grid (max-running-requests 8 and 64, mem-fraction-static 0.85 and 0.94, 1 to 64 requests in flight
+and 0.05 to 0.2 arrivals a second, 5k to 185k tokens, 256 output tokens); this simulates the whole grid for one configuration, as `longctx whatif` does
 (longctx.analysis.whatif.grid, the frontier bisected), and prints the time, the events (output tokens) simulated and
 the events per second.
 
@@ -49,7 +49,7 @@ def main() -> int:
     g = cfg["whatif"]
     slo = cfg["slo"]
     settings = len(g["max_running_requests"] or [1]) * len(g["chunked_prefill_size"] or [1]) * len(g["mem_fraction_static"] or [1])
-    print(f"{a.config}: configuration {name}, {settings} settings x {len(g['concurrency'])} concurrencies x "
+    print(f"{a.config}: configuration {name}, {settings} settings x ({len(g['concurrency'])} concurrencies + {len(g['rates'])} rates) x "
           f"{len(g['lengths'])} lengths, {g['requests']} requests of {g['output_tokens']} output tokens each")
     times = []
     for _ in range(a.repeat):
@@ -57,7 +57,8 @@ def main() -> int:
         out, events = grid(COSTS, rules, MEMORY, g, slo, 0.95)
         times.append(time.perf_counter() - t)
     for s in out:
-        words = "; ".join(f"c={f['concurrency']}: {f['max_length'] or 0:,}" for f in s["frontier"])
+        words = "; ".join((f"c={f['concurrency']}" if "concurrency" in f else f"{f['rate']:g}/s") + f": {f['max_length'] or 0:,}"
+                          for f in s["frontier"])
         print(f"  max-running {s['max_running_requests']}, mem-fraction {s['mem_fraction_static']} "
               f"(pool {s.get('pool_tokens') or 0:,}): frontier {words}")
     best = min(times)

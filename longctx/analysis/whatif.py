@@ -17,8 +17,8 @@ settings nobody measured -> data/whatif.json.
   that did not hold its level (longctx.analysis.load_summary's `held`: the client kept off its CPUs) ran another
   workload than the one simulated: its rows say so and stay out of the headline and of r's fit.
 - What if: the `whatif` grid (max-running-requests, chunked-prefill size, mem-fraction-static through the memory
-  planner's pool, concurrency, length) answered per setting with the predicted closed loop at each concurrency and
-  length: its p90 TTFT and TPOT, goodput against the `slo` section (longctx.analysis.slo.goodput), and the
+  planner's pool, concurrency or arrival rate, length) answered per setting with the predicted closed loop at each
+  concurrency and length, and the open loop at each rate (a seeded schedule, as the load workloads draw it): its p90 TTFT and TPOT, goodput against the `slo` section (longctx.analysis.slo.goodput), and the
   predicted frontier, the longest length that meets the SLOs at each concurrency (bisected between the grid's
   lengths to 2%). Marked as predicted.
 """
@@ -37,6 +37,7 @@ import pandas as pd
 
 from ..core.errors import write_atomic
 from ..core.numbers import finite, json_plain
+from ..measure.load import arrival_schedule
 from ..specs.pool import observed_pool
 from .load import page_size, victim_figures
 from .load_summary import min_samples
@@ -52,7 +53,8 @@ R_GRID = 41  # values of r tried, 0 to 4 t0
 QUANTITIES = ("ttft", "tpot")
 FRONTIER_TOLERANCE = 0.02  # the predicted frontier is bisected to within 2% of its length
 DEFAULT_GRID = {"configurations": None, "max_running_requests": [], "chunked_prefill_size": [],
-                "mem_fraction_static": [], "concurrency": [], "lengths": [], "output_tokens": 64, "requests": 32}
+                "mem_fraction_static": [], "concurrency": [], "rates": [], "arrival": "poisson", "burstiness": 1.0,
+                "seed": 0, "lengths": [], "output_tokens": 64, "requests": 32}
 
 
 def costs_of(fit: dict) -> tuple[Costs | None, list[Costs], str | None]:
@@ -216,16 +218,24 @@ def errors(rows: list[dict]) -> dict:
     return {"p50": med(rows), "p50_out_of_sample": med([r for r in rows if not r["in_sample"]]), "p90": med(rows, "p90")}
 
 
-def _closed_point(costs: Costs, rules: Rules, c: int, L: int, g: dict, slo: dict, level: float) -> tuple[dict, int]:
-    """One predicted closed loop of the grid: its p50 and p90, goodput against the SLOs, failures and retractions."""
-    res, events = simulate(costs, rules, closed=(int(c), max(int(g["requests"]), int(c)), int(L), int(g["output_tokens"])))
+def _grid_point(costs: Costs, rules: Rules, kind: str, level: float, L: int, g: dict, slo: dict,
+                conf: float) -> tuple[dict, int]:
+    """One predicted point of the grid, a closed loop of `level` clients or an open loop of `level` arrivals a
+    second (the seeded schedule the load workloads use, longctx.measure.load.arrival_schedule): its p50 and p90,
+    goodput against the SLOs, failures and retractions."""
+    n, out = int(g["requests"]), int(g["output_tokens"])
+    if kind == "concurrency":
+        res, events = simulate(costs, rules, closed=(int(level), max(n, int(level)), int(L), out))
+    else:
+        arrivals = arrival_schedule(float(level), n, g["arrival"], g["burstiness"], g["seed"])
+        res, events = simulate(costs, rules, [(t, int(L), out) for t in arrivals])
     span = max((x["times"][-1] for x in res if x["times"]), default=None)
     df = pd.DataFrame({"status": ["ok" if not x["failed"] else "failed" for x in res],
                        "ttft_s": [x["ttft"] for x in res], "tpot_s": [x["tpot"] for x in res],
                        "itl_max_s": [x["max_gap"] for x in res]})
-    gp = goodput(df, slo, L, span, level)
+    gp = goodput(df, slo, L, span, conf)
     s = _summary(res)
-    return {"concurrency": c, "length": L, "ttft_p50": s["ttft"]["p50"], "ttft_p90": s["ttft"]["p90"],
+    return {kind: level, "length": L, "ttft_p50": s["ttft"]["p50"], "ttft_p90": s["ttft"]["p90"],
             "tpot_p50": s["tpot"]["p50"], "tpot_p90": s["tpot"]["p90"], "goodput_share": gp["share"],
             "goodput_rate_s": gp["rate_s"], "failed": sum(1 for x in res if x["failed"]),
             "retractions": sum(x["retractions"] for x in res), "n": len(res)}, events
@@ -235,11 +245,12 @@ def _passes(p: dict, slo: dict) -> bool:
     return (p["goodput_share"] or 0) >= slo.get("attainment", 0.9)
 
 
-def _frontier(costs: Costs, rules: Rules, c: int, points: list[dict], g: dict, slo: dict, level: float) -> tuple[dict, int]:
-    """The longest length meeting the SLOs at concurrency c: the grid's longest pass before its first fail, then
-    bisected (geometric means) between them to within FRONTIER_TOLERANCE; open_above where nothing in the grid
-    failed."""
-    pts = sorted((p for p in points if p["concurrency"] == c), key=lambda p: p["length"])
+def _frontier(costs: Costs, rules: Rules, kind: str, level: float, points: list[dict], g: dict, slo: dict,
+              conf: float) -> tuple[dict, int]:
+    """The longest length meeting the SLOs at a concurrency or an arrival rate (kind): the grid's longest pass before
+    its first fail, then bisected (geometric means) between them to within FRONTIER_TOLERANCE; open_above where
+    nothing in the grid failed."""
+    pts = sorted((p for p in points if p.get(kind) == level), key=lambda p: p["length"])
     passed = [p for p in pts if _passes(p, slo)]
     fail = next((p for p in pts if not _passes(p, slo)), None)
     lo = max((p["length"] for p in passed if fail is None or p["length"] < fail["length"]), default=None)
@@ -251,19 +262,20 @@ def _frontier(costs: Costs, rules: Rules, c: int, points: list[dict], g: dict, s
             mid = int(round((lo * hi) ** 0.5))
             if mid in (lo, hi):
                 break
-            p, ev = _closed_point(costs, rules, c, mid, g, slo, level)
+            p, ev = _grid_point(costs, rules, kind, level, mid, g, slo, conf)
             events += ev
             if _passes(p, slo):
                 lo, best = mid, p
             else:
                 hi = mid
-    return {"concurrency": c, "max_length": lo, "open_above": fail is None and lo is not None,
+    return {kind: level, "max_length": lo, "open_above": fail is None and lo is not None,
             "goodput_rate_s": best["goodput_rate_s"] if best else None}, events
 
 
 def grid(costs: Costs, rules: Rules, mm: dict | None, g: dict, slo: dict, level: float) -> tuple[list[dict], int]:
-    """The what-if grid of one configuration: per setting, per concurrency and length, the predicted closed loop and
-    its goodput; per setting and concurrency the predicted frontier (_frontier). Also the events simulated."""
+    """The what-if grid of one configuration: per setting, per concurrency (arrival rate) and length, the predicted
+    closed (open) loop and its goodput; per setting and concurrency (rate) the predicted frontier (_frontier). Also
+    the events simulated."""
     settings = list(itertools.product(g["max_running_requests"] or [rules.max_running],
                                       g["chunked_prefill_size"] or [rules.chunk],
                                       g["mem_fraction_static"] or [None]))
@@ -279,16 +291,16 @@ def grid(costs: Costs, rules: Rules, mm: dict | None, g: dict, slo: dict, level:
                                       "mem-fraction-static" if pool is None else "no page fits the pool at this fraction"})
                 continue
         r = dataclasses.replace(rules, max_running=mr, chunk=chunk, pool_tokens=pool)
-        points = []
-        for c, L in itertools.product(g["concurrency"], g["lengths"]):
-            p, ev = _closed_point(costs, r, c, L, g, slo, level)
-            points.append(p)
-            events += ev
-        frontier = []
-        for c in g["concurrency"]:
-            f, ev = _frontier(costs, r, c, points, g, slo, level)
-            frontier.append(f)
-            events += ev
+        points, frontier = [], []
+        for kind, levels in (("concurrency", g["concurrency"]), ("rate", g["rates"])):
+            for x, L in itertools.product(levels, g["lengths"]):
+                p, ev = _grid_point(costs, r, kind, x, L, g, slo, level)
+                points.append(p)
+                events += ev
+            for x in levels:
+                f, ev = _frontier(costs, r, kind, x, points, g, slo, level)
+                frontier.append(f)
+                events += ev
         out.append({"max_running_requests": mr, "chunked_prefill_size": chunk, "mem_fraction_static": frac,
                     "pool_tokens": pool, "pool_source": pool_source, "points": points, "frontier": frontier})
     return out, events
@@ -329,7 +341,7 @@ def whatif(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, int
         except Exception as e:  # noqa: BLE001 - a pool the planner cannot size leaves mem_fraction_static unanswered
             log.info("%s: no memory model (%s)", name, e)
             mm = None
-        settings, events = grid(costs, rules, mm, g, slo, level) if g["concurrency"] and g["lengths"] else ([], 0)
+        settings, events = grid(costs, rules, mm, g, slo, level) if (g["concurrency"] or g["rates"]) and g["lengths"] else ([], 0)
         out["configurations"][name] = {
             "costs": dataclasses.asdict(costs), "r_source": r_source, "draws": len(draws),
             "rules": dataclasses.asdict(rules), "rules_source": said.get("source"),

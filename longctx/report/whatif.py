@@ -63,9 +63,10 @@ def view(doc: dict, order: list[str], load: dict) -> dict:
                 continue
             words = []
             for f in s["frontier"]:
+                at = f"c={f['concurrency']}" if "concurrency" in f else f"{f['rate']:g}/s"
                 rate = f", {f['goodput_rate_s']:.3g} req/s" if f.get("goodput_rate_s") else ""
                 above = " or more" if f.get("open_above") else ""
-                words.append(f"c={f['concurrency']}: {f['max_length']:,}{above}{rate}" if f["max_length"] else f"c={f['concurrency']}: none")
+                words.append(f"{at}: {f['max_length']:,}{above}{rate}" if f["max_length"] else f"{at}: none")
             settings.append({**s, "frontier_words": "; ".join(words)})
         excluded = sorted({f"{r['workload']} at {r['length']:,} ({r['excluded']})" for r in rows if r.get("excluded")})
         out.append({"name": name, "model": _model_words(c), "rows": rows, "misses": misses, "excluded": excluded, "errors": c["errors"], "settings": settings,
@@ -75,4 +76,4 @@ def view(doc: dict, order: list[str], load: dict) -> dict:
     grid = doc.get("grid") or {}
     return {"any": bool(out), "configurations": out, "skipped": skipped, "grid": grid,
             "draws": min([DRAWS, *(c["draws"] for c in out)]) if out else 0,
-            "asked": bool(grid.get("concurrency") and grid.get("lengths"))}
+            "asked": bool((grid.get("concurrency") or grid.get("rates")) and grid.get("lengths"))}
