@@ -62,7 +62,11 @@ def test_a_prefill_stalls_a_running_stream_by_one_chunk_a_step_under_a_token_bud
         chunks.append(k.chunk(p, n) + (k.a if p == 0 else 0.0))
         p += n
     assert victim["max_gap"] == pytest.approx(k.t0 + max(chunks), rel=1e-9)
-    assert len(chunks) == 5  # and the prefill took that many steps, none stalling the stream longer
+    # the prefill took that many steps, each a gap of the stream's, and it waited for none other
+    assert sum(gap > 1.5 * k.t0 for gap in victim["gaps"]) == len(chunks) == 5
+    long = [i for i, gap in enumerate(victim["gaps"]) if gap > 1.5 * k.t0]
+    assert long == list(range(long[0], long[0] + 5))  # one after another
+    assert injected["times"][0] == victim["times"][long[-1] + 1]  # its first token with the last chunk's step
 
 
 def test_a_request_waits_for_a_running_slot_and_its_ttft_is_the_wait_plus_its_prefill():
@@ -96,7 +100,28 @@ def test_a_pool_too_small_for_every_stream_retracts_and_every_request_still_fini
 
 def test_a_prompt_larger_than_the_pool_fails_with_the_reason():
     (r,), _ = simulate(K, Rules(PREFILL_FIRST, pool_tokens=1000), [(0.0, 5000, 4)])
-    assert r["failed"] and "larger than the pool" in r["failed"]
+    assert r["failed"] and "more than the pool holds" in r["failed"]
+    # nor one whose output would outgrow it: neither engine completes it, and it blocks nothing after it
+    res, _ = simulate(K, Rules(PREFILL_FIRST, pool_tokens=6000, reserve=0.7, reserve_min=0.098), [(0.0, 5000, 2000), (0.1, 100, 10)])
+    assert res[0]["failed"] and not res[1]["failed"] and res[1]["output"] == 10
+
+
+@pytest.mark.parametrize("policy", [PREFILL_FIRST, TOKEN_BUDGET])
+def test_two_prompts_the_pool_holds_only_one_of_are_not_admitted_together(policy):
+    """Pages granted earlier in the same step count: two 6,000-token prompts in a pool of 10,000 run one after the
+    other, the second admitted when the first ends (its TTFT: the first's end to arrival, then its prefill)."""
+    res, _ = simulate(K, Rules(policy, chunk=16384, pool_tokens=10000), [(0.0, 6000, 4), (0.0, 6000, 4)])
+    first, second = res
+    assert second["ttft"] == pytest.approx(first["times"][-1] + K.a + K.chunk(0, 6000), rel=1e-9)
+
+
+def test_sglang_retracts_the_request_with_the_fewest_output_tokens_first():
+    """retract_decode sorts by (output length, -prompt length) in reverse and pops from the end: the request with
+    the fewest output tokens (then the longest prompt) goes first. Here b (3,000-token prompt, admitted later, so
+    fewer tokens out) is retracted and a decodes on."""
+    res, _ = simulate(K, Rules(PREFILL_FIRST, chunk=8192, pool_tokens=4100), [(0.0, 1000, 200), (0.05, 3000, 200)])
+    a, b = res
+    assert (a["retractions"], b["retractions"]) == (0, 1)
 
 
 def test_sglang_reserves_running_output_at_admission_and_the_reference_engine_does_not():
@@ -145,9 +170,9 @@ def test_the_reference_engines_defaults_are_its_parsers():
 
 def test_the_whatif_grid_answers_each_setting_with_a_frontier():
     """A grid of max_running and chunk sizes on a serving model with a pool: each setting has its points and a
-    frontier per concurrency, bisected between the grid's lengths; more running requests never lengthen the
-    frontier; one running slot queues the 8 clients' requests one after another, eight run them together; a setting
-    whose pool cannot be sized says so."""
+    frontier per concurrency, bisected between the grid's lengths; one running slot queues the 8 clients' requests
+    one after another, eight run them together, so eight slots give the longer frontier at c = 8; a setting whose
+    pool cannot be sized says so."""
     from longctx.analysis.whatif import grid
 
     rules = Rules(PREFILL_FIRST, chunk=8192, max_running=4, pool_tokens=100000, page=1, one_prefill=True)

@@ -163,17 +163,23 @@ class Simulation:
         if r.generated >= r.output:
             self._release(r)
             self.running.remove(r)
-            self.finished.append(r)
-            if self.closed and r.client is not None and self.sent < self.closed[1]:
-                self._send(t, self.closed[2], self.closed[3], r.client)
+            self._finish(r, t)
+
+    def _finish(self, r: Request, t: float) -> None:
+        """A request done (or failed): its closed-loop client sends its next one."""
+        self.finished.append(r)
+        if self.closed and r.client is not None and self.sent < self.closed[1]:
+            self._send(t, self.closed[2], self.closed[3], r.client)
 
     def _admit_arrivals(self) -> None:
         while self.arrivals and self.arrivals[0][0] <= self.now:
             r = heapq.heappop(self.arrivals)[2]
             r.need = r.prompt
-            if self.rules.pool_tokens is not None and _pages(r.prompt + 1, self.rules.page) > self.rules.pool_tokens:
-                r.failed = f"the prompt ({r.prompt:,} tokens) is larger than the pool ({self.rules.pool_tokens:,})"
-                self.finished.append(r)
+            if self.rules.pool_tokens is not None and _pages(r.prompt + r.output, self.rules.page) > self.rules.pool_tokens:
+                # neither engine completes it: the pool cannot hold it even alone
+                r.failed = (f"the prompt and its output ({r.prompt + r.output:,} tokens) are more than the pool holds "
+                            f"({self.rules.pool_tokens:,})")
+                self._finish(r, self.now)
                 continue
             self.waiting.append(r)
 
@@ -197,7 +203,7 @@ class Simulation:
                 self.waiting.clear()
                 break
             if self.now > self.limit:
-                for r in self.waiting + self.running:
+                for r in self.waiting + self.running + [a[2] for a in self.arrivals]:
                     r.failed = f"not finished by {self.limit:g} s"
                     self.finished.append(r)
                 break
@@ -217,6 +223,7 @@ class Simulation:
             batch.append((in_prefill, k))
             budget -= k
         decoding = [r for r in self.running if not r.need]
+        pending = 0  # pages granted in this batch, not yet held
         while in_prefill is None and self.waiting and budget > 0:
             if rules.max_running and len(self.running) >= rules.max_running:
                 break
@@ -225,10 +232,11 @@ class Simulation:
             if rules.reserve:
                 reserve = int(min(r.output - r.generated, CLIP_OUTPUT) + self.ratio * sum(
                     min(x.output - x.generated, CLIP_OUTPUT) for x in self.running))
-            if not self._fits(_pages(r.need, rules.page) + reserve):
+            if not self._fits(pending + _pages(r.need, rules.page) + reserve):
                 break
             self.waiting.pop(0)
             self.running.append(r)
+            pending += _pages(r.need, rules.page)
             k = int(min(r.need, budget))
             batch.append((r, k))
             budget -= k
@@ -260,7 +268,7 @@ class Simulation:
         if rules.pool_tokens is not None:
             grow = sum(self._held_after(r) - self._held(r) for r in decoding)
             # SGLang's retraction order: sorted by output length, then by shorter prompt; the last go first
-            order = sorted(decoding, key=lambda r: (r.generated, -r.prompt))
+            order = sorted(decoding, key=lambda r: (r.generated, -r.prompt), reverse=True)
             retracted = False
             while grow and not self._fits(grow) and len(order) > 1:
                 victim = order.pop()
@@ -297,15 +305,18 @@ class Simulation:
         chunks: list[tuple[Request, int]] = []
         decodes: list[Request] = []
         preempted = False
+        pending = 0  # pages granted in this step, not yet held
+        growth: dict[int, int] = {}  # each one's share of it
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.running[i]
             k = 1 if not r.need else int(min(r.need, budget, cap))
-            while not self._fits(_pages(r.done + k, rules.page) - self._held(r)):
+            while not self._fits(pending + _pages(r.done + k, rules.page) - self._held(r)):
                 victim = self.running[-1]  # the last admitted is preempted (recompute)
                 self._retract(victim)
                 self.waiting.insert(0, victim)
                 preempted = True
+                pending -= growth.pop(id(victim), 0)
                 chunks = [(x, n) for x, n in chunks if x is not victim]
                 decodes = [x for x in decodes if x is not victim]
                 if victim is r:
@@ -313,15 +324,18 @@ class Simulation:
             if r not in self.running:
                 break
             (decodes.append(r) if not r.need else chunks.append((r, k)))
+            growth[id(r)] = _pages(r.done + k, rules.page) - self._held(r)
+            pending += growth[id(r)]
             budget -= k
             i += 1
         while not preempted and self.waiting and budget > 0 and (not rules.max_running or len(self.running) < rules.max_running):
             r = self.waiting[0]
             k = int(min(r.need, budget, cap))
-            if not self._fits(_pages(r.need, rules.page)):
+            if not self._fits(pending + _pages(r.need, rules.page)):
                 break
             self.waiting.pop(0)
             self.running.append(r)
+            pending += _pages(k, rules.page)
             chunks.append((r, k))
             budget -= k
         if not chunks and not decodes:

@@ -3,7 +3,7 @@ settings nobody measured -> data/whatif.json.
 
 - The serving model (longctx.analysis.simulate.Costs) comes from fits.json: the prefill fit's a, b, c and the
   decode fit's t0 and beta; its bootstrap draws (paired by index) give the intervals. The decode batch's cost per
-  request beyond the first, r, is the one free figure: it is chosen (a grid over 0 to 4 t0) to fit the measured
+  request beyond the first, r, is the one free figure: it is chosen (a grid of R_GRID values) to fit the measured
   closed-loop points with more than one request in flight (their median TPOT, in log), which are then in-sample
   for TPOT; everything else predicted (TTFT, the open loop, the interference probe) is out of sample. Without
   such a point, r = 0 and the model says so.
@@ -37,19 +37,19 @@ import pandas as pd
 
 from ..core.errors import write_atomic
 from ..core.numbers import finite, json_plain
-from ..measure.load import arrival_schedule
+from ..measure.load import arrival_schedule, background_tokens
 from ..specs.pool import observed_pool
 from .load import page_size, victim_figures
 from .load_summary import min_samples
 from .memory import adapter_of, memory_model, pool_tokens
-from .simulate import Costs, Rules, simulate
+from .simulate import TOKEN_BUDGET, Costs, Rules, simulate
 from .slo import goodput
 
 log = logging.getLogger("longctx.analysis.whatif")
 
 FORMAT = "longctx.whatif/1"
 DRAWS = 24  # bootstrap draws simulated per measured point (the intervals)
-R_GRID = 41  # values of r tried, 0 to 4 t0
+R_GRID = 41  # values of r tried in each of two grids, the second around the first's best
 QUANTITIES = ("ttft", "tpot")
 FRONTIER_TOLERANCE = 0.02  # the predicted frontier is bisected to within 2% of its length
 DEFAULT_GRID = {"configurations": None, "max_running_requests": [], "chunked_prefill_size": [],
@@ -102,16 +102,22 @@ def _open(costs: Costs, rules: Rules, arrivals: list[float], prompt: int, output
 
 def _interference(costs: Costs, rules: Rules, background: int, bg_length: int, length: int, steady: int,
                   tail: int) -> dict:
-    """The probe as the client runs it: `background` streams decode at bg_length; once each has decoded `steady`
-    tokens one prompt of `length` is sent; each victim's steady gap, worst gap and extra time
-    (longctx.analysis.load.victim_figures) over the simulated token times."""
-    out = steady + tail + 64
+    """The probe as the client runs it: `background` streams decode at bg_length, each long enough to decode through
+    three times the injected prefill (longctx.measure.load.background_tokens, on this model's own figures); once
+    each has decoded `steady` tokens one prompt of `length` is sent; each victim's steady gap, worst gap and extra
+    time (longctx.analysis.load.victim_figures) over the simulated token times."""
+    alone = lambda L: (costs.a + costs.b * L + costs.c * L * L, costs.t0 + costs.beta * L)  # noqa: E731
+    out = background_tokens({"steady_tokens": steady, "tail_tokens": tail, "background_length": bg_length},
+                            alone, length, None)
+    none = {"worst_gap": None, "extra": None}
     first, _ = simulate(costs, rules, [(0.0, bg_length, out)] * background)
+    if any(len(r["times"]) < steady for r in first):
+        return none  # a stream that never reached its steady tokens (the pool): no probe
     sent = max(r["times"][steady - 1] for r in first)  # each stream has decoded `steady` tokens
     results, _ = simulate(costs, rules, [(0.0, bg_length, out)] * background + [(sent, length, 2)])
     inj = results[-1]
     if not inj["times"]:
-        return {"worst_gap": None, "extra": None}
+        return none
     figs = [victim_figures({"event_times": r["times"]}, sent, inj["times"][0]) for r in results[:-1]]
     worst = [f["worst_gap_s"] for f in figs if f.get("status") == "ok"]
     extra = [f["extra_s"] for f in figs if f.get("status") == "ok"]
@@ -125,15 +131,24 @@ def calibrate_r(costs: Costs, rules: Rules, closed: list[dict]) -> tuple[float, 
            and finite(((p.get("tpot") or {}).get("p50") or {}).get("value"))]
     if not pts:
         return 0.0, "0: no closed-loop point held more than one request in flight"
-    best, best_err = 0.0, None
-    for r in np.linspace(0.0, 4 * costs.t0, R_GRID):
-        c = dataclasses.replace(costs, r=float(r))
-        err = 0.0
+    def err(r: float) -> float:
+        c = dataclasses.replace(costs, r=r)
+        e = 0.0
         for p in pts:
             pred = _summary(_closed(c, rules, p["level"], p["n"], p["length"], _output(p)))["tpot"]["p50"]
-            err += (np.log(pred) - np.log(p["tpot"]["p50"]["value"])) ** 2 if pred else 1e9
-        if best_err is None or err < best_err - 1e-12:
-            best, best_err = float(r), err
+            e += (np.log(pred) - np.log(p["tpot"]["p50"]["value"])) ** 2 if pred else 1e9
+        return e
+
+    # a grid, then a finer one around its best: 0 to 4 times the larger of t0 and the measured TPOT (t0 may be 0)
+    lo, hi = 0.0, 4 * max(costs.t0, max(p["tpot"]["p50"]["value"] for p in pts))
+    best = 0.0
+    for _ in range(2):
+        grid_r = np.linspace(lo, hi, R_GRID)
+        errs = [err(float(r)) for r in grid_r]
+        i = int(np.argmin(errs))
+        best = float(grid_r[i])
+        step = (hi - lo) / (R_GRID - 1)
+        lo, hi = max(0.0, best - step), best + step
     return best, f"fitted to the median TPOT of {len(pts)} closed-loop point{'s' if len(pts) != 1 else ''} with more than one request in flight"
 
 
@@ -166,7 +181,8 @@ def _row(kind: str, p: dict, predicted: dict, draws: list[dict], r_fitted: bool)
                          "low": float(np.quantile(d, 0.025)) if len(d) >= 10 else None,
                          "high": float(np.quantile(d, 0.975)) if len(d) >= 10 else None,
                          "error": v / m - 1 if m and v is not None else None,
-                         "in_sample": r_fitted and q == "tpot" and kind == "closed" and (p["level"] or 0) > 1,
+                         "in_sample": r_fitted and q == "tpot" and which == "p50" and kind == "closed"
+                                      and (p["level"] or 0) > 1 and not excluded,
                          "excluded": excluded})
     return rows
 
@@ -203,7 +219,7 @@ def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: 
                      "quantity": "worst_gap", "which": "p50", "measured": m, "predicted": v,
                      "low": float(np.quantile(d, 0.025)) if len(d) >= 10 else None,
                      "high": float(np.quantile(d, 0.975)) if len(d) >= 10 else None,
-                     "error": v / m - 1 if v is not None else None, "in_sample": False, "excluded": None})
+                     "error": v / m - 1 if m and v is not None else None, "in_sample": False, "excluded": None})
     return rows
 
 
@@ -290,6 +306,8 @@ def grid(costs: Costs, rules: Rules, mm: dict | None, g: dict, slo: dict, level:
                             "reason": "the memory planner cannot size this configuration's pool at this "
                                       "mem-fraction-static" if pool is None else "no page fits the pool at this fraction"})
                 continue
+        if rules.policy == TOKEN_BUDGET and mr and chunk:
+            mr = min(mr, chunk)  # vLLM caps max-num-seqs at the step's budget
         r = dataclasses.replace(rules, max_running=mr, chunk=chunk, pool_tokens=pool)
         points, frontier = [], []
         for kind, levels in (("concurrency", g["concurrency"]), ("rate", g["rates"])):
