@@ -466,4 +466,4 @@ def test_the_reference_engines_load_points_are_predicted(workflow):
     assert c["rules_notes"] == [f"the {k} fit failed its quality gate: the model stands on it" for k in failed]
     md = " ".join((workflow / "report" / "longctx.md").read_text().split())
     assert "## What if: the deployment under load, predicted" in md and "Median absolute error at p50" in md
-    assert all(f"the {k} fit failed its quality gate" in md for k in failed)
+    assert all(f"The {k} fit failed its quality gate" in md for k in failed)
