@@ -428,3 +428,42 @@ def test_the_loop_watch_tells_a_client_kept_off_its_cpus_from_a_busy_one():
     metrics = pd.DataFrame({"t_s": [1.5, 9.0], "name": [CLIENT_STALL] * 2, "value": [late1 - cpu1, 5.0]})
     held = held_level(rows, 2, metrics)
     assert held["client_stall_max_s"] == pytest.approx(late1 - cpu1) and held["below"]  # the 5 s one is outside
+
+
+SLEEPY_SERVER = SLOW_SERVER.replace("""        with lock:
+            time.sleep(0.3)""", """        with lock:
+            # asleep once idle 150 ms since the last answer ended: 40 ms to wake, else 2 ms to the first token
+            time.sleep(0.04 if time.perf_counter() - last[0] > 0.15 else 0.002)""").replace(
+    "            for k in (1, 2):", "            for k in (1,):").replace(
+    """            self.wfile.write(b"data: [DONE]\\n\\n")""", """            self.wfile.write(b"data: [DONE]\\n\\n")
+            self.wfile.flush()
+            last[0] = time.perf_counter()""").replace("lock = threading.Lock()", "lock = threading.Lock()\nlast = [0.0]")
+
+
+def test_the_wake_probe_finds_what_a_server_that_sleeps_when_idle_costs():
+    """A server that sleeps once idle 150 ms (40 ms to wake; 2 ms to a first token otherwise): single requests after
+    20 ms and 300 ms of idle, 3 rounds; each request's idle as the client measured it is at least the gap asked, and
+    what the analysis makes of them is the server's own 38 ms after 300 ms and nothing after 20 ms."""
+    from longctx.analysis.load_summary import wake
+    assert "0.04 if" in SLEEPY_SERVER and "last[0] = time.perf_counter()" in SLEEPY_SERVER
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPY_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+
+        async def run():
+            ctx = _context(port, {**LOAD, "wake": {"idle_s": [0.02, 0.3], "repeats": 3}})
+            async with ctx.client:
+                return await ld.wake_probe(ctx, 40)
+        point = asyncio.run(run())
+    finally:
+        proc.kill()
+        proc.wait()
+    reqs = point["requests"]
+    assert point["status"] == "ok" and [r["gap_s"] for r in reqs] == [None, 0.02, 0.3, 0.02, 0.3, 0.02, 0.3]
+    assert all(r["gap_s"] - 0.001 <= r["idle_s"] < r["gap_s"] + 0.1 for r in reqs[1:]), [r["idle_s"] for r in reqs]
+    rows = pd.DataFrame([{"status": r["status"], "level": r["gap_s"], "ttft_s": r["ttft_s"], "idle_s": r["idle_s"],
+                          "length": 40} for r in reqs])
+    w = wake(rows)
+    short, long_ = w["points"]
+    assert (short["gap_s"], short["n"], short["extra_s"], long_["gap_s"], long_["n"]) == (0.02, 3, 0.0, 0.3, 3)
+    assert 0.03 <= long_["extra_s"] <= 0.05 and w["length"] == 40

@@ -196,3 +196,41 @@ def test_the_whatif_grid_answers_each_setting_with_a_frontier():
     assert L_star / 2 <= rate["max_length"] <= L_star
     out, _ = grid(K, rules, None, {**g, "max_running_requests": [], "mem_fraction_static": [0.9]}, slo, 0.95)
     assert "cannot size" in out[0]["reason"]
+
+
+@pytest.mark.parametrize("policy", [PREFILL_FIRST, TOKEN_BUDGET])
+def test_a_request_that_finds_the_server_idle_pays_its_waking(policy):
+    """The wake probe's figures: nothing after 20 ms idle (the reference), 3 ms after 100 ms, 40 ms after 1 s. By hand,
+    with a = 10 ms, no per-token prefill cost and 1 ms decode steps: the first request finds the server idle since
+    long before (the longest gap's 40 ms): TTFT 50 ms, its second token at 51 ms; the second arrives 60 ms after that,
+    3 ms x (60 - 20) / (100 - 20) = 1.5 ms on waking: TTFT 11.5 ms; the third arrives while the second decodes and
+    pays nothing for waking: it waits for the step in progress (PREFILL_FIRST then prefills it before any decode)."""
+    k = Costs(a=0.01, b=0.0, c=0.0, t0=0.001, beta=0.0, wake=((0.02, 0.0), (0.1, 0.003), (1.0, 0.04)))
+    assert [k.woken(g) for g in (0.0, 0.02, 0.06, 0.1, 0.55, 1.0, 30.0)] == pytest.approx(
+        [0, 0, 0.0015, 0.003, 0.0215, 0.04, 0.04])
+    second = 0.051 + 0.06
+    res, _ = simulate(k, Rules(policy, chunk=4096), [(0.0, 100, 2), (second, 100, 20), (second + 0.0115 + 0.0005, 100, 2)])
+    first, two, three = res
+    assert first["ttft"] == pytest.approx(0.05, rel=1e-9) and first["e2e"] == pytest.approx(0.051, rel=1e-9)
+    assert two["ttft"] == pytest.approx(0.0115, rel=1e-9)
+    # the third arrived 0.5 ms into the second's first decode step (1 ms): it waits 0.5 ms, then its prefill (10 ms)
+    # under PREFILL_FIRST; under the token budget it is prefilled in the next step beside the second's decode, a step
+    # that costs both (11 ms)
+    assert three["ttft"] == pytest.approx(0.0005 + 0.01 + (0.001 if policy == TOKEN_BUDGET else 0.0), rel=1e-9)
+    # without the probe's figures, no waking: the fits alone
+    plain, _ = simulate(Costs(a=0.01, b=0.0, c=0.0, t0=0.001, beta=0.0), Rules(policy, chunk=4096), [(0.0, 100, 2)])
+    assert plain[0]["ttft"] == pytest.approx(0.01, rel=1e-9)
+
+
+@pytest.mark.parametrize("policy", [PREFILL_FIRST, TOKEN_BUDGET])
+def test_prompts_that_start_in_one_step_pay_the_fixed_cost_once(policy):
+    """Two prompts of L tokens arriving together are prefilled in one step (a batch under PREFILL_FIRST, one budget
+    under the token budget): a once, and each prompt's own b L + c L^2 (vLLM's CPU server: 8.2 ms for two 256-token
+    prompts, 7.2 ms for one, a = 6.5 ms). With one_prefill (the reference engine) the second waits for the first."""
+    L = 1000
+    (x, y), _ = simulate(K, Rules(policy, chunk=4096), [(0.0, L, 2), (0.0, L, 2)])
+    assert x["ttft"] == pytest.approx(K.a + 2 * (K.b * L + K.c * L * L), rel=1e-12) and y["ttft"] == x["ttft"]
+    if policy == PREFILL_FIRST:
+        (x, y), _ = simulate(K, Rules(policy, chunk=4096, one_prefill=True), [(0.0, L, 2), (0.0, L, 2)])
+        alone = K.a + K.b * L + K.c * L * L
+        assert x["ttft"] == pytest.approx(alone, rel=1e-12) and y["ttft"] == pytest.approx(2 * alone, rel=1e-12)

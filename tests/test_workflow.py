@@ -461,6 +461,14 @@ def test_the_reference_engines_load_points_are_predicted(workflow):
                                                           ("open", "tpot"), ("interference", "worst_gap")}
     assert all(r["measured"] > 0 and r["predicted"] > 0 and r["error"] == r["predicted"] / r["measured"] - 1 for r in rows)
     assert c["rules"]["policy"] == "prefill_first" and c["rules"]["one_prefill"] and c["rules"]["chunk"] == 8192
+    # the wake probe ran before the open loop (a lead request, then 20 ms and 300 ms of idle, twice), and the serving
+    # model carries its figures: the first step after an idle stretch pays what a request after as long an idle paid
+    raw = json.loads((workflow / "data" / "raw" / "page1" / "load.json").read_text())
+    assert [w["kind"] for w in raw["workloads"]][:3] == ["wake", "closed", "open"]
+    assert [r["gap_s"] for r in raw["workloads"][0]["requests"]] == [None, 0.02, 0.3, 0.02, 0.3]
+    woke = json.loads((workflow / "data" / "load.json").read_text())["configurations"]["page1"]["wake"]
+    assert [(p["gap_s"], p["n"]) for p in woke["points"]] == [(0.02, 2), (0.3, 2)] and woke["points"][0]["extra_s"] == 0
+    assert c["costs"]["wake"] == [[p["idle_s"], p["extra_s"]] for p in woke["points"]]
     quality = json.loads((workflow / "data" / "fits.json").read_text())["configurations"]["page1"]["quality"]
     failed = [k for k in ("prefill", "decode") if not quality[k]["usable"]]
     assert c["rules_notes"] == [f"the {k} fit failed its quality gate: the model stands on it" for k in failed]

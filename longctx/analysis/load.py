@@ -42,7 +42,7 @@ REQUEST_COLUMNS = [
     "configuration", "kind", "level", "length", "index", "status", "reason", "scheduled_s", "sent_s",
     "schedule_lag_s", "ttft_s", "tpot_s", "itl_p50_s", "itl_p99_s", "itl_max_s", "e2e_s", "queue_s",
     "prompt_tokens", "completion_tokens", "output_tokens", "first_token_s", "last_token_s", "duration_s",
-    "itl_list_s", "service_ttft_s", "service_e2e_s",
+    "itl_list_s", "service_ttft_s", "service_e2e_s", "idle_s",
 ]
 INTERFERENCE_COLUMNS = [
     "configuration", "length", "background", "background_length", "chunked_prefill_size", "trial", "victim",
@@ -100,7 +100,7 @@ def _request_row(base: dict, r: dict) -> dict:
     itl = request_itl(r)
     last = (r.get("event_times") or [None])[-1]
     row = {**base, **{k: r.get(k) for k in ("index", "scheduled_s", "sent_s", "schedule_lag_s", "ttft_s", "tpot_s",
-                                               "e2e_s", "queue_s", "prompt_tokens", "completion_tokens")},
+                                               "e2e_s", "queue_s", "prompt_tokens", "completion_tokens", "idle_s")},
            "status": r.get("status") or "failed", "reason": r.get("reason"),
            "first_token_s": first_token_s(r), "last_token_s": last,
            "service_ttft_s": r.get("ttft_s"), "service_e2e_s": r.get("e2e_s")}
@@ -302,8 +302,8 @@ def raw_rows(path: Path) -> tuple[list[dict], list[dict], list[dict]]:
         point = {**base, "output_tokens": w.get("output_tokens"), "duration_s": _span(w, rs)}
         if not rs:
             requests.append({**point, "status": "failed", "reason": w.get("reason") or "the workload sent no request"})
-        for r in rs:
-            requests.append(_request_row(point, r))
+        for r in rs:  # the wake probe's level is each request's idle gap as asked (its idle_s: as measured)
+            requests.append(_request_row({**point, "level": r.get("gap_s")} if kind == "wake" else point, r))
         metrics += _metric_rows({**base, "trial": None}, w, rs, page, w.get("length"))
     return requests, interference, metrics
 

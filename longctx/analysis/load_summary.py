@@ -261,6 +261,25 @@ def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
                                       **share}}
 
 
+def wake(df: pd.DataFrame) -> dict | None:
+    """The wake probe (longctx.measure.load.wake_probe): per idle gap asked, the median idle the requests had and
+    their median TTFT; extra_s, what a request after that idle paid beyond one after the shortest gap (0 where less:
+    noise); None without two gaps measured."""
+    ok = df[df["status"].eq("ok") & df["level"].notna()]
+    rows = []
+    for gap, g in ok.groupby(pd.to_numeric(ok["level"], errors="coerce"), sort=True):
+        ttft = pd.to_numeric(g["ttft_s"], errors="coerce").dropna()
+        idle = pd.to_numeric(g["idle_s"], errors="coerce").dropna()
+        if len(ttft) and len(idle):
+            rows.append({"gap_s": float(gap), "idle_s": float(idle.median()), "n": int(len(ttft)),
+                         "ttft_s": float(ttft.median())})
+    if len(rows) < 2:
+        return None
+    for x in rows:
+        x["extra_s"] = max(0.0, x["ttft_s"] - rows[0]["ttft_s"])
+    return {"length": int(pd.to_numeric(ok["length"], errors="coerce").dropna().iloc[0]), "points": rows}
+
+
 def _share(ok: pd.DataFrame, n_boot: int, level: float, rng) -> dict:
     """How much of the injected prompt's own prefill the streams lose: extra = share x its TTFT, least squares
     through the origin over the victims, with a bootstrap interval. Near 1: they wait through every chunk
@@ -349,6 +368,7 @@ def analyze_load(requests: pd.DataFrame, interference_df: pd.DataFrame, metrics:
                 p["_values"] = {c: pd.to_numeric(ok[c], errors="coerce").dropna().to_numpy()
                                for c in ("ttft_s", "itl_max_s", "tpot_s")}  # the frontier's model scales by them
                 conf[kind].append(p)
+        conf["wake"] = wake(r[r["kind"] == "wake"])
         i = interference_df[interference_df["configuration"] == name]
         conf["interference"] = interference(i, st, name) if len(i) else {"points": [], "fit": None}
         entry, memory = _entry(provenance, name), _entry(planner, name).get("memory") or {}

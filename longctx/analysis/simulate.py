@@ -5,11 +5,16 @@ workload would see (its TTFT, its token times, TPOT, end to end) under a setting
 The serving model (Costs), in seconds:
 
 - a prefill chunk of k tokens after p already in the cache: b k + c ((p + k)^2 - p^2), the prefill fit's
-  linear and attention terms (the prefix cost model's form); a request's first chunk also carries the fit's
-  fixed cost a. A single request prefilled whole reproduces the fit: a + b L + c L^2.
+  linear and attention terms (the prefix cost model's form); a step that holds the first chunk of any request
+  also carries the fit's fixed cost a, once however many prompts start in it (vLLM's CPU server here: two
+  256-token prompts sent together had their first tokens after 8.2 ms, one alone after 7.2, a = 6.5 ms).
+  A single request prefilled whole reproduces the fit: a + b L + c L^2.
 - a decode step of a batch of n requests with contexts l_i: t0 + r (n - 1) + beta sum(l_i): the decode fit's
   step (t0 + beta L for one request), plus r per request beyond the first (calibrated on the closed-loop
   points by whatif). A step that also carries prefill chunks (mixed) costs its decode part and its chunks.
+- waking: the first step after the server idled g seconds starts w(g) later, w from the load stage's wake probe
+  (single requests after measured idle gaps, less the shortest gap's, the sweep's own spacing): linear between the
+  gaps probed, 0 below the shortest, the longest's beyond it; the server is idle long before a workload starts.
 
 The scheduler's rules (Rules: the adapter's scheduler_rules, never the engine's name):
 
@@ -55,12 +60,23 @@ class Costs:
     t0: float  # a decode step's fixed cost
     beta: float  # per context token a decode step reads
     r: float = 0.0  # per request in a decode batch beyond the first
+    wake: tuple[tuple[float, float], ...] = ()  # (idle s, extra s) by idle: what the first step after an idle pays
 
     def chunk(self, p: int, k: int) -> float:
         return self.b * k + self.c * ((p + k) ** 2 - p * p)
 
     def step(self, n: int, contexts: int) -> float:
         return self.t0 + self.r * (n - 1) + self.beta * contexts if n else 0.0
+
+    def woken(self, idle: float) -> float:
+        """The extra time of the first step after `idle` seconds with nothing to do."""
+        w = self.wake
+        if not w or idle <= w[0][0]:
+            return 0.0
+        for (g0, e0), (g1, e1) in zip(w, w[1:]):
+            if idle <= g1:
+                return e0 + (e1 - e0) * (idle - g0) / (g1 - g0)
+        return w[-1][1]
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,7 @@ class Simulation:
         self.closed = closed  # (clients, requests, prompt, output)
         self.sent = 0
         self.ratio = rules.reserve
+        self.idle_since = -math.inf  # when the server last had nothing to do (None: busy)
         for r in requests or []:
             self._arrive(r)
         if closed:
@@ -190,8 +207,13 @@ class Simulation:
             if not self.running and not self.waiting:
                 if not self.arrivals:
                     break
+                if self.idle_since is None:
+                    self.idle_since = self.now
                 self.now = self.arrivals[0][0]
                 continue
+            if self.idle_since is not None:  # the server wakes to its first step after idling
+                self.now += self.costs.woken(self.now - self.idle_since)
+                self.idle_since = None
             took = step()
             if took is None:  # nothing could run: wait for the next arrival, else the waiting never fit
                 if self.arrivals:
@@ -244,9 +266,9 @@ class Simulation:
                 break
         if not batch:
             return self._decode(decoding) if decoding else None
-        took = 0.0
+        took = costs.a if any(not r.started for r, _ in batch) else 0.0
         for r, k in batch:
-            took += costs.chunk(r.done, k) + (0.0 if r.started else costs.a)
+            took += costs.chunk(r.done, k)
             r.started = True
             self._grow(r, k)
             r.need -= k
@@ -341,8 +363,9 @@ class Simulation:
         if not chunks and not decodes:
             return None
         took = costs.step(len(decodes), sum(r.context() for r in decodes))
+        took += costs.a if any(not r.started for r, _ in chunks) else 0.0
         for r, k in chunks:
-            took += costs.chunk(r.done, k) + (0.0 if r.started else costs.a)
+            took += costs.chunk(r.done, k)
             r.started = True
         self.now += took
         for r, k in chunks:

@@ -349,9 +349,12 @@ def whatif(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, int
             out["configurations"][name] = {"reason": why}
             continue
         t = time.perf_counter()
+        # the wake probe's idle gaps and what each cost (longctx.analysis.load_summary.wake), the shortest's 0
+        woke = tuple((x["idle_s"], x["extra_s"]) for x in ((ld or {}).get("wake") or {}).get("points") or [])
+        costs = dataclasses.replace(costs, wake=woke)
         r, r_source = calibrate_r(costs, rules, (ld or {}).get("closed") or [])
         costs = dataclasses.replace(costs, r=r)
-        draws = [dataclasses.replace(c, r=r) for c in draws]
+        draws = [dataclasses.replace(c, r=r, wake=woke) for c in draws]
         rows = check(costs, draws, rules, ld or {}, requests[requests["configuration"] == name],
                      inter[inter["configuration"] == name], icfg, r_fitted=r_source.startswith("fitted")) if ld else []
         try:

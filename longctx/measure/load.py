@@ -12,6 +12,10 @@ point run on one event loop, so the client sends and reads many streams at once 
   (its first byte written minus its scheduled time) is recorded, so that a client that could not
   keep up shows as lag instead of hiding latency (coordinated omission). The bodies are built
   before the schedule starts.
+- wake: single requests of one output token, each sent once the server has idled a gap of `load.wake.idle_s` since
+  the one before ended (its actual idle, from the client's record, kept beside it), `repeats` rounds over the gaps:
+  what a request that finds the server idle pays (an engine that sleeps when idle, a GPU whose clocks dropped), which
+  an open loop's arrivals meet and the sweep's back-to-back trials do not. Measured before the open loops, unscraped.
 - interference: `background` streams decode at background_length tokens; once each has decoded
   steady_tokens, one prompt of L tokens is sent; once its first token came and each stream decoded
   tail_tokens more, the streams are ended by the client (their events kept). The analysis reads
@@ -344,10 +348,43 @@ async def interference(ctx: LoadContext, length: int, trial: int, chunk: int | N
             "metrics": metrics, "client_lag": lags}
 
 
+async def wake_probe(ctx: LoadContext, length: int) -> dict:
+    """Single requests of `length` tokens and one output token, each sent once the server has idled one of
+    load.wake.idle_s since the one before ended (a first one, its gap unknown, leads), round after round."""
+    cfg = ctx.load["wake"]
+    timeout = ctx.timeout_s(length, 1)
+    gaps = [None] + [g for _ in range(cfg["repeats"]) for g in cfg["idle_s"]]
+    await _warm(ctx)
+    t0 = time.perf_counter()
+    requests: list[dict] = []
+    ended = None  # when the request before ended (offset from t0)
+    for i, gap in enumerate(gaps):
+        if ended is not None:
+            await asyncio.sleep(max(0.0, t0 + ended + gap - time.perf_counter()))
+        body = ctx.prompter.body(length, f"{ctx.key}/wake/L{length}/{i}", 1)
+        r = await _send(ctx, body, length, 1, t0, timeout, index=i, gap_s=gap)
+        sent = r.get("sent_s")
+        r["idle_s"] = round(sent - ended, 6) if gap is not None and sent is not None and ended is not None else None
+        ends = [x for x in ((sent + r["e2e_s"]) if sent is not None and r.get("e2e_s") is not None else None,
+                            (r.get("event_times") or [None])[-1]) if x is not None]
+        ended = max(ends) if ends else time.perf_counter() - t0
+        requests.append(r)
+    status, reason = _point_status(requests)
+    return {"kind": "wake", "length": length, "level": 0, "output_tokens": 1, "idle_s": list(cfg["idle_s"]),
+            "repeats": cfg["repeats"], "status": status, "reason": reason, "t0": t0,
+            "duration_s": round(time.perf_counter() - t0, 6), "requests": requests}
+
+
+def wake_wanted(load: dict) -> bool:
+    """Whether the load stage probes the server's waking: open loops asked, and at least two gaps."""
+    w = load.get("wake") or {}
+    return bool(load["lengths"] and load["open"]["rates"] and w.get("repeats") and len(w.get("idle_s") or []) >= 2)
+
+
 def points(load: dict) -> list[tuple[str, int, float]]:
     """Every point of the load workloads, in the order measured: (kind, length, level); interference's
-    level is its trial."""
-    out: list[tuple[str, int, float]] = []
+    level is its trial; the wake probe (one, at the shortest load length) comes first."""
+    out: list[tuple[str, int, float]] = [("wake", min(load["lengths"]), 0)] if wake_wanted(load) else []
     for length in load["lengths"]:
         out += [("closed", length, c) for c in load["closed"]["concurrency"]]
         out += [("open", length, r) for r in load["open"]["rates"]]
@@ -363,6 +400,8 @@ async def run_point(ctx: LoadContext, kind: str, length: int, level: float, chun
         return await closed_loop(ctx, length, int(level))
     if kind == "open":
         return await open_loop(ctx, length, float(level))
+    if kind == "wake":
+        return await wake_probe(ctx, length)
     return await interference(ctx, length, int(level), chunk, bg_tokens)
 
 
@@ -370,7 +409,8 @@ def describe(point: dict) -> str:
     """A point in one progress line: what, its status, median TTFT of its requests."""
     kind, L = point["kind"], point["length"]
     what = {"closed": f"{point.get('concurrency')} in flight", "open": f"{point.get('rate', 0):g}/s arrivals",
-            "interference": f"injected into {point.get('background')} streams (trial {point.get('trial', 0) + 1})"}[kind]
+            "interference": f"injected into {point.get('background')} streams (trial {point.get('trial', 0) + 1})",
+            "wake": "single requests after the server idled"}[kind]
     reqs = point.get("requests") or ([point["injected"]] if point.get("injected") else [])
     ttfts = sorted(r["ttft_s"] for r in reqs if r.get("status") == "ok" and r.get("ttft_s") is not None)
     line = f"load {kind} L={L} {what}: {point['status']}"
@@ -385,7 +425,7 @@ def new_client(headers: dict | None = None) -> httpx.AsyncClient:
     return async_timed_client(headers=headers)
 
 
-LEVEL_KEYS = {"closed": "concurrency", "open": "rate", "interference": "trial"}
+LEVEL_KEYS = {"closed": "concurrency", "open": "rate", "interference": "trial", "wake": "level"}
 
 
 def point_key(point: dict) -> tuple[str, int, float]:

@@ -28,9 +28,12 @@ def _model_words(c: dict) -> str:
     k, r = c["costs"], c["rules"]
     ms = lambda x: f"{x * 1e3:.3g} ms"  # noqa: E731
     us = lambda x: f"{x * 1e6:.3g} us"  # noqa: E731
-    parts = [f"prefill chunk {us(k['b'])} per token + {k['c'] * 1e9:.3g} ns x ((p+k)^2 - p^2), {ms(k['a'])} once a request",
+    parts = [f"prefill chunk {us(k['b'])} per token + {k['c'] * 1e9:.3g} ns x ((p+k)^2 - p^2), {ms(k['a'])} once a step that starts a prompt",
              f"decode step {ms(k['t0'])} + {ms(k['r'])} per further request + {k['beta'] * 1e9:.3g} ns per context token "
              f"(the per-request cost {c['r_source']})"]
+    if k.get("wake"):  # the wake probe's figures (longctx.analysis.load_summary.wake)
+        parts.append("the first step after the server idled costs more: " + ", ".join(
+            f"+{ms(e)} after {g:.2g} s" for g, e in k["wake"][1:]) + f" (against {k['wake'][0][0]:.2g} s idle)")
     sched = [f"{r['policy'].replace('_', ' ')}", f"chunk {r['chunk']:,}" if r.get("chunk") else "no chunking",
              f"at most {r['max_running']:,} running" if r.get("max_running") else "no running limit",
              f"pool {r['pool_tokens']:,} tokens" if r.get("pool_tokens") else "pool not known", f"page {r['page']}"]
