@@ -445,6 +445,7 @@ def test_the_wake_probe_finds_what_a_server_that_sleeps_when_idle_costs():
     20 ms and 300 ms of idle, 3 rounds; each request's idle as the client measured it is at least the gap asked, and
     what the analysis makes of them is the server's own 38 ms after 300 ms and nothing after 20 ms."""
     from longctx.analysis.load_summary import wake
+    from longctx.measure.wake import wake_probe
     assert "0.04 if" in SLEEPY_SERVER and "last[0] = time.perf_counter()" in SLEEPY_SERVER
     proc = subprocess.Popen([sys.executable, "-c", SLEEPY_SERVER], stdout=subprocess.PIPE, text=True)
     try:
@@ -453,7 +454,7 @@ def test_the_wake_probe_finds_what_a_server_that_sleeps_when_idle_costs():
         async def run():
             ctx = _context(port, {**LOAD, "wake": {"idle_s": [0.02, 0.3], "repeats": 3}})
             async with ctx.client:
-                return await ld.wake_probe(ctx, 40)
+                return await wake_probe(ctx, 40)
         point = asyncio.run(run())
     finally:
         proc.kill()

@@ -12,10 +12,7 @@ point run on one event loop, so the client sends and reads many streams at once 
   (its first byte written minus its scheduled time) is recorded, so that a client that could not
   keep up shows as lag instead of hiding latency (coordinated omission). The bodies are built
   before the schedule starts.
-- wake: single requests of one output token, each sent once the server has idled a gap of `load.wake.idle_s` since
-  the one before ended (its actual idle, from the client's record, kept beside it), `repeats` rounds over the gaps:
-  what a request that finds the server idle pays (an engine that sleeps when idle, a GPU whose clocks dropped), which
-  an open loop's arrivals meet and the sweep's back-to-back trials do not. Measured before the open loops, unscraped.
+- wake (longctx.measure.wake): single requests after set idle gaps, before the open loops.
 - interference: `background` streams decode at background_length tokens; once each has decoded
   steady_tokens, one prompt of L tokens is sent; once its first token came and each stream decoded
   tail_tokens more, the streams are ended by the client (their events kept). The analysis reads
@@ -90,7 +87,7 @@ class LoadContext:
         return Scraper(self.client, self.base + self.adapter.metrics_path, self.adapter.metric_names, m["interval_s"], t0)
 
 
-async def _send(ctx: LoadContext, body: bytes, length: int, output_tokens: int, t0: float, timeout_s: float,
+async def send_request(ctx: LoadContext, body: bytes, length: int, output_tokens: int, t0: float, timeout_s: float,
                 record: StreamRecord | None = None, keep_on_cancel: bool = False, **extra) -> dict:
     """One request: its summary (prompt count checked) with its times as offsets from t0 and its events."""
     rec = record if record is not None else StreamRecord()
@@ -123,7 +120,7 @@ def queue_time(ts: dict | None) -> float | None:
     return None
 
 
-def _point_status(requests: list[dict]) -> tuple[str, str | None]:
+def point_status(requests: list[dict]) -> tuple[str, str | None]:
     bad = [r for r in requests if r["status"] != "ok"]
     status = "ok" if not bad else ("partial" if len(bad) < len(requests) else "failed")
     reasons = sorted({r["reason"] or "failed" for r in bad})
@@ -185,7 +182,7 @@ async def closed_loop(ctx: LoadContext, length: int, concurrency: int) -> dict:
     timeout = ctx.timeout_s(length, concurrency)
     results: list[dict | None] = [None] * n
     state = {"next": 0}
-    await _warm(ctx)
+    await warm(ctx)
     t0 = time.perf_counter()
 
     def take() -> int | None:
@@ -234,13 +231,13 @@ async def closed_loop(ctx: LoadContext, length: int, concurrency: int) -> dict:
     with EndWatcher(DONE_MARK) as watcher:
         _, metrics, lags = await _with_scrape(ctx, t0, asyncio.gather(*(worker() for _ in range(concurrency))))
     requests = [r for r in results if r is not None]
-    status, reason = _point_status(requests)
+    status, reason = point_status(requests)
     return {"kind": "closed", "length": length, "output_tokens": n_out, "concurrency": concurrency,
             "status": status, "reason": reason, "t0": t0, "duration_s": round(time.perf_counter() - t0, 6),
             "requests": requests, "metrics": metrics, "client_lag": lags}
 
 
-async def _warm(ctx: LoadContext) -> None:
+async def warm(ctx: LoadContext) -> None:
     """The client's first request pays its one-off costs (38 ms here): a GET of the health path before a point."""
     if ctx.warm_path:
         try:
@@ -250,10 +247,10 @@ async def _warm(ctx: LoadContext) -> None:
 
 
 async def _send_at(at: float | Gate | None, ctx: LoadContext, *args, **kwargs) -> dict:
-    """_send with its first byte held until `at` (handover.SEND_AT: a time, or a Gate's opening): built and
+    """send_request with its first byte held until `at` (handover.SEND_AT: a time, or a Gate's opening): built and
     connected beforehand (its send_setup_s then counts from that early start, the hold included)."""
     SEND_AT.set(at)
-    return await _send(ctx, *args, **kwargs)
+    return await send_request(ctx, *args, **kwargs)
 
 
 async def open_loop(ctx: LoadContext, length: int, rate: float) -> dict:
@@ -262,7 +259,7 @@ async def open_loop(ctx: LoadContext, length: int, rate: float) -> dict:
     schedule = arrival_schedule(rate, n, cfg["arrival"], cfg["burstiness"], cfg["seed"])
     bodies = [ctx.prompter.body(length, f"{ctx.key}/open/r{rate:g}/L{length}/{i}", n_out) for i in range(n)]
     timeout = ctx.timeout_s(length, n)
-    await _warm(ctx)
+    await warm(ctx)
     t0 = time.perf_counter() + LEAD_S
 
     async def send_all() -> list[dict]:
@@ -276,7 +273,7 @@ async def open_loop(ctx: LoadContext, length: int, rate: float) -> dict:
     requests, metrics, lags = await _with_scrape(ctx, t0, send_all())
     for r in requests:
         r["schedule_lag_s"] = round(r["sent_s"] - r["scheduled_s"], 6) if r.get("sent_s") is not None else None
-    status, reason = _point_status(requests)
+    status, reason = point_status(requests)
     return {"kind": "open", "length": length, "output_tokens": n_out, "rate": rate, "arrival": cfg["arrival"],
             "burstiness": cfg["burstiness"], "seed": cfg["seed"], "status": status, "reason": reason, "t0": t0,
             "duration_s": round(time.perf_counter() - t0, 6), "requests": requests, "metrics": metrics, "client_lag": lags}
@@ -316,12 +313,12 @@ async def interference(ctx: LoadContext, length: int, trial: int, chunk: int | N
         return True
 
     async def run() -> tuple[list[dict], dict | None, str | None]:
-        tasks = [asyncio.create_task(_send(ctx, body, lb, bg_tokens, t0, timeout, record=rec, keep_on_cancel=True,
+        tasks = [asyncio.create_task(send_request(ctx, body, lb, bg_tokens, t0, timeout, record=rec, keep_on_cancel=True,
                                            victim=j))
                  for j, (body, rec) in enumerate(zip(bodies, records))]
         problem, injected = None, None
         if await wait_for(lambda: all(tokens(r) >= cfg["steady_tokens"] for r in records), tasks):
-            injected = await _send(ctx, injected_body, length, 2, t0, timeout, role="injected")
+            injected = await send_request(ctx, injected_body, length, 2, t0, timeout, role="injected")
             first = injected.get("first_token_s")
             if first is not None:
                 after = t0 + first
@@ -339,57 +336,13 @@ async def interference(ctx: LoadContext, length: int, trial: int, chunk: int | N
 
     (victims, injected, problem), metrics, lags = await _with_scrape(ctx, t0, run())
     parts = victims + ([injected] if injected else [])
-    status, reason = _point_status(parts)
+    status, reason = point_status(parts)
     if problem:
         status, reason = ("failed", "; ".join(filter(None, [problem, reason])))
     return {"kind": "interference", "length": length, "trial": trial, "background": b, "background_length": lb,
             "background_tokens": bg_tokens, "chunked_prefill_size": chunk, "status": status, "reason": reason,
             "t0": t0, "duration_s": round(time.perf_counter() - t0, 6), "injected": injected, "victims": victims,
             "metrics": metrics, "client_lag": lags}
-
-
-async def wake_probe(ctx: LoadContext, length: int) -> dict:
-    """Single requests of `length` tokens and one output token, each sent once the server has idled one of
-    load.wake.idle_s since the one before ended (a first one, its gap unknown, leads), round after round."""
-    cfg = ctx.load["wake"]
-    timeout = ctx.timeout_s(length, 1)
-    gaps = [None] + [g for _ in range(cfg["repeats"]) for g in cfg["idle_s"]]
-    await _warm(ctx)
-    t0 = time.perf_counter()
-    requests: list[dict] = []
-    ended = None  # when the request before ended (offset from t0)
-    for i, gap in enumerate(gaps):
-        if ended is not None:
-            await asyncio.sleep(max(0.0, t0 + ended + gap - time.perf_counter()))
-        body = ctx.prompter.body(length, f"{ctx.key}/wake/L{length}/{i}", 1)
-        r = await _send(ctx, body, length, 1, t0, timeout, index=i, gap_s=gap)
-        sent = r.get("sent_s")
-        r["idle_s"] = round(sent - ended, 6) if gap is not None and sent is not None and ended is not None else None
-        ends = [x for x in ((sent + r["e2e_s"]) if sent is not None and r.get("e2e_s") is not None else None,
-                            (r.get("event_times") or [None])[-1]) if x is not None]
-        ended = max(ends) if ends else time.perf_counter() - t0
-        requests.append(r)
-    status, reason = _point_status(requests)
-    return {"kind": "wake", "length": length, "level": 0, "output_tokens": 1, "idle_s": list(cfg["idle_s"]),
-            "repeats": cfg["repeats"], "status": status, "reason": reason, "t0": t0,
-            "duration_s": round(time.perf_counter() - t0, 6), "requests": requests}
-
-
-def wake_wanted(load: dict) -> bool:
-    """Whether the load stage probes the server's waking: open loops asked, and at least two gaps."""
-    w = load.get("wake") or {}
-    return bool(load["lengths"] and load["open"]["rates"] and w.get("repeats") and len(w.get("idle_s") or []) >= 2)
-
-
-def points(load: dict) -> list[tuple[str, int, float]]:
-    """Every point of the load workloads, in the order measured: (kind, length, level); interference's
-    level is its trial; the wake probe (one, at the shortest load length) comes first."""
-    out: list[tuple[str, int, float]] = [("wake", min(load["lengths"]), 0)] if wake_wanted(load) else []
-    for length in load["lengths"]:
-        out += [("closed", length, c) for c in load["closed"]["concurrency"]]
-        out += [("open", length, r) for r in load["open"]["rates"]]
-    out += [("interference", L, t) for L in load["interference"]["lengths"] for t in range(load["interference"]["trials"])]
-    return out
 
 
 async def run_point(ctx: LoadContext, kind: str, length: int, level: float, chunk: int | None = None,
@@ -400,8 +353,6 @@ async def run_point(ctx: LoadContext, kind: str, length: int, level: float, chun
         return await closed_loop(ctx, length, int(level))
     if kind == "open":
         return await open_loop(ctx, length, float(level))
-    if kind == "wake":
-        return await wake_probe(ctx, length)
     return await interference(ctx, length, int(level), chunk, bg_tokens)
 
 

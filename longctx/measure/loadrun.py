@@ -9,9 +9,9 @@ from typing import Callable
 import httpx
 
 from ..specs.pool import observed_pool
-from .load import (LoadContext, background_tokens, describe, failed_point, log, new_client, point_key, points,
-                   run_point)
+from .load import LoadContext, background_tokens, describe, failed_point, log, new_client, point_key, run_point
 from .points import measure_points
+from .wake import wake_probe, wake_wanted
 
 
 def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, float] | None],
@@ -63,9 +63,22 @@ def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, f
                             log.warning("%s: flush_cache failed: %s", spec.name, exc)
                 ctx = LoadContext(client, session.base, session.api.generate_path, session.prompter, session.adapter,
                                   f"{run_id}/{spec.name}", load, timeout, flush, session.health_path)
+                if kind == "wake":
+                    return await wake_probe(ctx, length)
                 return await run_point(ctx, kind, length, level, chunk, bg)
 
         return asyncio.run(run())
 
     return measure_points(session, spec.name, points(load), point_key, measure, lambda item, why: failed_point(*item, why),
                           describe, keep, kept)
+
+
+def points(load: dict) -> list[tuple[str, int, float]]:
+    """Every point of the load workloads, in the order measured: (kind, length, level); interference's
+    level is its trial; the wake probe (one, at the shortest load length) comes first."""
+    out: list[tuple[str, int, float]] = [("wake", min(load["lengths"]), 0)] if wake_wanted(load) else []
+    for length in load["lengths"]:
+        out += [("closed", length, c) for c in load["closed"]["concurrency"]]
+        out += [("open", length, r) for r in load["open"]["rates"]]
+    out += [("interference", L, t) for L in load["interference"]["lengths"] for t in range(load["interference"]["trials"])]
+    return out
