@@ -262,7 +262,7 @@ def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
 
 
 def wake(df: pd.DataFrame) -> dict | None:
-    """The wake probe (longctx.measure.load.wake_probe): per idle gap asked, the median idle the requests had and
+    """The wake probe (longctx.measure.wake.wake_probe): per idle gap asked, the median idle the requests had and
     their median TTFT; extra_s, what a request after that idle paid beyond one after the shortest gap (0 where less:
     noise); None without two gaps measured."""
     ok = df[df["status"].eq("ok") & df["level"].notna()]
