@@ -31,9 +31,11 @@ async def wake_probe(ctx: LoadContext, length: int) -> dict:
         r = await send_request(ctx, body, length, 1, t0, timeout, index=i, gap_s=gap)
         sent = r.get("sent_s")
         r["idle_s"] = round(sent - ended, 6) if gap is not None and sent is not None and ended is not None else None
-        ends = [x for x in ((sent + r["e2e_s"]) if sent is not None and r.get("e2e_s") is not None else None,
-                            (r.get("event_times") or [None])[-1]) if x is not None]
-        ended = max(ends) if ends else time.perf_counter() - t0
+        # its stream's end ([DONE]: sent + e2e), else its last event, else now (it failed before either)
+        if sent is not None and r.get("e2e_s") is not None:
+            ended = sent + r["e2e_s"]
+        else:
+            ended = (r.get("event_times") or [time.perf_counter() - t0])[-1]
         requests.append(r)
     status, reason = point_status(requests)
     return {"kind": "wake", "length": length, "level": 0, "output_tokens": 1, "idle_s": list(cfg["idle_s"]),
