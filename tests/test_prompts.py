@@ -107,7 +107,10 @@ def test_every_length_is_measured_exactly_against_each_server(tmp_path, behaviou
             assert t["prompt_tokens"] == length and t["completion_tokens"] == 9 and not t["early_stop"]
             assert t["usage_source"] == ("server" if usage == "stream" else "client")
             assert t["tokens_estimated"] is (not exact)
-            assert len(t["itl_s"]) == 8 and 0.5 / DECODE_S < t["decode_tok_s"] < 1.1 / DECODE_S
+            assert len(t["itl_s"]) == 8 and t["decode_tok_s"] < 1.1 / DECODE_S  # never faster than the server's pace
+        # at its pace: the median trial, as the report takes it (one trial on a busy machine can lose 20 ms to a stall)
+        rates = sorted(t["decode_tok_s"] for t in raw["trials"])
+        assert rates[len(rates) // 2] > 0.5 / DECODE_S, rates
 
 
 def test_a_server_that_stops_early_is_flagged(tmp_path):
