@@ -49,7 +49,7 @@ def point(level, length, ttft50, ttft99, itl50, itl99, n=8, failed=0, reasons=()
 
 # a closed-loop point that did not keep its 4 requests in flight (longctx.analysis.load_summary.held_level)
 HELD_BELOW = {"level": 4, "window_s": 2.0, "share": 0.41, "mean_in_flight": 2.3, "server_running_mean": 2.2, "below": True,
-              "min_share": 0.9}
+              "min_share": 0.9, "client_stall_max_s": 0.31, "client_stalled_s": 0.52}
 
 LOAD = {
     "slo": {"ttft_s": 10, "itl_s": 0.2, "tpot_s": None, "attainment": 0.9},
@@ -163,7 +163,8 @@ def test_the_closed_and_open_tables_print_the_percentiles_with_their_intervals(b
     assert latency[:2] == [["chunked", "1", "4,096", "8", "1.23 [1.1, 1.4]", "max of 8: 2.5", "12.3 [12, 13.1]", "45.6 [40, 50]", "--"],
                            ["chunked", "4", "4,096", "7", "3.21 [2.9, 3.6]", "9.87 [8.5, 11.2]", "15 [14, 16]", "78.9 [70, 90]", "41‡"]]
     said = ("chunked: 4 in flight, 4,096 tokens held 41% of the time, 2.3 in flight on average (the server's running gauge: "
-            "2.2).")
+            "2.2), while this machine kept the client off its CPUs for up to 0.31 s (0.52 s in all), a slot it could not "
+            "refill meanwhile.")
     assert said in built["md"] and said.replace("'", "\u2019") in built["pdf"]
     assert [r[0] for r in latency] == ["chunked", "chunked", "whole", "whole"]
     counts = md_rows(built["md"], "configuration | c | L (tokens) | ok / sent")

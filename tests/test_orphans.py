@@ -14,7 +14,7 @@ import psutil
 import pytest
 import yaml
 
-from longctx.measure.process import pid_file, reap_stray
+from longctx.measure.process import ManagedServer, pid_file, reap_stray
 from longctx.measure.rerun import clear_stale_locks
 from longctx.measure.sweep import run_configuration
 
@@ -67,6 +67,20 @@ def test_sigkill_of_the_bench_takes_its_server_with_it(tmp_path):
         if bench.poll() is None:
             bench.kill()
         reap_stray(pid_file(log), 5)  # a server this test failed on must not outlive it either
+
+
+def test_a_server_runs_in_the_clients_session_in_a_process_group_of_its_own(tmp_path):
+    """Its own group, by which it is stopped; the client's session, so the client's autogroup: in a session of its own,
+    Linux (CONFIG_SCHED_AUTOGROUP) shares the CPUs between the server's session and the client's before their tasks,
+    and vLLM's CPU build on 2 cores kept the client, runnable, off the CPUs for up to 1 s at a time (issue 32)."""
+    server = ManagedServer([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path / "server.log")
+    server.start()
+    try:
+        assert os.getpgid(server.pid) == server.pid != os.getpgid(0)
+        assert os.getsid(server.pid) == os.getsid(0)
+    finally:
+        server.stop()
+    assert gone(server.pid)
 
 
 def test_a_server_left_behind_is_stopped_at_the_next_start(tmp_path):

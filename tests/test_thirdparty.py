@@ -195,16 +195,13 @@ def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vl
     # renders /metrics on the loop that streams tokens (0.3 to 0.5 s a GET here), and GETs every 50 ms held the
     # tokens back until each was answered, so the requests ran one after another; the scraper now keeps its GETs to
     # a tenth of the server's time (scrape.Scraper.MAX_SHARE), and the next request goes at the [DONE] before it.
-    # What is left is this machine: while vLLM's CPU engine runs (a worker spinning on one core, its engine core and
-    # API server on the other), any other process here, the client or a bare 1 ms sleeper, waits off the CPUs for
-    # 0.2 to 0.7 s at a time, with next to no CPU used; an ended request's slot is not refilled meanwhile. So the
-    # point holds its level, or the client's own record shows the stall that kept it from it, and the report says so
+    # Then the server ran in a session of its own, so an autogroup of its own, and while vLLM's CPU engine ran the
+    # client (and a bare 1 ms sleeper beside it), runnable, waited off the CPUs for 0.2 to 1 s at a time: an ended
+    # request's slot was not refilled meanwhile (held 17% to 78% in five of seven runs). It runs in the client's
+    # session now (longctx.measure.process.ManagedServer; tests/test_orphans.py checks it)
     held = closed["held"]
     assert point_metrics_spaced(vllm_workflow)
-    assert held and held["below"] is (held["share"] < held["min_share"]), held
-    assert not held["below"] or held["client_stall_max_s"] >= 0.1, held
-    if held["below"]:
-        assert f"held {held['share'] * 100:.2g}% of the time" in twin and "kept the client off its CPUs" in twin, held
+    assert held and not held["below"] and held["share"] >= held["min_share"], held
     # the client's own record: the stretches in which two of its requests were at the server together (sent to
     # ended), 20 ms in from each edge; vLLM's gauge is checked by the scrapes whose whole GET (sent to answered)
     # lies inside one, since vLLM read the gauge at some moment of the GET: a GET's midpoint inside a stretch is
@@ -216,11 +213,9 @@ def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vl
             if (lo := max(a[0], b[0]) + 0.02) < (hi := min(a[1], b[1]) - 0.02)]
     gets = [(start, end, values["running"]) for _, values, start, end in point["metrics"]["samples"] if "running" in values]
     inside = [(start, end, value) for start, end, value in gets if any(lo <= start and end <= hi for lo, hi in both)]
-    assert inside or held["below"], (f"no /metrics GET inside the {len(both)} stretch(es) with two requests in flight "
+    assert inside, (f"no /metrics GET inside the {len(both)} stretch(es) with two requests in flight "
                     f"(GETs {[(round(a, 3), round(b, 3)) for a, b, _ in gets]} s; "
                     f"requests {[(round(a, 3), round(b, 3)) for a, b in spans]}); held: {held}")
-    if not inside:
-        return
     assert max(value for _, _, value in inside) == 2, (inside, spans)
 
 
@@ -245,19 +240,11 @@ def test_vllms_load_points_are_predicted_from_its_own_fits_and_scheduler(vllm_wo
     woke = load["wake"]["points"]
     assert [p["gap_s"] for p in woke] == [0.02, 0.1, 0.3, 1.2] and max(p["extra_s"] for p in woke) > 0.0005, woke
     assert c["costs"]["wake"] == [[p["idle_s"], p["extra_s"]] for p in woke]
-    # a closed loop that did not hold its 2 requests (this machine keeps the client off its CPUs while vLLM's CPU
-    # engine runs: test_vllms_own_metrics_...) ran another workload than the one simulated: said, and left out
-    assert c["errors"]["p50"]["median_abs"] <= 0.15 and c["errors"]["p50"]["n"] >= 2, table
+    assert c["errors"]["p50"]["median_abs"] <= 0.15 and c["errors"]["p50"]["n"] == 4, table
     twin = " ".join((vllm_workflow / "report" / "longctx.md").read_text().split())
     assert "## What if: the deployment under load, predicted" in twin and "vLLM's V1 scheduler's" in twin
-    for r in rows:
-        assert bool(r["excluded"]) is (r["kind"] == "closed" and load_held_below(vllm_workflow)), r
-    assert ("Not the workload simulated, so left out of the error" in twin) is load_held_below(vllm_workflow)
-
-
-def load_held_below(work: Path) -> bool:
-    load = json.loads((work / "data" / "load.json").read_text())["configurations"]["vllm-cpu"]
-    return bool(load["closed"][0]["held"]["below"])
+    # both loops held the workload simulated (test_vllms_own_metrics_...): every row counts
+    assert not any(r["excluded"] for r in rows) and "Not the workload simulated" not in twin, rows
 
 
 def point_metrics_spaced(work: Path) -> bool:

@@ -234,3 +234,24 @@ def test_prompts_that_start_in_one_step_pay_the_fixed_cost_once(policy):
         (x, y), _ = simulate(K, Rules(policy, chunk=4096, one_prefill=True), [(0.0, L, 2), (0.0, L, 2)])
         alone = K.a + K.b * L + K.c * L * L
         assert x["ttft"] == pytest.approx(alone, rel=1e-12) and y["ttft"] == pytest.approx(2 * alone, rel=1e-12)
+
+
+def test_a_closed_loop_below_its_level_is_predicted_but_left_out_of_the_error():
+    """A closed loop that did not hold its concurrency ran another workload than the one simulated: its rows say why
+    (the held share, the client's stall) and the median error leaves them out; one that held it counts."""
+    from longctx.analysis.whatif import check, errors
+
+    rules = Rules(PREFILL_FIRST, chunk=8192)
+    (alone,), _ = simulate(K, rules, [(0.0, 1000, 17)])
+    measured = {q: {"p50": {"value": alone[q] * 1.1}} for q in ("ttft", "tpot")}  # 10% above the model
+    held = {"level": 2, "share": 0.4, "below": True, "client_stall_max_s": 0.31}
+    load = {"closed": [{"ok": True, "level": 1, "n": 4, "length": 1000, "output_tokens": 17, **measured},
+                       {"ok": True, "level": 2, "n": 4, "length": 1000, "output_tokens": 17, "held": held,
+                        "ttft": {"p50": {"value": 9.0}}, "tpot": {"p50": {"value": 9.0}}}]}
+    rows = check(K, [], rules, load, None, None, {}, r_fitted=False)
+    p50 = [r for r in rows if r["which"] == "p50"]
+    assert [(r["level"], r["quantity"], bool(r["excluded"])) for r in p50] == [
+        (1, "ttft", False), (1, "tpot", False), (2, "ttft", True), (2, "tpot", True)]
+    assert p50[2]["excluded"] == "the loop held its 2 requests 40% of the time, the client kept off its CPUs up to 0.31 s"
+    assert all(r["error"] == pytest.approx(1 / 1.1 - 1) for r in p50[:2]) and p50[2]["error"] < -0.9  # predicted, not counted
+    assert errors(rows)["p50"] == {"median_abs": pytest.approx(1 - 1 / 1.1), "n": 2}

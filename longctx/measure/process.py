@@ -200,9 +200,14 @@ class ManagedServer:
             self.log_offset = log.tell()
             log.write(f"$ {' '.join(mask_argv(self.command))}\n".encode())
             log.flush()
+            # a process group of its own (stopped by it), in this process's session: a session of its own would be
+            # an autogroup of its own, and Linux (CONFIG_SCHED_AUTOGROUP) shares the CPUs between autogroups before
+            # their tasks, so while a CPU server computes, the client that times its tokens may wait off the CPUs
+            # (vLLM's CPU build on 2 cores: the client and a bare 1 ms sleeper waited up to 1 s, runnable; none
+            # with the server in their session)
             self.proc = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True, preexec_fn=_die_with(os.getpid()),
+                env=self.env, process_group=0, preexec_fn=_die_with(os.getpid()),
             )
         try:
             created = psutil.Process(self.proc.pid).create_time()
@@ -296,7 +301,7 @@ class ManagedServer:
                 self.pid_file.unlink(missing_ok=True)
                 return
             try:
-                os.killpg(self.proc.pid, sig)  # the leader of its own session: pgid == pid
+                os.killpg(self.proc.pid, sig)  # the leader of its own process group: pgid == pid
             except ProcessLookupError:
                 return
             deadline = time.monotonic() + wait
