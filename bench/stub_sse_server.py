@@ -309,10 +309,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 @contextlib.contextmanager
 def running(port: int = 0, interval_s: float = 0.005, ttft_s: float = 0.0, tokens: int | None = None,
             python: str = sys.executable, timeout_s: float = 30.0):
-    """The stub server as a subprocess in its own process group; yields its base URL; stopped by its pid."""
+    """The stub server as a subprocess in its own process group, in this process's session (its autogroup, as
+    longctx.measure.process.ManagedServer starts a server); yields its base URL; stopped by its pid."""
     cmd = [python, str(Path(__file__).resolve()), "--port", str(port), "--interval-s", str(interval_s),
            "--ttft-s", str(ttft_s)] + (["--tokens", str(tokens)] if tokens else [])
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, process_group=0)
     try:
         deadline = time.monotonic() + timeout_s
         line = ""
