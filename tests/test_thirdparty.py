@@ -233,12 +233,13 @@ def test_vllms_load_points_are_predicted_from_its_own_fits_and_scheduler(vllm_wo
     assert {(r["kind"], r["quantity"]) for r in rows} == {("closed", "ttft"), ("closed", "tpot"), ("open", "ttft"), ("open", "tpot")}
     table = "; ".join(f"{r['kind']} {r['quantity']}: {r['measured'] * 1e3:.1f} ms measured, {r['predicted'] * 1e3:.1f} "
                       f"predicted ({r['error']:+.0%})" for r in rows)
-    # vLLM's CPU engine pays to wake once idle (by hand here, single requests of 256 tokens: 7.5 ms after 20 ms of
-    # idle, 10.5 ms after 50 to 300 ms), and an open loop at 2/s finds it idle at nearly every arrival: the wake
-    # probe measured it, and the first step after an idle stretch carries it (before, -16% and -42% on TTFT)
+    # what a request that finds vLLM idle pays, from the wake probe (3 rounds at each gap), carried by the first step
+    # after an idle stretch: an open loop at 2/s finds it idle at nearly every arrival. 1 to 3 ms while vLLM ran in
+    # an autogroup of its own (longctx.measure.process), 0 to 1.6 ms since, so no size is asserted here: the probe
+    # finding what a server that sleeps pays is tests/test_load.py's (a stub that sleeps 40 ms)
     load = json.loads((vllm_workflow / "data" / "load.json").read_text())["configurations"]["vllm-cpu"]
     woke = load["wake"]["points"]
-    assert [p["gap_s"] for p in woke] == [0.02, 0.1, 0.3, 1.2] and max(p["extra_s"] for p in woke) > 0.0005, woke
+    assert [(p["gap_s"], p["n"]) for p in woke] == [(0.02, 3), (0.1, 3), (0.3, 3), (1.2, 3)], woke
     assert c["costs"]["wake"] == [[p["idle_s"], p["extra_s"]] for p in woke]
     assert c["errors"]["p50"]["median_abs"] <= 0.15 and c["errors"]["p50"]["n"] == 4, table
     twin = " ".join((vllm_workflow / "report" / "longctx.md").read_text().split())
