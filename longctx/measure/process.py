@@ -204,7 +204,7 @@ class ManagedServer:
             # an autogroup of its own, and Linux (CONFIG_SCHED_AUTOGROUP) shares the CPUs between autogroups before
             # their tasks, so while a CPU server computes, the client that times its tokens may wait off the CPUs
             # (vLLM's CPU build on 2 cores: the client and a bare 1 ms sleeper waited up to 1 s, runnable; none
-            # with the server in their session)
+            # over 25 ms with the server in their session)
             self.proc = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.env, process_group=0, preexec_fn=_die_with(os.getpid()),
