@@ -235,7 +235,7 @@ def test_vllms_load_points_are_predicted_from_its_own_fits_and_scheduler(vllm_wo
                       f"predicted ({r['error']:+.0%})" for r in rows)
     # what a request that finds vLLM idle pays, from the wake probe (3 rounds at each gap), carried by the first step
     # after an idle stretch: an open loop at 2/s finds it idle at nearly every arrival. 1 to 3 ms while vLLM ran in
-    # an autogroup of its own (longctx.measure.process), 0 to 1.9 ms since, so no size is asserted here: the probe
+    # an autogroup of its own (longctx.measure.process), 0 to 2.1 ms since, so no size is asserted here: the probe
     # finding what a server that sleeps pays is tests/test_load.py's (a stub that sleeps 40 ms)
     load = json.loads((vllm_workflow / "data" / "load.json").read_text())["configurations"]["vllm-cpu"]
     woke = load["wake"]["points"]
