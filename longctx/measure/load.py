@@ -88,7 +88,7 @@ class LoadContext:
 
 
 async def send_request(ctx: LoadContext, body: bytes, length: int, output_tokens: int, t0: float, timeout_s: float,
-                record: StreamRecord | None = None, keep_on_cancel: bool = False, **extra) -> dict:
+                       record: StreamRecord | None = None, keep_on_cancel: bool = False, **extra) -> dict:
     """One request: its summary (prompt count checked) with its times as offsets from t0 and its events."""
     rec = record if record is not None else StreamRecord()
     cancelled = False
@@ -314,7 +314,7 @@ async def interference(ctx: LoadContext, length: int, trial: int, chunk: int | N
 
     async def run() -> tuple[list[dict], dict | None, str | None]:
         tasks = [asyncio.create_task(send_request(ctx, body, lb, bg_tokens, t0, timeout, record=rec, keep_on_cancel=True,
-                                           victim=j))
+                                                  victim=j))
                  for j, (body, rec) in enumerate(zip(bodies, records))]
         problem, injected = None, None
         if await wait_for(lambda: all(tokens(r) >= cfg["steady_tokens"] for r in records), tasks):
