@@ -26,6 +26,16 @@ WORKFLOW_FILES = ("Snakefile", "rules", "config", "kernels", "templates", "envs"
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
+def bench_script(name: str):
+    """bench/<name>.py as a module (the bench scripts are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def copy_workflow(dest: Path) -> Path:
     """The workflow's own files in a fresh directory, so a test run starts with no data/."""
     for name in WORKFLOW_FILES:

@@ -18,7 +18,7 @@ from longctx.measure import load as ld, scrape
 from longctx.measure.prompts import Prompter, PromptPlan
 from longctx.measure.sweep import run_configuration
 
-from .conftest import tiny_spec
+from .conftest import bench_script, tiny_spec
 
 
 def test_arrival_schedules_have_the_asked_rate_and_burstiness():
@@ -308,14 +308,7 @@ def test_idle_connections_are_reused_newest_first(ref_server):
 
 
 def _stub_module():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "bench" / "stub_sse_server.py"
-    spec = importlib.util.spec_from_file_location("stub_sse_server", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("stub_sse_server")
 
 
 def test_the_next_request_goes_when_the_one_before_ends_even_while_the_event_loop_is_busy():

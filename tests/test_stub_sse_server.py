@@ -2,7 +2,6 @@
 socket) and clientcheck.stream_errors (a client's times against those stamps), over real loopback."""
 
 import asyncio
-import importlib.util
 import json
 import signal
 import statistics
@@ -18,20 +17,13 @@ from longctx.measure.bodies import sglang_body
 from longctx.measure.stream import StreamRecord, astream_generate, stream_generate
 from longctx.measure.transport import async_timed_client, timed_client
 
-from .conftest import ROOT
+from .conftest import ROOT, bench_script
 
 KERNEL = "kernel" if sys.platform == "linux" else "socket"
 INTERVAL = 0.004
 
 
-def _load_stub():
-    spec = importlib.util.spec_from_file_location("stub_sse_server", ROOT / "bench" / "stub_sse_server.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-stub_sse_server = _load_stub()
+stub_sse_server = bench_script("stub_sse_server")
 
 
 def paced(ids, tokens, interval_s):
