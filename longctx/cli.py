@@ -6,6 +6,7 @@ import argparse
 import errno
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -256,6 +257,59 @@ def _attach_plan(a) -> int:
     return 0
 
 
+def _margin(text: str) -> float:
+    try:
+        m = float(text)
+    except ValueError:
+        m = math.nan
+    if not 0 <= m < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a margin is a fraction from 0 to below 1 (0.05 is 5%)")
+    return m
+
+
+def _say_lines(a, lines: list[str]) -> None:
+    """Lines for the terminal: printed, or (with --log) on the terminal and in the log."""
+    for line in lines:
+        TERMINAL.info(line) if a.log else print(line)
+
+
+def _gate(a) -> int:
+    from .report.changes import gate
+
+    code, answer, lines = gate(a.version, a.versions, a.against, a.margin)
+    text = json.dumps(answer, indent=1, sort_keys=True) + "\n"
+    if a.out:
+        write_atomic(a.out, text)
+    if a.json:
+        print(text, end="")
+    if not a.json or a.log:
+        _say_lines(a, lines)
+    return code
+
+
+def _compare(a) -> int:
+    from .report import changes, versions
+
+    try:
+        records = []
+        for name in (a.before, a.now):
+            record, why = versions.find(a.versions, changes.version_number(name))
+            if record is None:
+                raise changes.VersionError(why)
+            records.append(record)
+        settings = records[1].get("compare") or {}
+        margin = settings.get("margin", changes.MARGIN) if a.margin is None else a.margin
+        cmp = changes.compare(records[0], records[1], margin, settings.get("confidence", 0.95))
+    except SystemExit as exc:  # VersionError, or a version log that cannot be read
+        _say_lines(a, [f"nothing to compare: {exc.code}"])
+        return 2
+    if a.json:
+        print(json.dumps(cmp, indent=1, sort_keys=True))
+    else:
+        _say_lines(a, changes.table_lines(cmp) + ([cmp["sentence"]] if cmp["sentence"] else []))
+    return 0
+
+
 def _check_config(a) -> int:
     from . import config as cfg
 
@@ -468,6 +522,29 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--plan", required=True, help="the plan document (Markdown); everything outside the section is kept")
     s.add_argument("--section", required=True, help="the section (from plan-section)")
     s.set_defaults(func=_attach_plan)
+
+    s = sub.add_parser("gate", help="this report version against an earlier one: exit 1 where a configuration and "
+                       "length got slower beyond the margin (a line per regression), 0 where none did, 2 where nothing "
+                       "can be compared; run in the workflow's directory after the report is built")
+    s.add_argument("--against", help="the version to compare with, vN (default: the report's, report.compare_to: the "
+                   "previous version unless pinned)")
+    s.add_argument("--margin", type=_margin, help="a regression's whole interval lies beyond this fraction (default: the "
+                   "report's, report.regression_margin, 0.05)")
+    s.add_argument("--json", action="store_true", help='print the answer as JSON: {"against", "regressions": [{"configuration", '
+                   '"length", "figure", "ratio", "low", "high", "n_before", "n_now"}], "compared", ...}')
+    s.add_argument("--version", default="report/version.json", help="this version's record (default: report/version.json)")
+    s.add_argument("--versions", help="where versions are kept (default: versions/ beside --version)")
+    s.add_argument("--out", help="also write the JSON answer here")
+    s.set_defaults(func=_gate)
+
+    s = sub.add_parser("compare", help="two kept report versions compared, without measuring anything: per configuration "
+                       "and length, the ratios now/before with their intervals, n and verdicts")
+    s.add_argument("before", help="the earlier version, vN")
+    s.add_argument("now", help="the later version, vN")
+    s.add_argument("--margin", type=_margin, help="the regression margin (default: the later version's)")
+    s.add_argument("--json", action="store_true", help="the whole comparison as JSON")
+    s.add_argument("--versions", default="report/versions", help="where versions are kept (default: report/versions)")
+    s.set_defaults(func=_compare)
 
     s = sub.add_parser("check-config", help="validate a config file and print it with defaults filled in")
     s.add_argument("configfile")

@@ -62,6 +62,7 @@ REPORT_PARAMS = dict(baseline=BASELINE, config=REPORT_CONFIG)
 # kernel builds need a compute node; the rest runs where snakemake runs.
 localrules:
     aggregate_results,
+    check_regressions,
     aggregate_load,
     analyze_load,
     whatif,

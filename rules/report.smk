@@ -166,3 +166,20 @@ rule attach_plan:
         ENV
     shell:
         "longctx attach-plan --plan {output} --section {input} --log {log}"
+
+
+# `snakemake --cores 1 report/gate.json`: this report version against the one it is compared with (report.compare_to,
+# the previous version unless pinned), as `longctx gate`: the job fails, naming every configuration and length that got
+# slower beyond report.regression_margin (or saying why nothing could be compared); report/gate.json holds the answer.
+rule check_regressions:
+    input:
+        pdf="report/longctx.pdf",
+        version="report/version.json",
+    output:
+        "report/gate.json",
+    log:
+        "data/logs/check_regressions.log",
+    conda:
+        ENV
+    shell:
+        "longctx gate --version {input.version} --out {output} --log {log}"

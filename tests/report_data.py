@@ -67,6 +67,7 @@ def write_data(out: Path, lengths=(1000, 4000, 16000, 64000), trials: int = 3, s
                         "memory_total_bytes": 10**9, "weights_bytes": 468 * 10**6, "context_length": 65536},
         "kv_pool": {"tokens": 200000, "log": {"line": "KV Cache is allocated. #tokens: 200000, KV size: 0.03 GB"}},
         "kernel": {"name": "paged_mla_decode_torch", "build_hash": "feedbeef"},
+        "settings": {"shown": {"engine": "reference", "args.page-size": 1, "protocol.output_tokens": 32}, "hash": "5e771265"},
         "hardware": hardware,
         "model": {"name": "refmla", "architecture": {
             "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 2, "kv_lora_rank": 32, "qk_rope_head_dim": 8,

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from longctx.analysis import bands
-from longctx.report import markdown, plans as plan, latex as report, versions
+from longctx.report import changes, markdown, plans as plan, latex as report, versions
 from longctx.report.context import ReportError, context, version_of
 from longctx.report.numbers import display, group
 from longctx.report.figures.analysis import plot_analysis
@@ -94,11 +94,17 @@ def test_versions_count_up_a_rebuild_is_the_same_version_and_the_previous_is_com
     assert r2["n"] == 2 and r2["previous"]["hash"] == r1["hash"]
     assert [e["n"] for e in versions.read_log(vdir)] == [1, 2]
     assert (vdir / f"{r1['name']}.pdf").read_bytes().endswith(r1["hash"].encode())
-    cmp = versions.comparison(vdir, r2["previous"], ctx2["snapshot"])
+    # each version keeps every successful trial, and v2 is compared with v1 (the previous) trial by trial
+    kept = json.loads((vdir / f"{r1['name']}.json").read_text())["measurements"]["trials"]
+    df1 = pd.read_csv(d1["results_csv"])
+    ok1 = df1[df1["status"].eq("ok")]
+    assert len(kept) == len(ok1) and sorted(t["ttft_s"] for t in kept) == sorted(ok1["ttft_s"])
+    cmp = changes.compare(*[json.loads((vdir / f"{r['name']}.json").read_text()) for r in (r1, r2)])
     row = next(r for r in cmp["rows"] if (r["configuration"], r["length"]) == ("base", 64000))
-    assert row["ttft_ratio"] == pytest.approx(0.5) and row["decode_ratio"] == pytest.approx(2.0)  # same noise, half the time
-    assert row["ttft_diff_s"] == pytest.approx(row["ttft_now_s"] - row["ttft_before_s"])
-    assert len(cmp["rows"]) == len(LAWS) * len(LENGTHS) and not cmp["only_now"] and not cmp["only_before"]
+    # same noise (the same seed), half the time: the ratios of geometric means are exactly 0.5 and 2
+    assert row["ttft"]["ratio"] == pytest.approx(0.5) and row["decode"]["ratio"] == pytest.approx(2.0)
+    assert row["ttft"]["verdict"] == "faster" and row["ttft"]["beyond_margin"] and not cmp["regressions"]
+    assert len(cmp["rows"]) == len(LAWS) * len(LENGTHS) and not cmp["only_now"] and not cmp["lengths_only_now"]
     # a template edit is a new version as well
     edited = tmp_path / "templates"
     shutil.copytree(TEMPLATES, edited)
@@ -321,7 +327,7 @@ def test_the_twin_links_its_figures_and_the_pdf_version(built):
         assert f"figures/{figure}.png" in built["md"], figure
     text = built["text"]
     assert "longctx report v1" in text and "the first version" in text
-    assert re.search(r"Change since the previous version\s+This is the first version", text)
+    assert re.search(r"Change since an earlier version\s+This is the first version", text)
 
 
 @pytest.mark.parametrize("flush_paths, protocol_flush, said", [

@@ -18,11 +18,20 @@ and the bootstrap of a ratio of medians that came before it covered 71% at 2 and
 - "no interval": fewer than MIN_TRIALS trials on a side (too few for an interval that covers what it says).
 
 Every speedup carries its trial counts (trials, baseline_trials), which the report prints beside its verdict.
+
+A table of many such verdicts is one family (`change`, for a version against an earlier one): each of its m
+intervals is taken at level 1 - (1 - confidence) / m (Bonferroni, `family_level`), so that the chance that any
+interval of the table misses its true ratio, and so of any wrong verdict in the table, is at most 1 - confidence
+whatever the rows' dependence. Its cost is width: with 3 trials a side (Welch's degrees of freedom near 4) a
+95% family of 40 takes the t quantile 8.1 instead of 2.8. `detectable_change` says what that costs in words:
+the smallest change, at a row's noise and trial counts, that its interval would find beyond the margin in
+DETECTION of reruns (tests/test_version_compare.py shows both by simulation).
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -37,6 +46,8 @@ VERDICTS = (FASTER, SLOWER, SAME, NO_INTERVAL)
 METRICS = {"ttft": ("ttft_s", True), "decode": ("decode_tok_s", False)}
 MIN_TRIALS = 3  # on each side, for an interval (its coverage is shown from 3; at 2 it over-covers)
 METHOD = "welch-log"  # recorded with the verdicts (headline.intervals.method)
+CORRECTION = "bonferroni"  # how a family of intervals holds together (family_level)
+DETECTION = 0.8  # the share of reruns in which a change of detectable_change's size is found
 
 
 def verdict(ci) -> str:
@@ -98,3 +109,82 @@ def against_baseline(df: pd.DataFrame, baseline: str, settings: dict | None = No
                 row[metric] = s
         out[(str(name), int(length))] = row
     return out
+
+
+def family_level(tests: int, confidence: float) -> float:
+    """The level of each of `tests` intervals that hold together with probability at least `confidence`
+    (Bonferroni: valid whatever the dependence between them, e.g. TTFT and decode from the same trials)."""
+    return 1 - (1 - confidence) / max(int(tests), 1)
+
+
+def welch_df(n_before: int, n_now: int) -> float:
+    """Welch's degrees of freedom where both sides have the same noise: 4 at 3 trials a side."""
+    a, b = 1 / n_before, 1 / n_now
+    return (a + b) ** 2 / (a**2 / (n_before - 1) + b**2 / (n_now - 1))
+
+
+def width_cost(level: float, confidence: float, df: float) -> float:
+    """How many times wider (in logs) an interval at `level` is than one at `confidence`, at Welch's `df`."""
+    return float(stats.t.ppf(0.5 + level / 2, df) / stats.t.ppf(0.5 + confidence / 2, df))
+
+
+def log_noise(before, now) -> float:
+    """The pooled standard deviation of the two sides' logs (each about its own mean): a row's relative noise."""
+    lb, ln = np.log(np.asarray(before, float)), np.log(np.asarray(now, float))
+    dof = len(lb) + len(ln) - 2
+    return float(math.sqrt(((len(lb) - 1) * lb.var(ddof=1) + (len(ln) - 1) * ln.var(ddof=1)) / dof)) if dof > 0 else math.nan
+
+
+def median_unbiased(sd: float, dof: int) -> float:
+    """A sample standard deviation over `dof` degrees of freedom scaled so that its median is the true one (the
+    sample's is below it: 0.92 of it at 4): the noise a row's detectable change is figured at, so that half the
+    reruns state it above the truth and half below."""
+    return sd / math.sqrt(stats.chi2.median(dof) / dof) if dof > 0 else math.nan
+
+
+@lru_cache(maxsize=256)
+def _detection_quantile(n_before: int, n_now: int, level: float, detection: float = DETECTION) -> float:
+    """K such that a true log change of log(1 + margin) + K sigma is found beyond the margin in `detection` of
+    reruns, for Welch's interval at `level` from lognormal trials of log-sd sigma on both sides: the interval's
+    low end, d + e - q(df) se, clears the margin when d > log(1 + margin) + q(df) se - e; this draws e, se and df
+    at sigma 1 (they scale with sigma, df does not) from a fixed seed, so the figure is the same in every run."""
+    rng = np.random.default_rng(43)
+    draws = 20000
+    vb = rng.chisquare(n_before - 1, draws) / (n_before - 1) / n_before
+    vn = rng.chisquare(n_now - 1, draws) / (n_now - 1) / n_now
+    df = (vb + vn) ** 2 / (vb**2 / (n_before - 1) + vn**2 / (n_now - 1))
+    e = rng.standard_normal(draws) * math.sqrt(1 / n_before + 1 / n_now)
+    need = stats.t.ppf(0.5 + level / 2, df) * np.sqrt(vb + vn) - e
+    return float(np.quantile(need, detection))
+
+
+def detectable_change(noise: float, n_before: int, n_now: int, level: float, margin: float,
+                      detection: float = DETECTION) -> float | None:
+    """The smallest change (a fraction: 0.3 is 30% slower or faster) that a Welch interval at `level` would find
+    beyond `margin` in `detection` of reruns, at this relative noise (log_noise) and these trial counts;
+    None below MIN_TRIALS a side or without a noise figure."""
+    if min(n_before, n_now) < MIN_TRIALS or not (noise >= 0):
+        return None
+    return float((1 + margin) * math.exp(noise * _detection_quantile(int(n_before), int(n_now), float(level), detection)) - 1)
+
+
+def change(before, now, smaller_is_faster: bool, level: float, margin: float) -> dict | None:
+    """`now`'s trials against `before`'s (non-positive and NaN values left out), as a row of a family at `level`
+    (family_level): {ratio: now/before of the geometric means, ci: its Welch interval [low, high] or None, verdict
+    (as `verdict` reads the speedup: faster, slower, no measurable difference, no interval), beyond_margin (the
+    whole interval lies beyond `margin` on the side of its verdict: a TTFT ratio above 1 + margin, a rate ratio
+    below 1 / (1 + margin), or the reverse), regression (slower beyond the margin), trials now and before, noise
+    (log_noise) and detectable (detectable_change at that noise, median_unbiased)}. None where a side has no trial."""
+    b, o = np.asarray(before, float), np.asarray(now, float)
+    b, o = b[np.isfinite(b) & (b > 0)], o[np.isfinite(o) & (o > 0)]
+    if not len(b) or not len(o):
+        return None
+    ratio = math.exp(np.log(o).mean() - np.log(b).mean())
+    ci = [float(x) for x in welch_log_interval(o, b, level)] if min(len(b), len(o)) >= MIN_TRIALS else None
+    speed = None if ci is None else ([1 / ci[1], 1 / ci[0]] if smaller_is_faster else ci)  # as a speedup: above 1 faster
+    said = verdict(speed)
+    beyond = speed is not None and (speed[1] < 1 / (1 + margin) if said == SLOWER else speed[0] > 1 + margin if said == FASTER else False)
+    noise = log_noise(b, o) if min(len(b), len(o)) >= 2 else math.nan
+    return {"ratio": ratio, "ci": ci, "verdict": said, "beyond_margin": bool(beyond), "regression": bool(beyond and said == SLOWER),
+            "trials": int(len(o)), "trials_before": int(len(b)), "noise": noise if math.isfinite(noise) else None,
+            "detectable": detectable_change(median_unbiased(noise, len(b) + len(o) - 2), len(b), len(o), level, margin)}

@@ -16,7 +16,22 @@ import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-from ..core.hashing import canonical_json
+from ..core.hashing import canonical_json, digest
+from ..core.secrets import mask, mask_argv
+
+# protocol keys that do not make two measurements unlike (ConfigurationSpec.settings)
+SETTINGS_PROTOCOL_LEFT_OUT = ("trials", "warmup", "request_timeout_s", "timeout_factor", "itl_depth", "needle", "concurrency")
+
+
+def _dotted(d: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as one level of dotted keys; lists as they are."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_dotted(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,20 @@ class ConfigurationSpec:
             if f.metadata.get("omit_if_none") and d[f.name] is None:
                 del d[f.name]
         return d
+
+    def settings(self) -> dict[str, Any]:
+        """What must be the same for two measurements of this configuration to be compared (a version against an
+        earlier one, longctx.report.changes): {"shown": the settings as dotted keys (args.page-size, protocol.
+        output_tokens, model.architecture.hidden_size...) with every secret-named value hidden and env values and
+        the URL left out, "hash": a digest of them with env values and the URL}. Not in them: the name, the lengths,
+        the kernel (what a comparison looks at), how many trials and warm-ups and the timeouts (more trials compare
+        with fewer), the description, and what only schedules or watches the job (server, telemetry, load, prefix)."""
+        d = self.to_dict()
+        protocol = {k: v for k, v in d["protocol"].items() if k not in SETTINGS_PROTOCOL_LEFT_OUT}
+        kept = {"engine": d["engine"], "api": d["api"], "device": d.get("device"), "model": d["model"], "args": d["args"],
+                "extra_args": d["extra_args"], "protocol": protocol}
+        shown = _dotted(mask({**kept, "extra_args": mask_argv(d["extra_args"])}))
+        return {"shown": shown, "hash": digest({**kept, "env": d["env"], "url": d["url"], "command": d["command"]})}
 
     def to_json(self) -> str:
         """Canonical JSON of to_dict(): what the workflow passes to `longctx bench --spec`."""

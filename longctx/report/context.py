@@ -7,7 +7,7 @@ a plan's Results section (longctx.report.markdown).
 and load_metrics.csv, longctx.report.load), the prefix cache where it was (prefix_fits.json,
 longctx.report.prefix), one diagnosis (longctx.report.diagnosis) and one headline
 table (longctx.report.headline). `version_of` makes this build's version record and
-`with_version` adds it, with the comparison to the previous version (longctx.report.versions).
+`with_version` adds it, with the comparison to an earlier version (longctx.report.changes).
 `render_text` and `render` fill a template in a dialect's Jinja environment; an error names the
 template and its line.
 """
@@ -35,7 +35,7 @@ from ..analysis import bands
 from ..analysis.tables import concurrency_table, length_cause, medians
 from ..measure.provenance import git_info, package_versions
 from ..specs.hardware import TABLE_PATH
-from . import load as loadview, prefix as prefixview, versions, whatif as whatifview, wording
+from . import changes, load as loadview, prefix as prefixview, versions, whatif as whatifview, wording
 from .diagnosis import bound_words, diagnose
 from .headline import choose_baseline, compact, headline
 
@@ -465,7 +465,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "source_date_epoch": epoch,
         # lists and maps of plain values on one line each (flow style): the appendix is read, not edited
         "config_yaml": yaml.safe_dump(mask(config), sort_keys=False, width=100, default_flow_style=None).splitlines() if config else [],
-        "snapshot": versions.snapshot(med),
+        "measurements": versions.measurements(df, prov),
         "sections": sections(template_dir) if template_dir else {"front": [], "body": [], "appendix": []},
         "version": None,
         "comparison": None,
@@ -487,10 +487,15 @@ def _served_groups(configs: list[dict]) -> list[dict]:
 
 
 def version_of(ctx: dict, inputs: ReportInputs, template_dir: str | Path, versions_dir: str | Path) -> dict:
-    """This build's version record (longctx.report.versions): number, hash, previous version, the medians it keeps."""
+    """This build's version record (longctx.report.versions): number, hash, previous version, the trials it keeps
+    and what identifies them, and what it is compared with (report.compare_to, report.regression_margin)."""
     extra = {"baseline": ctx["baseline"], "config": inputs.config, "git": ctx["git"], "packages": ctx["packages"]}
     record = versions.assign(versions_dir, versions.content_hash(inputs.files(), template_dir, extra))
-    record["snapshot"] = ctx["snapshot"]
+    report = (inputs.config or {}).get("report") or {}
+    record["measurements"] = ctx["measurements"]
+    record["compare"] = {"against": report.get("compare_to") or changes.PREVIOUS,
+                         "margin": report.get("regression_margin", changes.MARGIN),
+                         "confidence": (ctx["analysis"].get("settings") or {}).get("confidence", 0.95)}
     record["baseline"] = ctx["baseline"]
     record["measured_at"] = ctx["measured_at"]
     record["entry"] = {"n": record["n"], "hash": record["hash"], "pdf": f"{record['name']}.pdf",
@@ -500,12 +505,19 @@ def version_of(ctx: dict, inputs: ReportInputs, template_dir: str | Path, versio
 
 
 def with_version(ctx: dict, record: dict, versions_dir: str | Path) -> dict:
-    """The context with this build's version and the comparison with the previous version (a row's
-    partial_now: the length is partial in this version, marked like every per-length row)."""
-    cmp = versions.comparison(versions_dir, record["previous"], ctx["snapshot"])
+    """The context with this build's version and its comparison with the version it is compared with
+    (longctx.report.changes; `missing` says why there is none; a row's partial_now: the length is partial in this
+    version, marked like every per-length row)."""
+    settings = record.get("compare") or {}
+    try:
+        before, why = changes.baseline_of(versions_dir, record, settings.get("against"))
+        cmp = changes.compare(before, record, settings.get("margin", changes.MARGIN), settings.get("confidence", 0.95)) \
+            if before else {"missing": why, "sentence": None}
+    except changes.VersionError as exc:
+        cmp = {"missing": str(exc.code), "sentence": None}
+    cmp["against"] = settings.get("against") or changes.PREVIOUS
     keys = set((ctx.get("partial") or {}).get("keys") or [])
-    for r in (cmp or {}).get("rows") or []:
-        r["key"] = f"{r['configuration']}:{r['length']}"
+    for r in cmp.get("rows") or []:
         r["partial_now"] = r["key"] in keys
     return {**ctx, "version": record, "comparison": cmp}
 

@@ -4,8 +4,10 @@ The hash covers what the document is made of: the data files, every file under t
 longctx code, and the options and provenance the document prints (configuration, baseline, git
 commit, package versions). The same inputs give the same hash and so the same version number: a
 rebuild of unchanged inputs is the same version with the same bytes, and N counts up only when
-something changed. Beside each PDF, longctx-v{N}-{hash}.json keeps the per-length medians, so the
-next version can show what changed (same configuration and length: difference and ratio).
+something changed. Beside each PDF, longctx-v{N}-{hash}.json keeps its record: every successful
+single-request trial (TTFT, TPOT, decode rate, the run that measured it) and what identifies each
+configuration's measurements (engine and version, hardware, model and settings, kernel sources, spec
+hash), so that any later version can be compared with it, with intervals (longctx.report.changes).
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..analysis.tables import ok_rows
 from ..core.errors import write_atomic
 from ..core.hashing import digest
-from ..core.numbers import ratio
+from ..core.secrets import mask
 from .numbers import is_number
+from .wording import engine_version
 
 LOG = "log.json"
 CODE_DIR = Path(__file__).resolve().parents[1]  # the longctx package, every stage
-# The medians a version keeps for the next one to compare with.
-SNAPSHOT_COLUMNS = ("ttft_s", "tpot_s", "decode_tok_s")
+# What a version keeps of each trial, for any later version to compare with.
+TRIAL_COLUMNS = ("ttft_s", "tpot_s", "decode_tok_s")
 
 
 def _sha256(path: Path) -> str:
@@ -68,13 +72,41 @@ def assign(versions_dir: str | Path, content: str) -> dict:
             "previous": history[-1] if history else None, "history": history}
 
 
-def snapshot(med: pd.DataFrame) -> list[dict]:
-    """The per-length medians a version keeps (plain floats, None where not measured)."""
-    rows = []
-    for r in med.sort_values(["configuration", "length"]).to_dict("records"):
-        rows.append({"configuration": r["configuration"], "length": int(r["length"]),
-                     **{k: float(r[k]) if is_number(r.get(k)) else None for k in SNAPSHOT_COLUMNS}})
-    return rows
+def _plain(value):
+    return float(value) if is_number(value) else None
+
+
+def machine(hw: dict | None) -> dict | None:
+    """What makes two machines the same for a comparison: the CPU, the CPUs usable, the GPUs' names."""
+    if not hw:
+        return None
+    return {"cpu": hw.get("cpu"), "usable_cpus": hw.get("usable_cpus"),
+            "gpus": sorted(str(g.get("name")) for g in hw.get("gpus") or [])}
+
+
+def identity(entry: dict) -> dict:
+    """What identifies a configuration's measurements, from its provenance.json entry: engine and version, hardware,
+    model, settings (ConfigurationSpec.settings: shown and hashed), kernel (name, build hash, source hashes) and
+    spec hash."""
+    settings = entry.get("settings") or {}
+    kernel = entry.get("kernel")
+    return {"engine": entry.get("engine"), "engine_version": engine_version(entry), "hardware": machine(entry.get("hardware")),
+            "model": mask(entry.get("model")), "settings": settings.get("shown"), "settings_hash": settings.get("hash"),
+            "kernel": {k: kernel.get(k) for k in ("name", "build_hash", "sources")} if kernel else None,
+            "spec_hash": entry.get("spec_hash")}
+
+
+def measurements(df: pd.DataFrame, provenance: dict) -> dict:
+    """What a version keeps: every successful single-request trial (results.csv's ok_rows) with the run that
+    measured it, and per configuration its identity."""
+    ok = ok_rows(df).sort_values(["configuration", "length", "trial"], kind="stable")
+    trials = [{"configuration": str(r["configuration"]), "length": int(r["length"]),
+               "trial": int(r["trial"]) if is_number(r.get("trial")) else None,
+               "run_id": r["run_id"] if isinstance(r.get("run_id"), str) else None,
+               **{k: _plain(r.get(k)) for k in TRIAL_COLUMNS}} for r in ok.to_dict("records")]
+    entries = provenance.get("configurations") or {}
+    names = sorted(str(n) for n in df["configuration"].unique())
+    return {"configurations": {n: identity(entries.get(n) or {}) for n in names}, "trials": trials}
 
 
 def register(versions_dir: str | Path, record: dict, pdf: str | Path) -> Path:
@@ -94,32 +126,19 @@ def register(versions_dir: str | Path, record: dict, pdf: str | Path) -> Path:
     return target
 
 
-def comparison(versions_dir: str | Path, previous: dict | None, now: list[dict]) -> dict:
-    """This version against the previous one: per configuration and length measured by both, the
-    difference and ratio of TTFT and decode rate; and what only one of them measured."""
-    if previous is None:
-        return {"previous": None, "rows": [], "missing": None, "only_now": [], "only_before": []}
-    path = Path(versions_dir) / f"longctx-v{previous['n']}-{previous['hash']}.json"
+def record_path(versions_dir: str | Path, entry: dict) -> Path:
+    return Path(versions_dir) / f"longctx-v{entry['n']}-{entry['hash']}.json"
+
+
+def find(versions_dir: str | Path, n: int) -> tuple[dict | None, str | None]:
+    """The kept record of version n, or None and why not (never built, or its record cannot be read)."""
+    log = read_log(versions_dir)
+    entry = next((e for e in log if e["n"] == n), None)
+    if entry is None:
+        kept = ", ".join(f"v{e['n']}" for e in log) or "none"
+        return None, f"there is no v{n} in {Path(versions_dir) / LOG} (kept: {kept})"
+    path = record_path(versions_dir, entry)
     try:
-        before = json.loads(path.read_text())["snapshot"]
-    except (OSError, json.JSONDecodeError, KeyError) as exc:
-        return {"previous": previous, "rows": [], "missing": f"{path.name} cannot be read ({type(exc).__name__})",
-                "only_now": [], "only_before": []}
-    old = {(r["configuration"], r["length"]): r for r in before}
-    new = {(r["configuration"], r["length"]): r for r in now}
-    rows = []
-    for key in sorted(old.keys() & new.keys()):
-        a, b = old[key], new[key]
-        rows.append({"configuration": key[0], "length": key[1],
-                     "ttft_before_s": a["ttft_s"], "ttft_now_s": b["ttft_s"],
-                     "ttft_diff_s": _diff(b["ttft_s"], a["ttft_s"]), "ttft_ratio": ratio(b["ttft_s"], a["ttft_s"]),
-                     "decode_before_tok_s": a["decode_tok_s"], "decode_now_tok_s": b["decode_tok_s"],
-                     "decode_diff_tok_s": _diff(b["decode_tok_s"], a["decode_tok_s"]),
-                     "decode_ratio": ratio(b["decode_tok_s"], a["decode_tok_s"])})
-    return {"previous": previous, "rows": rows, "missing": None,
-            "only_now": [{"configuration": c, "length": n} for c, n in sorted(new.keys() - old.keys())],
-            "only_before": [{"configuration": c, "length": n} for c, n in sorted(old.keys() - new.keys())]}
-
-
-def _diff(now, before) -> float | None:
-    return now - before if is_number(now) and is_number(before) else None
+        return json.loads(path.read_text()), None
+    except (OSError, json.JSONDecodeError) as exc:
+        return None, f"v{n}'s record {path} cannot be read ({type(exc).__name__})"

@@ -288,6 +288,7 @@ def import_configuration(spec: ConfigurationSpec, outdir: str | Path) -> list[in
         "kv_pool": {"given": {"tokens": imp["kv_pool_tokens"], "key": f"configurations.{spec.name}.kv_pool_tokens"}}
         if imp.get("kv_pool_tokens") else {},
         "engine_version": None,
+        "settings": spec.settings(),
         "telemetry": "off",
         "imported": imported_provenance(spec, runs, paths, unplaced),
         "git": provenance.git_info(),

@@ -1,0 +1,75 @@
+"""The loop after a kernel edit, end to end: real Snakemake, the real reference engine, real TeX. The workflow, then an
+edit to the PyTorch reference kernel that makes decode slower at long contexts only (from 2,048 cells on it computes
+the attention scores 128 times over: the same work each time, so the slowdown is steady; a slowdown that allocates a
+large buffer a step varied 30% from trial to trial with malloc and gave intervals too wide to call), the rerun, `longctx gate`; then the edit reverted, the rerun, the gate against the
+first version."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ENV, ROOT, copy_workflow, snakemake
+from .test_report import pdftotext
+
+pytestmark = pytest.mark.slow
+
+KERNEL = "kernels/reference/paged_mla_decode.py"
+CELLS = "        kv = _cells(pages, page_table[b, : -(-n // page_size)], n, dim)\n"
+SLOW = CELLS + "        for _ in range(128 if n >= 2048 else 0):  # long contexts: the scores computed 128 times over\n" \
+                "            torch.matmul(q[b], kv.t())\n"
+
+
+def gate(cwd, *args) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "longctx.cli", "gate", *args], cwd=cwd, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def run(cwd, *targets, check=True) -> str:
+    return snakemake(cwd, "--cores", "1", *targets, "--configfile", "versions.yaml", check=check)
+
+
+def test_a_kernel_edit_that_slows_long_contexts_fails_the_gate_and_its_revert_passes(tmp_path):
+    work = copy_workflow(tmp_path)
+    shutil.copy(ROOT / "tests" / "configs" / "versions.yaml", work / "versions.yaml")
+    run(work)
+    assert gate(work) == (2, "nothing to compare: v1 is the first version: nothing to compare with\n")
+
+    kernel = work / KERNEL
+    original = kernel.read_text()
+    assert original.count(CELLS) == 1
+    kernel.write_text(original.replace(CELLS, SLOW))
+    out = run(work)
+    assert "bench_configuration" in out  # the edit reran the configuration that uses the kernel
+    code, lines = gate(work)
+    print(lines)
+    assert code == 1, lines
+    named = re.findall(r"^page16 at ([\d,]+) tokens: (\w+) now/before ([\d.]+) \[([\d.]+), ([\d.]+)\], n=3/3, slower beyond "
+                       r"the 5% margin against v1$", lines, re.M)
+    assert len(named) == len(lines.splitlines()), lines
+    assert {(L, f) for L, f, *_ in named} >= {("2,048", "decode"), ("4,096", "decode")}, lines
+    assert not {L for L, *_ in named} & {"256", "512"}, lines  # the short lengths did not get slower
+    # the Snakemake target fails the same way, naming them
+    out = run(work, "report/gate.json", check=False)
+    assert "Error in rule check_regressions" in out and "page16 at 4,096 tokens: decode now/before" in out, out[-3000:]
+    # page one of the PDF and the Markdown twin say it in one sentence
+    page_one = pdftotext(work / "report" / "longctx.pdf").split("\f")[0]
+    flat = " ".join(page_one.split())
+    assert re.search(r"The change to kernel paged_mla_decode_torch since v1 made decode in page16 [\d.]+x \[[\d.]+, [\d.]+\] "
+                     r"slower at [\d,]+ tokens, n=3/3; slower beyond the 5% margin: decode in page16 at [\d, and]*4,096 tokens",
+                     flat), flat
+    twin = (work / "report" / "longctx.md").read_text()
+    assert "The change to kernel paged\\_mla\\_decode\\_torch since v1 made decode in page16" in twin
+    assert "## Change since v1" in twin and "**Slower beyond the margin**" in twin
+
+    kernel.write_text(original)
+    run(work)
+    code, lines = gate(work, "--against", "v1")
+    print(lines)
+    assert code == 0 and lines.startswith("no regression beyond the 5% margin against v1: 4 configuration and lengths"), lines
+    assert gate(work)[0] == 0  # against v2, the previous version: faster again, no regression
