@@ -131,6 +131,7 @@ def compare(before: dict, now: dict, margin: float = MARGIN, confidence: float =
     ids_b, ids_n = before["measurements"]["configurations"], now["measurements"]["configurations"]
     tb, tn = _trials(before), _trials(now)
     why_not = {c: unlike(ids_b[c], ids_n[c]) for c in sorted(ids_b.keys() & ids_n.keys())}
+
     def alike(c: str) -> bool:
         return c in why_not and not why_not[c]
 
