@@ -297,9 +297,7 @@ def _compare(a) -> int:
             if record is None:
                 raise changes.VersionError(why)
             records.append(record)
-        settings = records[1].get("compare") or {}
-        margin = settings.get("margin", changes.MARGIN) if a.margin is None else a.margin
-        cmp = changes.compare(records[0], records[1], margin, settings.get("confidence", 0.95))
+        cmp = changes.against_record(*records, a.margin)
     except SystemExit as exc:  # VersionError, or a version log that cannot be read
         _say_lines(a, [f"nothing to compare: {exc.code}"])
         return 2

@@ -170,7 +170,8 @@ def detectable_change(noise: float, n_before: int, n_now: int, level: float, mar
 
 def change(before, now, smaller_is_faster: bool, level: float, margin: float) -> dict | None:
     """`now`'s trials against `before`'s (non-positive and NaN values left out), as a row of a family at `level`
-    (family_level): {ratio: now/before of the geometric means, ci: its Welch interval [low, high] or None, verdict
+    (family_level): {ratio: now/before of the geometric means, ci: its Welch interval [low, high] or None, speedup and
+    speedup_ci: the same as a speedup (above 1 faster: a TTFT ratio and its interval inverted), verdict
     (as `verdict` reads the speedup: faster, slower, no measurable difference, no interval), beyond_margin (the
     whole interval lies beyond `margin` on the side of its verdict: a TTFT ratio above 1 + margin, a rate ratio
     below 1 / (1 + margin), or the reverse), regression (slower beyond the margin), trials now and before, noise
@@ -185,6 +186,6 @@ def change(before, now, smaller_is_faster: bool, level: float, margin: float) ->
     said = verdict(speed)
     beyond = speed is not None and (speed[1] < 1 / (1 + margin) if said == SLOWER else speed[0] > 1 + margin if said == FASTER else False)
     noise = log_noise(b, o) if min(len(b), len(o)) >= 2 else math.nan
-    return {"ratio": ratio, "ci": ci, "verdict": said, "beyond_margin": bool(beyond), "regression": bool(beyond and said == SLOWER),
+    return {"ratio": ratio, "ci": ci, "speedup": 1 / ratio if smaller_is_faster else ratio, "speedup_ci": speed, "verdict": said, "beyond_margin": bool(beyond), "regression": bool(beyond and said == SLOWER),
             "trials": int(len(o)), "trials_before": int(len(b)), "noise": noise if math.isfinite(noise) else None,
             "detectable": detectable_change(median_unbiased(noise, len(b) + len(o) - 2), len(b), len(o), level, margin)}

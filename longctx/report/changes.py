@@ -186,13 +186,6 @@ def _changed_files(a: dict | None, b: dict | None) -> list[str]:
     return sorted(f for f in set(sa) | set(sb) if sa.get(f) != sb.get(f))
 
 
-def speedup(c: dict, figure: str) -> tuple[float, list[float] | None]:
-    """A figure's change as a speedup (above 1 faster: TTFT before/now, decode rate now/before) and its interval."""
-    if FIGURES[figure][1]:
-        return 1 / c["ratio"], [1 / c["ci"][1], 1 / c["ci"][0]] if c["ci"] else None
-    return c["ratio"], list(c["ci"]) if c["ci"] else None
-
-
 def _times(x: float) -> str:
     return f"{sig(x, 2) if x < 10 else rounded(x)}x"
 
@@ -205,7 +198,7 @@ def effect_words(r: dict, figure: str) -> str:
     """'decode in page1-twin 1.8x [1.6, 2.0] faster at 16,384 tokens, n=3/3' (a slower one by the factor it
     slowed by)."""
     c = r[figure]
-    s, ci = speedup(c, figure)
+    s, ci = c["speedup"], c["speedup_ci"]
     slower = c["verdict"] == SLOWER
     factor, lo, hi = (1 / s, 1 / ci[1], 1 / ci[0]) if slower else (s, ci[0], ci[1])
     return (f"{FIGURES[figure][2]} in {r['configuration']} {_times(factor)} [{sig(lo, 2)}, {sig(hi, 2)}] "
@@ -287,6 +280,14 @@ def regression_line(g: dict, against: str, margin: float) -> str:
             f"{_pct(margin)} margin against {against}")
 
 
+def against_record(before: dict, record: dict, margin: float | None = None) -> dict:
+    """compare(before, record) with the margin and confidence `record` was made with (its "compare": report.
+    regression_margin, the fits' confidence), or `margin` where given."""
+    settings = record.get("compare") or {}
+    return compare(before, record, settings.get("margin", MARGIN) if margin is None else margin,
+                   settings.get("confidence", 0.95))
+
+
 def gate(version_json: str | Path, versions_dir: str | Path | None = None, against: str | None = None,
          margin: float | None = None) -> tuple[int, dict, list[str]]:
     """`longctx gate`: this version (version_json, the record the report was built from) against `against`
@@ -299,18 +300,17 @@ def gate(version_json: str | Path, versions_dir: str | Path | None = None, again
     except (OSError, json.JSONDecodeError) as exc:
         return 2, {"error": f"{path}: {exc}"}, [f"nothing to compare: {path} cannot be read ({type(exc).__name__}); "
                                                 "build the report first (snakemake --cores 1 report/longctx.pdf)"]
-    settings = record.get("compare") or {}
-    against = against or settings.get("against") or PREVIOUS
-    margin = settings.get("margin", MARGIN) if margin is None else margin
+    against = against or (record.get("compare") or {}).get("against") or PREVIOUS
     versions_dir = Path(versions_dir) if versions_dir else path.parent / "versions"
     try:
         before, why = baseline_of(versions_dir, record, against)
         if before is None:
             return 2, {"error": why}, [f"nothing to compare: {why}"]
-        cmp = compare(before, record, margin, settings.get("confidence", 0.95))
+        cmp = against_record(before, record, margin)
     except SystemExit as exc:  # VersionError, or a version log that cannot be read
         return 2, {"error": str(exc.code)}, [f"nothing to compare: {exc.code}"]
     name = f"v{before['n']}"
+    margin = cmp["margin"]
     answer = {"against": name, "version": f"v{record['n']}", "margin": margin, "regressions": cmp["regressions"],
               "compared": cmp["compared"], "same_measurements": cmp["same"], "not_compared": cmp["unlike"]}
     if not cmp["compared"]:

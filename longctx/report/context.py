@@ -511,8 +511,7 @@ def with_version(ctx: dict, record: dict, versions_dir: str | Path) -> dict:
     settings = record.get("compare") or {}
     try:
         before, why = changes.baseline_of(versions_dir, record, settings.get("against"))
-        cmp = changes.compare(before, record, settings.get("margin", changes.MARGIN), settings.get("confidence", 0.95)) \
-            if before else {"missing": why, "sentence": None}
+        cmp = changes.against_record(before, record) if before else {"missing": why, "sentence": None}
     except changes.VersionError as exc:
         cmp = {"missing": str(exc.code), "sentence": None}
     cmp["against"] = settings.get("against") or changes.PREVIOUS
