@@ -1,8 +1,10 @@
 """The loop after a kernel edit, end to end: real Snakemake, the real reference engine, real TeX. The workflow, then an
 edit to the PyTorch reference kernel that makes decode slower at long contexts only (from 2,048 cells on it computes
 the attention scores 128 times over: the same work each time, so the slowdown is steady; a slowdown that allocates a
-large buffer a step varied 30% from trial to trial with malloc and gave intervals too wide to call), the rerun, `longctx gate`; then the edit reverted, the rerun, the gate against the
-first version."""
+large buffer a step varied 30% from trial to trial with malloc and gave intervals too wide to call), the rerun,
+`longctx gate`; then the edit reverted, the rerun, the gate against the first version. The config's margin, 30%, is
+above what this shared VM drifts between whole runs of unchanged code (bench/rerun_drift.sh; once 25% in decode at
+every length, with the 5% default the revert failed the gate then)."""
 
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ def test_a_kernel_edit_that_slows_long_contexts_fails_the_gate_and_its_revert_pa
     print(lines)
     assert code == 1, lines
     named = re.findall(r"^page16 at ([\d,]+) tokens: (\w+) now/before ([\d.]+) \[([\d.]+), ([\d.]+)\], n=3/3, slower beyond "
-                       r"the 5% margin against v1$", lines, re.M)
+                       r"the 30% margin against v1$", lines, re.M)
     assert len(named) == len(lines.splitlines()), lines
     assert {(L, f) for L, f, *_ in named} >= {("2,048", "decode"), ("4,096", "decode")}, lines
     assert not {L for L, *_ in named} & {"256", "512"}, lines  # the short lengths did not get slower
@@ -61,7 +63,7 @@ def test_a_kernel_edit_that_slows_long_contexts_fails_the_gate_and_its_revert_pa
     page_one = pdftotext(work / "report" / "longctx.pdf").split("\f")[0]
     flat = " ".join(page_one.split())
     assert re.search(r"The change to kernel paged_mla_decode_torch since v1 made decode in page16 [\d.]+x \[[\d.]+, [\d.]+\] "
-                     r"slower at [\d,]+ tokens, n=3/3; slower beyond the 5% margin: decode in page16 at [\d, and]*4,096 tokens",
+                     r"slower at [\d,]+ tokens, n=3/3; slower beyond the 30% margin: decode in page16 at [\d, and]*4,096 tokens",
                      flat), flat
     twin = (work / "report" / "longctx.md").read_text()
     assert "The change to kernel paged\\_mla\\_decode\\_torch since v1 made decode in page16" in twin
@@ -71,5 +73,5 @@ def test_a_kernel_edit_that_slows_long_contexts_fails_the_gate_and_its_revert_pa
     run(work)
     code, lines = gate(work, "--against", "v1")
     print(lines)
-    assert code == 0 and lines.startswith("no regression beyond the 5% margin against v1: 4 configuration and lengths"), lines
+    assert code == 0 and lines.startswith("no regression beyond the 30% margin against v1: 4 configuration and lengths"), lines
     assert gate(work)[0] == 0  # against v2, the previous version: faster again, no regression
