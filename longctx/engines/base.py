@@ -267,6 +267,18 @@ class EngineAdapter(ABC):
         """Server-wide speculative counters (for engines that report acceptance only as metrics)."""
         return None
 
+    def drafting_flag(self, flag: str) -> bool:
+        """Whether an engine flag (without its dashes) is one of its speculative decoding's: SGLang's and the
+        reference engine's speculative-algorithm and speculative-*, vLLM's speculative-config. Two configurations
+        that differ only in these are one server with and without drafting (longctx.analysis.drafting)."""
+        return flag.startswith("speculative")
+
+    def tokenizer(self, spec: ConfigurationSpec):
+        """The engine's own tokenizer where the engine has one of its own (not the model's), with
+        longctx.measure.prompts.Tokenizer's interface (encode, decode, piece, vocab_size, special, path, library);
+        None where the model's tokenizer (model.tokenizer, model.path) is the server's, or none is known."""
+        return None
+
     # --- what the engine's flags mean ---------------------------------------------------------
     def tp_size(self, args: dict[str, Any]) -> int:
         """Tensor-parallel ranks (1 for an engine without tensor parallelism)."""

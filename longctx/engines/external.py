@@ -37,9 +37,21 @@ class ExternalAdapter(EngineAdapter):
         """Its page or block size is not ours to know: config key prefix.granularity says it, or nothing does."""
         return (spec.prefix or {}).get("granularity")
     devices = ("cpu", "gpu", "remote")  # what configurations.<name>.device may say (config/schema.yaml)
+    _without_spec_counters: set[str] = set()  # base URLs whose /metrics had no speculative counters
 
     def api(self, spec: ConfigurationSpec):
         return APIS[spec.api]
+
+    def spec_counters(self, client, base: str) -> dict | None:
+        """vLLM's speculative counters, where the server's /metrics serves them (whatever the server is; vLLM serves
+        them, at 0, from its start where it drafts). A server whose /metrics had none the first time is not asked
+        again: nothing is sent between a run's requests that the run does not need."""
+        if base in self._without_spec_counters:
+            return None
+        found = VLLMAdapter.spec_counters(self, client, base)
+        if found is None:
+            self._without_spec_counters.add(base)
+        return found
 
     def device(self, spec: ConfigurationSpec) -> str:
         """configurations.<name>.device: 'cpu' or 'gpu' of this machine (the one that runs the bench job),

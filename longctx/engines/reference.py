@@ -60,6 +60,12 @@ class ReferenceAdapter(EngineAdapter):
     def python(self, spec: ConfigurationSpec) -> str:
         return spec.python or sys.executable
 
+    def tokenizer(self, spec: ConfigurationSpec):
+        """Its byte-level tokenizer (token ids 0-255 are the text's UTF-8 bytes)."""
+        from ..refengine.tokenizer import ByteTokenizer
+
+        return ByteTokenizer()
+
     def installed_version(self, spec: ConfigurationSpec) -> str | None:
         from .. import __version__
 

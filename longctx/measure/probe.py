@@ -12,7 +12,8 @@ import httpx
 
 from .bodies import JSON_HEADERS, request_body
 from .health import ServerError
-from .prompts import PromptError, Prompter, PromptPlan, TextPrompts, load_tokenizer
+from .prompts import PromptError, Prompter, PromptPlan, RandomIds, TextPrompts, load_tokenizer
+from .text import RANDOM, STDLIB, DocumentText
 from .stream import EVENT_RULES, StreamRecord, stream_generate
 from .workload import prompt_ids
 
@@ -93,14 +94,35 @@ def _works_at_all(client: httpx.Client, url: str, api: str, model: str, timeout_
     _server_failed(rec, "token-id prompt and a short text prompt alike")
 
 
-def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, model_cfg: dict, timeout_s: float) -> tuple[PromptPlan, Prompter]:
+NO_TOKENIZER = ("the server's tokenizer is not known here (model.tokenizer, or model.path holding the model's "
+                "tokenizer.json, makes it known)")
+
+
+def text_source(proto: dict, tok) -> tuple[DocumentText | None, dict]:
+    """The real text prompts are cut from (protocol.text_source), or None for random prompts, and the words that say
+    which (PromptPlan.text_source): random where the setting says so, or, for stdlib, where no tokenizer is known
+    (a path without one is a config error, said before any server starts: measure.session)."""
+    setting = proto.get("text_source", STDLIB)
+    if setting == RANDOM:
+        return None, {"kind": "random", "source": RANDOM, "why": "protocol.text_source: random"}
+    if tok is None:
+        if setting != STDLIB:
+            raise PromptError(f"protocol.text_source names {setting!r}, but {NO_TOKENIZER}")
+        return None, {"kind": "random", "source": RANDOM, "why": NO_TOKENIZER}
+    return DocumentText(tok, setting), {"kind": "text", "source": setting}
+
+
+def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, model_cfg: dict, timeout_s: float,
+          engine_tokenizer=None) -> tuple[PromptPlan, Prompter]:
     """Ask the server once (twice or three times where the first answers say to) how it takes
     prompts and counts tokens; the plan and the Prompter that follows it. PromptError where it takes
-    none, with every answer."""
+    none, with every answer. The prompts are cut from real text (measure.text) where a tokenizer is known: the
+    model's (model.tokenizer, model.path), else the engine's own (`engine_tokenizer`, the adapter's)."""
     plan = PromptPlan()
     wanted = proto.get("prompt", "auto")
-    tok = load_tokenizer(model_cfg)
-    text_prompts = None
+    tok = load_tokenizer(model_cfg) or engine_tokenizer
+    document, plan.text_source = text_source(proto, tok)
+    source = document or RandomIds(proto["token_id_range"])
     ids = prompt_ids(PROBE_TOKENS, proto["seed"], "probe", tuple(proto["token_id_range"]))
     # the OpenAI client counts every event while probing, to learn which ones are tokens
     rec = None
@@ -118,8 +140,8 @@ def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, mod
             raise PromptError(f"the server takes no token-id prompt ({'; '.join(plan.answers) or 'protocol.prompt: text'}); "
                               "text prompts of exact lengths need the model's own tokenizer: set model.tokenizer to a "
                               "directory with its tokenizer.json (or model.path to the model's directory)")
-        text_prompts = TextPrompts(tok)
-        prompt = text_prompts.text(PROBE_TOKENS, proto["seed"], "probe")
+        source = document or TextPrompts(tok)
+        prompt = source.text(PROBE_TOKENS, proto["seed"], "probe")
         rec = stream_generate(client, url, request_body(api, prompt, PROBE_OUTPUT, model), timeout_s, api, "every")
         plan.answers.append(_answer(rec, f"text prompt of {PROBE_TOKENS} tokens"))
         _authorized(rec, client)
@@ -152,4 +174,6 @@ def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, mod
                                 "taken as one token (estimated)")
     assert plan.events in EVENT_RULES
     log.info("prompt probe: %s", plan.describe())
-    return plan, Prompter(api, model, proto, plan, text_prompts)
+    if plan.text_source["kind"] == "random":
+        plan.text_source["what"] = "random words" if plan.prompt == "text" else "random token ids"
+    return plan, Prompter(api, model, proto, plan, source, tok)

@@ -148,6 +148,20 @@ class TextPrompts:
                           f"(the closest had {count})")
 
 
+class RandomIds:
+    """Random token ids in protocol.token_id_range (measure.workload.prompt_ids): for a server whose tokenizer is
+    not known, or protocol.text_source: random."""
+
+    def __init__(self, token_range):
+        self.low, self.high = (int(x) for x in token_range)
+
+    def ids(self, n: int, seed: int, unique_key: str, lead: int | None = None) -> list[int]:
+        ids = prompt_ids(n, seed, unique_key, (self.low, self.high))
+        if lead is not None and ids:
+            ids[0] = self.low + lead % (self.high - self.low)
+        return ids
+
+
 # --- the probe's decisions ----------------------------------------------------------------------
 
 @dataclass
@@ -160,6 +174,7 @@ class PromptPlan:
     tokenizer: str | None = None  # the tokenizer's path, where text prompts are built with it
     tokenizer_library: str | None = None
     answers: list[str] = field(default_factory=list)  # what each probe request got, in order
+    text_source: dict = field(default_factory=dict)  # what the prompts are cut from (measure.probe.text_source)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -169,8 +184,23 @@ class PromptPlan:
         how = "token ids" if self.prompt == "token_ids" else f"text built with the tokenizer at {self.tokenizer}"
         counts = USAGE_WORDS[self.usage]
         exact = "" if self.events_exact else " (estimated)"
-        return (f"prompts as {how}; the server adds {self.added_tokens} token(s) to each; counts from {counts}; "
-                f"events counted by rule {self.events!r}{exact}")
+        return (f"prompts as {how}, {text_words(self.text_source)}; the server adds {self.added_tokens} token(s) to "
+                f"each; counts from {counts}; events counted by rule {self.events!r}{exact}")
+
+
+def text_words(source: dict | None) -> str:
+    """What a configuration's prompts were cut from, in words (its PromptPlan.text_source)."""
+    if not source:
+        return "random token ids or words (recorded before protocol.text_source)"
+    if source.get("kind") != "text":
+        return f"{source.get('what', 'random')} ({source.get('why')})"
+    where = ("the Python standard library's documentation and source" if source["source"] == "stdlib"
+             else f"the documents at {source['source']}")
+    if source.get("tokens") is None:
+        return f"real text: {where}"
+    span = f"{source['first']}" + (f" to {source['last']}" if source.get("last") != source.get("first") else "")
+    return (f"real text: {where}, the first {source['tokens']:,} tokens of it ({source['documents']:,} "
+            f"document{'s' if source['documents'] != 1 else ''}, {source['characters']:,} characters: {span})")
 
 
 USAGE_WORDS = {"stream": "the stream's usage", "response": "non-streamed responses only (each trial counted here)",
@@ -178,19 +208,24 @@ USAGE_WORDS = {"stream": "the stream's usage", "response": "non-streamed respons
 
 
 class Prompter:
-    """Request bodies of a length L as the server counts it, and each trial's counts completed as planned."""
+    """Request bodies of a length L as the server counts it, and each trial's counts completed as planned. `source`
+    makes the prompts: ids(n, seed, key, lead) where the server takes token ids, text(...) where it takes text
+    (measure.text.DocumentText, real text; TextPrompts, random words; RandomIds, random token ids: the default)."""
 
-    def __init__(self, api: str, model: str, proto: dict, plan: PromptPlan, text: TextPrompts | None = None):
-        self.api, self.model, self.proto, self.plan, self._text = api, model, proto, plan, text
+    def __init__(self, api: str, model: str, proto: dict, plan: PromptPlan, source=None, tokenizer: "Tokenizer | None" = None):
+        self.api, self.model, self.proto, self.plan, self.tokenizer = api, model, proto, plan, tokenizer
+        self.source = source or RandomIds(proto["token_id_range"])
+
+    def _tokens(self, n: int, key: str, lead: int | None = None):
+        make = self.source.text if self.plan.prompt == "text" else self.source.ids
+        return make(n, self.proto["seed"], key, lead)
 
     def prompt(self, length: int, unique_key: str) -> list[int] | str:
         n = length - self.plan.added_tokens
         if n < 1:
             raise PromptError(f"a length of {length} leaves no room beside the {self.plan.added_tokens} token(s) "
                               "the server adds to every prompt")
-        if self.plan.prompt == "text":
-            return self._text.text(n, self.proto["seed"], unique_key)
-        return prompt_ids(n, self.proto["seed"], unique_key, tuple(self.proto["token_id_range"]))
+        return self._tokens(n, unique_key)
 
     def body(self, length: int, unique_key: str, output_tokens: int) -> bytes:
         return request_body(self.api, self.prompt(length, unique_key), output_tokens, self.model)
@@ -212,25 +247,19 @@ class Prompter:
         n = tokens - self.plan.added_tokens
         if n <= 0:
             return "" if self.plan.prompt == "text" else []
-        if self.plan.prompt == "text":
-            return self._text.text(n, self.proto["seed"], key)
-        return prompt_ids(n, self.proto["seed"], key, tuple(self.proto["token_id_range"]))
+        return self._tokens(n, key)
 
     def extend(self, head, tokens: int, key: str, lead: int):
         """head followed by `tokens` new tokens drawn from key, the first of them chosen by `lead`: two
         extensions of one head with different leads part at their first new token (a prefix cache can match
         nothing of one in the other beyond the head)."""
-        if self.plan.prompt == "text":
-            return head + self._text.text(tokens, self.proto["seed"], key, lead=lead)
-        low, high = self.proto["token_id_range"]
-        ids = prompt_ids(tokens, self.proto["seed"], key, (low, high))
-        ids[0] = low + lead % (high - low)
-        return [*head, *ids]
+        new = self._tokens(tokens, key, lead)
+        return head + new if self.plan.prompt == "text" else [*head, *new]
 
     def count(self, prompt) -> int:
         """Tokens of a prompt as the server counts them: the ones it adds, and ours (text encoded with the
         tokenizer the prompts are built with)."""
-        ours = len(self._text.tokenizer.encode(prompt)) if isinstance(prompt, str) else len(prompt)
+        ours = len(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else len(prompt)
         return self.plan.added_tokens + ours
 
     def body_of(self, prompt, output_tokens: int, extra: dict | None = None) -> bytes:

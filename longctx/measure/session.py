@@ -15,15 +15,18 @@ from pathlib import Path
 
 import httpx
 
+from ..core.errors import ConfigError
 from ..core.secrets import mask, mask_argv, scrub
 from ..engines import ConfigurationSpec, EngineAdapter
 from ..specs.pool import observed_pool
 from .health import ExternalServer, NoHealthPath, ServerError
 from .process import ManagedServer, PortTaken, free_port, pid_file, reap_stray
 from .provenance import model_provenance
+from .probe import NO_TOKENIZER
 from .probe import probe as prompt_probe
 from .prompts import Prompter, PromptError, tokenizer_path
 from .telemetry import telemetry_source
+from .text import STDLIB, DocumentText, TextSourceError, source_path
 from .transport import timed_client
 
 log = logging.getLogger("longctx.measure.session")
@@ -64,6 +67,16 @@ def server_env(spec: ConfigurationSpec) -> dict[str, str]:
     return env
 
 
+def longest_prompt(spec: ConfigurationSpec) -> int:
+    """The most prompt tokens one request of this configuration's run asks for: its lengths, the ITL-depth request,
+    the load and reused-context workloads."""
+    load, prefix = spec.load or {}, spec.prefix or {}
+    lengths = [*spec.lengths, spec.protocol.get("itl_depth", {}).get("length") or 0, *load.get("lengths", ()),
+               *(load.get("interference") or {}).get("lengths", ()), *prefix.get("lengths", ()),
+               (prefix.get("conversation") or {}).get("max_context") or 0]
+    return max(int(x) for x in lengths)
+
+
 class FatalServerError(ServerError):
     """A server that no restart can bring up (its engine rejects the command line)."""
 
@@ -85,7 +98,12 @@ class Session:
         self.random_weights = bool(spec.model.get("random_weights"))
         self.starts = 0
         self.preflight_done = False
-        tokenizer_path(spec.model)  # a model.tokenizer that is not there is a config error, before any server starts
+        # a model.tokenizer that is not there, or documents to cut prompts from with no tokenizer to cut them with, is a
+        # config error, before any server starts
+        if source_path(spec.protocol.get("text_source", STDLIB)) and tokenizer_path(spec.model)[0] is None \
+                and adapter.tokenizer(spec) is None:
+            raise ConfigError(f"config key 'protocol.text_source': configuration {spec.name!r} cannot cut prompts from "
+                              f"{spec.protocol['text_source']!r}: {NO_TOKENIZER}; or set protocol.text_source: random")
         self.prompter: Prompter | None = None  # decided by the prompt probe once the server first answers
         self.api_key = spec.api_key()  # unset variable: a config error, before any server starts
         self.headers = spec.auth_headers()  # every client of this server sends them (measure.load's too)
@@ -182,8 +200,10 @@ class Session:
         try:
             plan, self.prompter = prompt_probe(self.client, self.base + self.api.generate_path, self.api.kind,
                                                self.adapter.served_model(spec), spec.protocol, spec.model,
-                                               spec.protocol["request_timeout_s"])
-        except PromptError as exc:  # the same server would answer the same: no restart helps
+                                               spec.protocol["request_timeout_s"], self.adapter.tokenizer(spec))
+            if isinstance(self.prompter.source, DocumentText):  # how much of the text the longest prompt reads
+                plan.text_source.update(self.prompter.source.describe(longest_prompt(spec), spec.protocol["seed"]))
+        except (PromptError, TextSourceError) as exc:  # the same server would answer the same: no restart helps
             raise FatalServerError(f"the prompt probe of configuration {spec.name!r} failed: {exc}") from None
         self.prov["prompt_probe"] = plan.to_dict()
         progress.info("%s: prompt probe: %s", spec.name, plan.describe())

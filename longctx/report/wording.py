@@ -13,6 +13,7 @@ import json
 
 from ..core.words import listed
 from ..engines import get_adapter
+from ..measure.prompts import text_words
 
 DEVICES = ("cpu", "gpu", "remote")
 DEVICE_WORDS = {"cpu": "the CPU", "gpu": "GPU", "remote": "a remote machine"}
@@ -289,6 +290,7 @@ def prompt_probe(plan: dict | None) -> list[str]:
         out.append(f"prompts sent as text of exact lengths, built with the model's tokenizer at {plan.get('tokenizer')}{lib}")
     else:
         out.append("prompts sent as token ids")
+    out.append(f"their content: {text_words(plan.get('text_source'))}")
     k = plan.get("added_tokens") or 0
     out.append(f"the server adds {k} token{'s' if k != 1 else ''} to every prompt, so a length L was sent as L - {k}"
                if k else "the server adds no tokens to a prompt")

@@ -1,0 +1,189 @@
+"""Real text for prompts: the Python standard library's own documentation and source (on every machine that
+runs longctx, nothing downloaded), or the user's own files, stitched into one long document and cut to an exact
+number of tokens as the server's tokenizer counts them (protocol.text_source).
+
+- ``stdlib``: CPython's ``pydoc_data`` topics (the language reference and library documentation that ``help()``
+  shows: prose with code), then the standard library's own modules (``*.py`` under ``sysconfig``'s stdlib path,
+  by name; tests and site-packages left out): about 100k tokens of prose and millions of code.
+- a path: one file, or every file under a directory (sorted by path; hidden entries and files that are not
+  UTF-8 text left out), read until the text is long enough.
+
+Documents are read and encoded in order, only as far as the longest prompt needs; each ends with a blank line.
+A prompt is a head of HEAD_TOKENS tokens drawn at random from the text's own tokens (unique to the request, so
+that no prefix cache can serve it, as measure.workload's random prompts), then the text from the start of the
+source (``protocol.seed`` moves the start): every trial at a length reads the same document, as every trial of
+the random prompts reads the same body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import ConfigError
+from .workload import PREFIX_TOKENS
+
+HEAD_TOKENS = PREFIX_TOKENS  # the unique head of every prompt
+SEED_STRIDE = 4096  # tokens the text's start moves per protocol.seed
+SEPARATOR = "\n\n"
+RANDOM, STDLIB = "random", "stdlib"
+MAX_FILE_BYTES = 8 << 20  # larger files are not prose or code (a dump, a log): left out of a directory
+
+
+class TextSourceError(RuntimeError):
+    """The source holds too little text for a prompt of the length asked."""
+
+
+def stdlib_documents():
+    """(name, text) of the built-in source in order: pydoc_data's topics, then the stdlib's modules."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # a Python packaged without it: the modules alone
+        topics = {}
+    for name in sorted(topics):
+        yield f"pydoc_data.topics[{name!r}]", topics[name]
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] in ("site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3") or "test" in rel.parts:
+            continue
+        try:
+            yield f"stdlib/{rel}", path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+
+
+def file_documents(root: Path):
+    """(name, text) of a file, or of every UTF-8 text file under a directory (sorted; hidden entries skipped)."""
+    paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()
+                                                 and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    for path in paths:
+        try:
+            if path.stat().st_size > MAX_FILE_BYTES:
+                continue
+            raw = path.read_bytes()
+        except OSError:
+            continue
+        if b"\0" in raw:
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if text.strip():
+            yield str(path if root.is_file() else path.relative_to(root)), text
+
+
+def source_path(setting: str) -> Path | None:
+    """The path protocol.text_source names, or None for random and stdlib; ConfigError where it is not there."""
+    if setting in (RANDOM, STDLIB):
+        return None
+    path = Path(setting).expanduser()
+    if not path.exists():
+        raise ConfigError(f"config key 'protocol.text_source': {setting!r} is neither a file nor a directory; allowed "
+                          "values: random (random words or token ids), stdlib (the Python standard library's "
+                          "documentation and source, built in), or the path of a file or directory of your documents")
+    return path
+
+
+@dataclass
+class Document:
+    name: str
+    start: int  # its first token's index in the stitched text
+    tokens: int
+    chars: int
+
+
+@dataclass
+class DocumentText:
+    """The source's documents encoded with `tokenizer` and stitched, as far as asked: ids(n, ...) and text(n, ...)."""
+
+    tokenizer: object  # encode(text) -> ids, decode(ids) -> text (measure.prompts.Tokenizer or an adapter's)
+    setting: str  # stdlib or the path
+    ids_: list[int] = field(default_factory=list)
+    documents: list[Document] = field(default_factory=list)
+    exhausted: bool = False
+    longest: int = 0  # the most tokens of the text one prompt took so far
+
+    def __post_init__(self):
+        path = source_path(self.setting)
+        self._docs = stdlib_documents() if path is None else file_documents(path)
+        self.ensure(4 * HEAD_TOKENS)
+        if not self.ids_:
+            raise ConfigError(f"config key 'protocol.text_source': {self.setting!r} holds no text (no UTF-8 text file)")
+        # the head's alphabet: tokens of the text's first part that come back as themselves when their text is encoded
+        # again, whole words where the vocabulary marks them (measure.prompts.TextPrompts' rule), so that the head's
+        # tokens do not merge with each other or with what follows
+        self.ensure(2048)
+        tok = self.tokenizer
+        seen = sorted(set(self.ids_[:2048]) - set(getattr(tok, "special", ()) or ()))
+        stable = [i for i in seen if tok.encode(tok.decode([i] * 3)) == [i] * 3]
+        words = [i for i in stable if len(p := tok.piece(i)) > 1 and p[0] in "Ġ▁" and p[1:].isalpha()]
+        self.alphabet = next((a for a in (words, stable) if len(a) >= 16), seen)
+
+    def ensure(self, n: int) -> None:
+        """Encode documents until the stitched text holds n tokens (or the source ends)."""
+        while len(self.ids_) < n and not self.exhausted:
+            try:
+                name, text = next(self._docs)
+            except StopIteration:
+                self.exhausted = True
+                break
+            ids = self.tokenizer.encode(text + SEPARATOR)
+            self.documents.append(Document(name, len(self.ids_), len(ids), len(text)))
+            self.ids_.extend(ids)
+
+    def body(self, n: int, seed: int) -> list[int]:
+        """n tokens of the text from the seed's start."""
+        start = seed * SEED_STRIDE
+        self.ensure(start + n)
+        if start + n > len(self.ids_):
+            raise TextSourceError(f"the text source {self.setting!r} holds {len(self.ids_):,} tokens "
+                                  f"({len(self.documents)} documents) as this tokenizer counts them; a prompt of "
+                                  f"{n + HEAD_TOKENS:,} tokens{f' from protocol.seed {seed}' if seed else ''} needs "
+                                  f"{start + n:,}: add documents to it, or set protocol.text_source: stdlib")
+        self.longest = max(self.longest, start + n)
+        return self.ids_[start:start + n]
+
+    def head(self, n: int, unique_key: str, lead: int | None) -> list[int]:
+        key = int.from_bytes(hashlib.sha256(unique_key.encode()).digest()[:8], "little")
+        head = np.random.default_rng(key).choice(self.alphabet, size=n).tolist()
+        if lead is not None and head:
+            head[0] = self.alphabet[lead % len(self.alphabet)]
+        return head
+
+    def ids(self, n: int, seed: int, unique_key: str, lead: int | None = None) -> list[int]:
+        """n token ids: a head drawn from unique_key (with lead, its first token the alphabet's lead-th), then the text."""
+        h = min(HEAD_TOKENS, n)
+        return self.head(h, unique_key, lead) + self.body(n - h, seed)
+
+    def text(self, n: int, seed: int, unique_key: str, lead: int | None = None) -> str:
+        """Text of exactly n tokens as the tokenizer encodes it: ids(...) decoded, the text trimmed or extended at its
+        end until its encoding has n tokens (tokens may merge where the head meets the text)."""
+        h = min(HEAD_TOKENS, n)
+        head = self.head(h, unique_key, lead)
+        take, count = n - h, -1
+        for _ in range(12):
+            text = self.tokenizer.decode(head + self.body(max(0, take), seed))
+            count = len(self.tokenizer.encode(text))
+            if count == n:
+                return text
+            take += n - count
+        raise TextSourceError(f"no text of exactly {n} tokens could be cut from {self.setting!r} (the closest had {count})")
+
+    def describe(self, longest: int, seed: int = 0) -> dict:
+        """Which source and how much of it the longest prompt (`longest` tokens) reads: the documents its text reaches
+        into, their number and characters, and the tokens of the text it takes."""
+        start = seed * SEED_STRIDE
+        end = start + max(0, longest - HEAD_TOKENS)
+        self.ensure(end)
+        used = [d for d in self.documents if d.start < end and d.start + d.tokens > start]
+        return {"kind": "text", "source": self.setting, "tokens": max(0, min(end, len(self.ids_)) - start),
+                "available": None if not self.exhausted else len(self.ids_),
+                "documents": len(used), "characters": sum(d.chars for d in used),
+                "first": used[0].name if used else None, "last": used[-1].name if used else None,
+                "tokenizer": str(getattr(self.tokenizer, "path", "")) or None}
