@@ -25,6 +25,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -49,14 +50,18 @@ WARMUP, TRIALS = 1, 2
 NEEDLE = {"question": "The secret password is", "answer": "Dog", "output_tokens": 6}  # needle: "The secret password is Dog."
 
 
-def external_config(url: str, model: dict, **conf) -> dict:
+def external_config(url: str, model: dict, lengths=LENGTHS, trials=TRIALS, output_tokens=8, more: dict | None = None,
+                    **conf) -> dict:
+    """The workflow's config for one external server (`real`) at `url`, and `more` configurations beside it."""
     return lcfg.validate({
-        "lengths": LENGTHS,
-        "protocol": {"warmup": WARMUP, "trials": TRIALS, "output_tokens": 8, "request_timeout_s": 300, "needle": NEEDLE},
+        "lengths": lengths,
+        "protocol": {"warmup": WARMUP, "trials": trials, "output_tokens": output_tokens, "request_timeout_s": 300,
+                     "needle": NEEDLE},
         "calibration": {"copy_mib": 16, "matmul_size": 256, "repeats": 3},  # as tests/configs/tiny.yaml: seconds
         "analysis": {"bootstrap": 300},
         "model": {"name": MODEL_NAME, **model},
-        "configurations": {"real": {"engine": "external", "url": url, "api": "openai", "device": "cpu", **conf}},
+        "configurations": {"real": {"engine": "external", "url": url, "api": "openai", "device": "cpu", **conf},
+                           **(more or {})},
     })
 
 
@@ -67,8 +72,8 @@ def run_workflow(work: Path, config: dict) -> Path:
     return work
 
 
-def raw(work: Path, length: int) -> dict:
-    return json.loads((work / "data" / "raw" / "real" / f"{length}.json").read_text())
+def raw(work: Path, length: int, configuration: str = "real") -> dict:
+    return json.loads((work / "data" / "raw" / configuration / f"{length}.json").read_text())
 
 
 def pdf_text(work: Path) -> str:
@@ -86,10 +91,10 @@ def smollm2() -> Path:
     return out
 
 
-def check_needles(work: Path) -> dict[int, dict]:
+def check_needles(work: Path, lengths=LENGTHS) -> dict[int, dict]:
     """Every length's needle probe answered (pass or fail, never failed: each of its requests got HTTP 200 and
     an answer), at least one pass; {length: needle record}."""
-    needles = {length: raw(work, length)["needle"] for length in LENGTHS}
+    needles = {length: raw(work, length)["needle"] for length in lengths}
     for length, n in needles.items():
         assert n["status"] in ("pass", "fail"), (length, n)
         assert n["length_matched"] and abs(n["prompt_tokens"] - length) <= max(16, 0.02 * length), (length, n)
@@ -98,6 +103,7 @@ def check_needles(work: Path) -> dict[int, dict]:
     print("\n" + "\n".join(f"needle at {length}: {n['status']} ({n['prompt_tokens']} tokens): {n['answer']!r}"
                            for length, n in needles.items()))
     df = pd.read_csv(work / "data" / "results.csv")
+    df = df[df["configuration"] == "real"]
     assert {(int(r.length), r.needle) for r in df.itertuples()} == {(length, n["status"]) for length, n in needles.items()}
     return needles
 
@@ -227,28 +233,52 @@ KEY = os.environ.setdefault(KEY_VAR, "lk-" + secrets.token_hex(16))  # conftest.
 ENV[KEY_VAR] = KEY
 
 
-@pytest.fixture(scope="module")
-def vllm_server(smollm2, tmp_path_factory):
-    """vLLM on the converted weights, started as longctx starts vLLM (the adapter's command line and its API key),
-    stopped by its process group."""
+VLLM_LENGTHS = [256, 1024, 3072]  # prefill on vLLM's CPU build: 0.15, 0.5 and 2.2 s here
+VLLM_TRIALS = 3  # a speedup's interval needs 3 trials a side (longctx.analysis.compare.MIN_TRIALS)
+VLLM_OUTPUT = 32  # decode: ~20 tokens/s without drafting here
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+def vllm_spec(smollm2: Path, **args):
     config = lcfg.validate({
-        "lengths": LENGTHS, "model": {"name": MODEL_NAME, "path": str(smollm2)},
+        "lengths": VLLM_LENGTHS, "model": {"name": MODEL_NAME, "path": str(smollm2)},
         "configurations": {"vllm-cpu": {
             "engine": "vllm", "python": VLLM_PYTHON, "api_key_env": KEY_VAR,
-            "args": {"max-model-len": 4096, "dtype": "bfloat16", "enforce-eager": True},
+            "args": {"max-model-len": 4096, "dtype": "bfloat16", "enforce-eager": True, **args},
             "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}}}})
-    with serving(start_vllm(lcfg.configuration_spec(config, "vllm-cpu"), tmp_path_factory.mktemp("vllm-real"))) as started:
-        yield started
+    return lcfg.configuration_spec(config, "vllm-cpu")
 
 
 @pytest.fixture(scope="module")
-def vllm_workflow(vllm_server, smollm2, tmp_path_factory):
-    """The workflow against vLLM (token-id prompts, as the probe finds vLLM takes them); vLLM's /metrics before and after."""
-    base = vllm_server["base"]
-    before = httpx.get(base + "/metrics").text
-    work = run_workflow(tmp_path_factory.mktemp("vllm-real-wf"), external_config(base, {"path": str(smollm2), "hf_config": str(smollm2)},
-                                                                                 api_key_env=KEY_VAR))
-    return {"work": work, "before": before, "after": httpx.get(base + "/metrics").text}
+def vllm_servers(smollm2, tmp_path_factory):
+    """vLLM on the converted weights twice, started as longctx starts vLLM (the adapter's command line and its API
+    key), stopped by their process groups: without drafting, and with its n-gram speculative decoding (prompt
+    lookup, 4 draft tokens a step). Both start at once (half a minute each, mostly imports)."""
+    plain = start_vllm(vllm_spec(smollm2), tmp_path_factory.mktemp("vllm-real"))
+    ngram = start_vllm(vllm_spec(smollm2, **{"speculative-config": NGRAM}), tmp_path_factory.mktemp("vllm-ngram"))
+    with serving(plain) as a, serving(ngram) as b:
+        yield {"plain": a, "ngram": b}
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_servers):
+    return vllm_servers["plain"]
+
+
+@pytest.fixture(scope="module")
+def vllm_workflow(vllm_servers, smollm2, tmp_path_factory):
+    """The workflow against both vLLMs as external servers (`real` without drafting, `real-ngram` with), its prompts
+    the token ids of the standard library's text (protocol.text_source: stdlib, the default), as the probe finds vLLM
+    takes ids and the model's tokenizer is in model.path; each vLLM's /metrics before and after."""
+    bases = {k: v["base"] for k, v in vllm_servers.items()}
+    before = {k: httpx.get(b + "/metrics").text for k, b in bases.items()}
+    ngram = {"real-ngram": {"engine": "external", "url": bases["ngram"], "api": "openai", "device": "cpu",
+                            "api_key_env": KEY_VAR}}
+    config = external_config(bases["plain"], {"path": str(smollm2), "hf_config": str(smollm2)}, lengths=VLLM_LENGTHS,
+                             trials=VLLM_TRIALS, output_tokens=VLLM_OUTPUT, more=ngram, api_key_env=KEY_VAR)
+    work = run_workflow(tmp_path_factory.mktemp("vllm-real-wf"), config)
+    return {"work": work, "before": before["plain"], "after": httpx.get(bases["plain"] + "/metrics").text,
+            "ngram_before": before["ngram"], "ngram_after": httpx.get(bases["ngram"] + "/metrics").text}
 
 
 def test_vllm_every_length_is_measured_and_counted_as_vllm_counted(vllm_workflow):
@@ -257,28 +287,30 @@ def test_vllm_every_length_is_measured_and_counted_as_vllm_counted(vllm_workflow
     the needle's earlier tries, which longctx does not keep), for as many requests as it says it answered."""
     work = vllm_workflow["work"]
     df = pd.read_csv(work / "data" / "results.csv")
-    assert len(df) == len(LENGTHS) * TRIALS and (df["status"] == "ok").all(), df[["length", "status", "reason"]]
+    assert len(df) == 2 * len(VLLM_LENGTHS) * VLLM_TRIALS and (df["status"] == "ok").all(), df[["length", "status", "reason"]]
     assert (df["prompt_tokens"] == df["length"]).all()
-    recorded = [r for length in LENGTHS for r in raw(work, length)["warmup"] + raw(work, length)["trials"]]
+    recorded = [r for length in VLLM_LENGTHS for r in raw(work, length)["warmup"] + raw(work, length)["trials"]]
     assert all(r["usage_source"] == "server" for r in recorded)
-    assert raw(work, LENGTHS[0])["provenance"]["prompt_probe"]["prompt"] == "token_ids"
-    needles = [raw(work, length)["needle"] for length in LENGTHS]
+    probe = raw(work, VLLM_LENGTHS[0])["provenance"]["prompt_probe"]
+    assert probe["prompt"] == "token_ids" and probe["text_source"]["kind"] == "text", probe
+    needles = [raw(work, length)["needle"] for length in VLLM_LENGTHS]
     before, after = vllm_workflow["before"], vllm_workflow["after"]
     tokens = counter(after, "vllm:prompt_tokens") - counter(before, "vllm:prompt_tokens")
     requests = counter(after, "vllm:request_success") - counter(before, "vllm:request_success")
     ours = sum(r["prompt_tokens"] for r in recorded) + sum(n["prompt_tokens"] for n in needles)
     print(f"\nvLLM counted {tokens:.0f} prompt tokens in {requests:.0f} requests; longctx kept {ours} in {len(recorded) + len(needles)}")
     # at most 3 probe requests and 2 earlier needle tries per length beside what longctx kept
-    assert len(recorded) + len(needles) < requests <= len(recorded) + len(needles) + 3 + 2 * len(LENGTHS)
+    assert len(recorded) + len(needles) < requests <= len(recorded) + len(needles) + 3 + 2 * len(VLLM_LENGTHS)
     assert ours < tokens
 
 
-def test_vllm_refuses_a_request_without_its_key_and_the_key_is_written_nowhere(vllm_server, vllm_workflow):
+def test_vllm_refuses_a_request_without_its_key_and_the_key_is_written_nowhere(vllm_servers, vllm_workflow):
     """vLLM's own --api-key: a completion without the key is refused (401) and the workflow measured every length
     (above), so it sent the key; no file the workflow wrote (raw files, provenance, the PDF's text, the twin,
     Snakemake's records and logs) nor vLLM's own log holds it."""
     from .test_report import pdftotext
 
+    vllm_server = vllm_servers["plain"]
     body = {"model": vllm_server["model"], "prompt": "hi", "max_tokens": 1}
     assert httpx.post(vllm_server["base"] + "/v1/completions", json=body).status_code == 401
     assert httpx.post(vllm_server["base"] + "/v1/completions", json=body,
@@ -286,13 +318,78 @@ def test_vllm_refuses_a_request_without_its_key_and_the_key_is_written_nowhere(v
     work = vllm_workflow["work"]
     found = [str(p.relative_to(work)) for p in work.rglob("*") if p.is_file()
              and KEY.encode() in (pdftotext(p).encode() if p.suffix == ".pdf" else p.read_bytes())]
-    assert not found and KEY not in vllm_server["log"].read_text(), found
+    assert not found and not any(KEY in v["log"].read_text() for v in vllm_servers.values()), found
     assert KEY_VAR in (work / "report" / "longctx.md").read_text() or KEY_VAR in pdftotext(work / "report" / "longctx.pdf")
 
 
 def test_vllm_needle_answers_and_report(vllm_workflow):
     work = vllm_workflow["work"]
-    check_report_verdicts(work, check_needles(work))
+    check_report_verdicts(work, check_needles(work, VLLM_LENGTHS))
+
+
+def test_vllm_drafting_acceptance_is_what_vllms_counters_moved_by(vllm_workflow):
+    """Third-party truth: vLLM's own speculative counters (vllm:spec_decode_num_drafts, _num_draft_tokens,
+    _num_accepted_tokens). Per trial of real-ngram, longctx's acceptance is what they moved by over that trial: each
+    draft proposes the 4 tokens asked; no step accepts more than it proposed, nor a request more tokens than it
+    generated after its first. Over the run, the counters moved by what longctx recorded plus what the requests it
+    does not keep (the prompt probe's, the needle's) could accept: at most their output tokens less one each. The
+    server without drafting reports no acceptance anywhere."""
+    work = vllm_workflow["work"]
+    recorded = [r for length in VLLM_LENGTHS for r in raw(work, length, "real-ngram")["warmup"] + raw(work, length, "real-ngram")["trials"]]
+    for r in recorded:
+        assert r["spec_source"] == "metrics" and r["spec_verify_ct"] > 0, r
+        assert r["spec_num_proposed_drafts"] == NGRAM["num_speculative_tokens"] * r["spec_verify_ct"], r
+        assert 0 <= r["spec_num_correct_drafts"] <= min(r["spec_num_proposed_drafts"], r["completion_tokens"] - 1), r
+        assert r["spec_accept_length"] == pytest.approx(1 + r["spec_num_correct_drafts"] / r["spec_verify_ct"])
+    before, after = vllm_workflow["ngram_before"], vllm_workflow["ngram_after"]
+    moved = {k: counter(after, f"vllm:spec_decode_num_{k}") - counter(before, f"vllm:spec_decode_num_{k}")
+             for k in ("drafts", "draft_tokens", "accepted_tokens")}
+    requests = counter(after, "vllm:request_success") - counter(before, "vllm:request_success")
+    ours = {"drafts": sum(r["spec_verify_ct"] for r in recorded), "accepted_tokens": sum(r["spec_num_correct_drafts"] for r in recorded)}
+    needles = [raw(work, length, "real-ngram")["needle"] for length in VLLM_LENGTHS]
+    unkept = int(requests) - len(recorded) - len(needles)  # the probe's requests and the needle's earlier tries
+    most = max(NEEDLE["output_tokens"], 6) - 1  # 6: the prompt probe's output tokens (measure.probe.PROBE_OUTPUT)
+    print(f"\nvLLM's counters moved by {moved} over {requests:.0f} requests; longctx recorded {ours} in {len(recorded)}")
+    assert 0 <= moved["accepted_tokens"] - ours["accepted_tokens"] <= most * (unkept + len(needles))
+    assert 0 <= moved["drafts"] - ours["drafts"] <= most * (unkept + len(needles))
+    plain = pd.read_csv(work / "data" / "results.csv")
+    assert plain[plain["configuration"] == "real"]["spec_accept_length"].isna().all()
+
+
+def test_the_report_answers_the_drafter_question_per_length(vllm_workflow):
+    """The same server with and without n-gram drafting, per length: the speedup of decode with its interval (Welch's
+    on the logs, recomputed here with scipy from results.csv's trials at the family's Bonferroni level), n, and a
+    verdict that follows the interval; page one's sentence in the PDF and its twin; the text and the model named."""
+    from scipy import stats
+
+    work = vllm_workflow["work"]
+    fits = json.loads((work / "data" / "fits.json").read_text())["drafting"]
+    c = fits["configurations"]["real-ngram"]
+    assert c["baseline"] == "real" and list(fits["configurations"]) == ["real-ngram"], c
+    assert fits["family"]["tests"] == len(VLLM_LENGTHS) and fits["family"]["level"] == pytest.approx(1 - 0.05 / len(VLLM_LENGTHS))
+    df = pd.read_csv(work / "data" / "results.csv")
+    print("\nlength  acceptance  decode tok/s with / without  speedup [interval]  n  verdict")
+    for r in c["rows"]:
+        on = np.log(df[(df["configuration"] == "real-ngram") & (df["length"] == r["length"])]["decode_tok_s"].to_numpy())
+        off = np.log(df[(df["configuration"] == "real") & (df["length"] == r["length"])]["decode_tok_s"].to_numpy())
+        va, vb = on.var(ddof=1) / len(on), off.var(ddof=1) / len(off)
+        dof = (va + vb) ** 2 / (va**2 / (len(on) - 1) + vb**2 / (len(off) - 1))
+        half = stats.t.ppf(0.5 + fits["family"]["level"] / 2, dof) * np.sqrt(va + vb)
+        d = on.mean() - off.mean()
+        assert r["ci"] == pytest.approx([np.exp(d - half), np.exp(d + half)], rel=1e-9) and r["speedup"] == pytest.approx(np.exp(d))
+        assert (r["n"], r["n_baseline"]) == (VLLM_TRIALS, VLLM_TRIALS)
+        assert r["verdict"] == ("faster" if r["ci"][0] > 1 else "slower" if r["ci"][1] < 1 else "no measurable difference")
+        print(f"{r['length']:6d}  {r['acceptance']:10.2f}  {r['decode_tok_s']:12.1f} / {r['baseline_decode_tok_s']:6.1f}  "
+              f"{r['speedup']:.2f}x [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]  {r['n']}/{r['n_baseline']}  {r['verdict']}")
+    print(f"stops paying: {c['stops_paying']}")
+    md = " ".join((work / "report" / "longctx.md").read_text().split())
+    flat = " ".join(pdf_text(work).split())
+    sentence = md[md.index("With drafting in real-ngram (against real)"):]
+    sentence = sentence[:sentence.index(")." ) + 2]
+    print(sentence)
+    page_one = flat[:flat.index("Every length against the baseline")]
+    assert "With drafting in real-ngram (against real)" in page_one and "tokens per step" in page_one
+    assert f"that of {MODEL_NAME} on real text: the Python standard library's documentation and source" in md
 
 
 def test_vllm_counts_and_times_longctxs_text_prompts_as_longctx_does(vllm_server, smollm2):

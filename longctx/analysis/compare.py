@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .fits import SETTINGS
+from ..core.fitting import LEVEL
 from .tables import ok_rows
 
 FASTER, SLOWER, SAME, NO_INTERVAL = "faster", "slower", "no measurable difference", "no interval"
@@ -73,7 +73,7 @@ def welch_log_interval(num, den, level: float) -> np.ndarray:
     return np.exp(np.stack([diff - half, diff + half], axis=-1))
 
 
-def speedup(base, other, smaller_is_faster: bool, level: float = SETTINGS["confidence"]) -> dict | None:
+def speedup(base, other, smaller_is_faster: bool, level: float = LEVEL) -> dict | None:
     """One comparison: `other`'s trials against the baseline's (`base`), non-positive and NaN values left out.
     {ratio, ci, verdict, trials, baseline_trials}; ci is [low, high] or None. None where a side has no trial."""
     b = np.asarray(base, float)
@@ -91,8 +91,8 @@ def against_baseline(df: pd.DataFrame, baseline: str, settings: dict | None = No
     """From results.csv's rows: per (configuration, length) that both it and the baseline measured, for
     each configuration other than the baseline, {metric: speedup(...)} for the METRICS (a metric without
     a ratio is absent). settings: confidence (fits.json's "settings"; defaults:
-    longctx.analysis.fits.SETTINGS)."""
-    st = {**SETTINGS, **(settings or {})}
+    longctx.analysis.fits.SETTINGS: core.fitting.LEVEL)."""
+    st = {"confidence": LEVEL, **(settings or {})}
     ok = ok_rows(df)
     groups = {key: g for key, g in ok.groupby(["configuration", "length"], sort=True)}
     out: dict[tuple[str, int], dict] = {}

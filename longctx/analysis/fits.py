@@ -23,6 +23,7 @@ from ..core.numbers import is_number
 from . import bounds, kernel_records
 from ..specs.pool import observed_pool
 from .memory import adapter_of, kv_bytes, spec_absent_reason, spec_of
+from .drafting import drafting
 from .tables import ok_rows, partial_lengths, step_seconds
 
 
@@ -289,6 +290,7 @@ def fit_all(df: pd.DataFrame, provenance: dict | None = None, calibration: dict 
             fit["bounds"]["decode"]["evidence"] = bounds.evidence(name, out["configurations"], entries, kernels)
     if kernels is not None:  # the native kernels timed alone (rule bench_kernel): points for the roofline
         out["kernels"] = kernels
+    out["drafting"] = drafting(df, provenance, st["confidence"])  # each drafting configuration against its twin
     return out
 
 

@@ -35,7 +35,7 @@ from ..analysis import bands
 from ..analysis.tables import concurrency_table, length_cause, medians
 from ..measure.provenance import git_info, package_versions
 from ..specs.hardware import TABLE_PATH
-from . import changes, load as loadview, prefix as prefixview, versions, whatif as whatifview, wording
+from . import changes, drafting as draftview, load as loadview, prefix as prefixview, versions, whatif as whatifview, wording
 from .diagnosis import bound_words, diagnose
 from .headline import choose_baseline, compact, headline
 
@@ -461,6 +461,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "whatif": whatifview.view(whatifview.read(inputs.whatif), order, load),
         # the prefix cache's hit rates and conversations (longctx.report.prefix.view): its section where measured
         "prefix": prefixview.view(prefix, order),
+        # each drafting configuration against its twin without drafting (longctx.report.drafting.view)
+        "drafting": draftview.view(analysis.get("drafting")),
         "measured_at": datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if prov.get("configurations") else None,
         "source_date_epoch": epoch,
         # lists and maps of plain values on one line each (flow style): the appendix is read, not edited

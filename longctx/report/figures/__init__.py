@@ -1,7 +1,7 @@
 """Names of the report's figures (light: the workflow reads them when it parses its rules)."""
 
 # overview: page one's TTFT and decode rate side by side
-FIGURES = ("overview", "ttft", "decode_rate", "step_time", "itl_depth")
+FIGURES = ("overview", "ttft", "decode_rate", "step_time", "itl_depth", "drafting")
 # made by `longctx plot-analysis` (the plot_analysis_figures rule)
 ANALYSIS_FIGURES = ("roofline", "residuals", "extrapolation", "planner", "prediction")
 # made by `longctx plot-load` (data/load.json and data/load_metrics.csv; longctx.report.figures.load)

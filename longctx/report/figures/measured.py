@@ -25,7 +25,7 @@ from ...analysis import bands  # noqa: E402
 from ...analysis.tables import medians, ok_rows, step_seconds  # noqa: E402
 from ...core.fitting import decode_curve, prefill_curve  # noqa: E402
 from . import FIGURES  # noqa: E402
-from .style import begin, fit_line, length_axis, not_measured, outputs, save, shade, spans_decades, styles  # noqa: E402
+from .style import begin, errorbars, fit_line, length_axis, not_measured, outputs, panels, save, shade, spans_decades, styles  # noqa: E402
 
 
 def _tokens_per_step(med: pd.DataFrame, grid) -> np.ndarray | float:
@@ -247,4 +247,36 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
     ax.set(xlabel="KV depth (tokens in the cache)", ylabel="inter-token latency (ms)", title="ITL against KV depth, one request")
     ax.set_ylim(bottom=0)
     save(fig, outdir, "itl_depth")
+    save(drafting_figure(analysis.get("drafting") or {}), outdir, "drafting")
     return outputs(outdir, FIGURES)
+
+
+def drafting_figure(drafting: dict):
+    """Speculative decoding against L (fits.json's "drafting", longctx.analysis.drafting): per drafting configuration,
+    its acceptance (tokens per verify step: the median trial, the trials' range as a bar) and its decode speedup over
+    its twin without drafting, with the family's intervals; 1 (no change) marked."""
+    confs = drafting.get("configurations") or {}
+    fig, (acc, speed) = panels(2, 2, 3.0)
+    sty = styles(sorted(confs))
+    for name, c in sorted(confs.items()):
+        s, rows = sty[name], c["rows"]
+        x = [r["length"] for r in rows]
+        errorbars(acc, x, [(r["acceptance"], *r["acceptance_range"]) if r.get("acceptance") is not None else None for r in rows],
+                  marker=s["marker"], color=s["color"], label=name)
+        if c.get("baseline"):
+            errorbars(speed, x, [(r["speedup"], *r["ci"]) if r.get("ci") else None for r in rows],
+                      marker=s["marker"], color=s["color"], label=f"{name} / {c['baseline']}")
+    fam = drafting.get("family") or {}
+    acc.set(xlabel="context length L (tokens)", ylabel="tokens per verify step", title="Acceptance (median, range)")
+    speed.set(xlabel="context length L (tokens)", ylabel="decode rate with / without drafting",
+              title=f"Decode speedup ({fam.get('level', 0.95) * 100:.3g}% intervals)" if fam.get("tests") else "Decode speedup")
+    for ax, what in ((acc, "no configuration drafts"), (speed, "no drafting configuration has a twin without drafting")):
+        if ax.containers:
+            length_axis(ax, [r["length"] for c in confs.values() for r in c["rows"]])
+            ax.legend(fontsize="small")
+        else:
+            not_measured(ax, what)
+    if speed.containers:
+        speed.axhline(1.0, color="0.5", linewidth=0.8, linestyle=":")
+    fig.tight_layout()
+    return fig

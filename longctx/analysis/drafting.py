@@ -1,0 +1,124 @@
+"""Does the speculative drafter still help at long context? Each drafting configuration against its twin without
+drafting, per length: acceptance (tokens per verify step, from the server's own counts), the decode speedup with
+its interval, and the length where the drafter stops paying.
+
+A configuration drafts where its trials carry acceptance (the server's spec_* counts: SGLang's meta_info, vLLM's
+/metrics counters differenced per trial). Its twin is the configuration measured in the same run with the same
+settings (ConfigurationSpec.settings: engine, model, flags, protocol) but the engine's drafting flags
+(EngineAdapter.drafting_flag), the same kernel and the same engine version, and no acceptance of its own; none
+found, the configuration's acceptance is reported without a speedup, and why.
+
+The speedup at a length is the drafting configuration's decode rate over its twin's (ratio of geometric means of
+the successful single-request trials), with Welch's interval on the logs (analysis.compare.change). Every row of
+every drafting configuration is one family: each interval is at the Bonferroni level 1 - (1 - confidence) / m
+(compare.family_level), so the verdicts of the whole table are right together with probability at least
+`confidence`; its cost in width is recorded (width_cost). The drafter "stops paying" at the first length from which
+on no length is faster, where a shorter one was: the change lies between that length and the last faster one
+before it, which is as close as the lengths measured can place it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..engines import get_adapter
+from .compare import FASTER, SLOWER, change, family_level, welch_df, width_cost
+from .tables import ok_rows
+
+
+def _shown_without_drafting(entry: dict) -> dict | None:
+    """The configuration's settings as shown, without its engine's drafting flags; None without settings."""
+    shown = (entry.get("settings") or {}).get("shown")
+    if shown is None:
+        return None
+    try:
+        adapter = get_adapter(entry.get("engine") or "")
+    except ValueError:
+        return None
+    return {k: v for k, v in shown.items() if not (k.startswith("args.") and adapter.drafting_flag(k[len("args."):]))}
+
+
+def _identity(entry: dict) -> tuple:
+    kernel = entry.get("kernel") or {}
+    return (kernel.get("name") if isinstance(kernel, dict) else kernel, entry.get("engine_version"))
+
+
+def twin(name: str, entries: dict, drafting: set[str]) -> tuple[str | None, str]:
+    """The configuration `name` is compared with, and why (or why none)."""
+    me = entries.get(name) or {}
+    mine = _shown_without_drafting(me)
+    if mine is None:
+        return None, "its settings are not in the provenance (measured before they were recorded)"
+    same = [other for other, e in sorted(entries.items()) if other != name and other not in drafting
+            and _shown_without_drafting(e) == mine and _identity(e) == _identity(me)]
+    if not same:
+        return None, ("no configuration of this run has its settings without drafting (the same engine and version, "
+                      "model, flags but the drafting ones, protocol and kernel): add one to measure what drafting buys")
+    why = "the same settings without drafting" + (f" (of {len(same)} such configurations, the first by name)" if len(same) > 1 else "")
+    return same[0], why
+
+
+def stops_paying(rows: list[dict]) -> dict | None:
+    """Where the drafter stops paying, from rows sorted by length with verdicts: {"length": the first length from
+    which on no row is faster, "after": the last faster length before it, "slower_from": the first slower length
+    from there, if any}; None where no length was faster, or the longest length still is."""
+    said = [r for r in rows if r.get("verdict") not in (None, "no interval")]
+    faster = [i for i, r in enumerate(said) if r["verdict"] == FASTER]
+    if not faster or faster[-1] == len(said) - 1:
+        return None
+    k = faster[-1] + 1
+    slower = next((r["length"] for r in said[k:] if r["verdict"] == SLOWER), None)
+    return {"length": said[k]["length"], "after": said[faster[-1]]["length"], "slower_from": slower}
+
+
+def _median(values) -> float | None:
+    v = pd.Series(values, dtype=float).dropna()
+    return float(v.median()) if len(v) else None
+
+
+def drafting(df: pd.DataFrame, provenance: dict | None, confidence: float) -> dict:
+    """{"configurations": {name: {"baseline", "why", "rows": [per length], "stops_paying", "model", "text"}},
+    "family": {"tests", "level", "confidence", "correction", "width_cost"}}; empty configurations where none drafts."""
+    entries = (provenance or {}).get("configurations", {})
+    ok = ok_rows(df)
+    has = "spec_accept_length" in ok
+    drafts = sorted({str(n) for n, g in ok.groupby("configuration") if has and g["spec_accept_length"].notna().any()})
+    pairs = {name: twin(name, entries, set(drafts)) for name in drafts}
+    groups = {(str(n), int(L)): g for (n, L), g in ok.groupby(["configuration", "length"])}
+    tests = sum(1 for name, (base, _) in pairs.items() if base for (n, L) in groups if n == name and (base, L) in groups)
+    level = family_level(tests, confidence)
+    out: dict = {"configurations": {}, "family": {
+        "tests": tests, "confidence": confidence, "level": level, "correction": "bonferroni",
+        "width_cost": width_cost(level, confidence, welch_df(3, 3)) if tests else None}}
+    for name in drafts:
+        base, why = pairs[name]
+        entry = entries.get(name) or {}
+        rows = []
+        for (n, L), g in sorted(groups.items()):
+            if n != name:
+                continue
+            row = {"length": L, "acceptance": _median(g["spec_accept_length"]),
+                   "acceptance_range": [float(g["spec_accept_length"].min()), float(g["spec_accept_length"].max())]
+                   if g["spec_accept_length"].notna().any() else None,
+                   "accept_rate": _median(g["spec_accept_rate"]) if "spec_accept_rate" in g else None,
+                   "trials": int(len(g))}
+            ref = groups.get((base, L)) if base else None
+            if ref is not None:
+                c = change(ref["decode_tok_s"], g["decode_tok_s"], smaller_is_faster=False, level=level, margin=0.0)
+                if c is not None:
+                    row.update(speedup=c["speedup"], ci=c["speedup_ci"], verdict=c["verdict"], n=c["trials"],
+                               n_baseline=c["trials_before"],
+                               decode_tok_s=float(np.exp(np.log(g["decode_tok_s"]).mean())),
+                               baseline_decode_tok_s=float(np.exp(np.log(ref["decode_tok_s"]).mean())))
+            rows.append(row)
+        probe = entry.get("prompt_probe") or {}
+        flags = {k: v for k, v in ((entry.get("settings") or {}).get("shown") or {}).items()
+                 if k not in (_shown_without_drafting(entry) or {})}
+        out["configurations"][name] = {
+            "baseline": base, "why": why, "rows": rows, "stops_paying": stops_paying(rows),
+            "model": (entry.get("model") or {}).get("name") if isinstance(entry.get("model"), dict) else entry.get("model"),
+            "text": probe.get("text_source"), "flags": flags,
+            "method": next((str(v) for k, v in flags.items() if k.endswith(("algorithm", "method"))), None),
+        }
+    return out
