@@ -13,8 +13,10 @@ the successful single-request trials), with Welch's interval on the logs (analys
 every drafting configuration is one family: each interval is at the Bonferroni level 1 - (1 - confidence) / m
 (compare.family_level), so the verdicts of the whole table are right together with probability at least
 `confidence`; its cost in width is recorded (width_cost). The drafter "stops paying" at the first length from which
-on no length is faster, where a shorter one was: the change lies between that length and the last faster one
-before it, which is as close as the lengths measured can place it.
+on every interval lies under 1 + MARGIN (no gain worth the name), where a shorter one was faster: the change lies
+between that length and the last faster one before it, which is as close as the lengths measured can place it. A
+longer length whose interval is too wide to tell (it reaches above 1 + MARGIN without clearing 1) is said as such,
+not as the drafter having stopped.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import pandas as pd
 from ..engines import get_adapter
 from .compare import FASTER, SLOWER, change, family_level, welch_df, width_cost
 from .tables import ok_rows
+
+MARGIN = 0.05  # a speedup whose interval lies wholly under 1 + MARGIN is no gain worth drafting for
 
 
 def _shown_without_drafting(entry: dict) -> dict | None:
@@ -59,15 +63,27 @@ def twin(name: str, entries: dict, drafting: set[str]) -> tuple[str | None, str]
     return same[0], why
 
 
-def stops_paying(rows: list[dict]) -> dict | None:
-    """Where the drafter stops paying, from rows sorted by length with verdicts: {"length": the first length from
-    which on no row is faster, "after": the last faster length before it, "slower_from": the first slower length
-    from there, if any}; None where no length was faster, or the longest length still is."""
-    said = [r for r in rows if r.get("verdict") not in (None, "no interval")]
-    faster = [i for i, r in enumerate(said) if r["verdict"] == FASTER]
+def pays(row: dict, margin: float = MARGIN) -> str | None:
+    """What a row's interval says of the drafter: "yes" (faster), "no" (its whole interval under 1 + margin: no gain
+    worth the name, slower included), "unclear" (an interval too wide to tell), None without an interval."""
+    ci = row.get("ci")
+    if not ci:
+        return None
+    return "yes" if ci[0] > 1 else "no" if ci[1] < 1 + margin else "unclear"
+
+
+def stops_paying(rows: list[dict], margin: float = MARGIN) -> dict | None:
+    """Where the drafter stops paying, from rows sorted by length: {"length": the first length after the last faster
+    one, from which on every interval lies under 1 + margin, "after": that last faster length, "slower_from": the
+    first slower length from there, if any}. None where no length was faster, the longest still is, or a longer
+    length's interval is too wide to tell (pays: "unclear"): a wide interval is no evidence that it stopped."""
+    said = [r for r in rows if pays(r, margin) is not None]
+    faster = [i for i, r in enumerate(said) if pays(r, margin) == "yes"]
     if not faster or faster[-1] == len(said) - 1:
         return None
     k = faster[-1] + 1
+    if any(pays(r, margin) != "no" for r in said[k:]):
+        return None
     slower = next((r["length"] for r in said[k:] if r["verdict"] == SLOWER), None)
     return {"length": said[k]["length"], "after": said[faster[-1]]["length"], "slower_from": slower}
 
@@ -86,11 +102,14 @@ def drafting(df: pd.DataFrame, provenance: dict | None, confidence: float) -> di
     drafts = sorted({str(n) for n, g in ok.groupby("configuration") if has and g["spec_accept_length"].notna().any()})
     pairs = {name: twin(name, entries, set(drafts)) for name in drafts}
     groups = {(str(n), int(L)): g for (n, L), g in ok.groupby(["configuration", "length"])}
-    tests = sum(1 for name, (base, _) in pairs.items() if base for (n, L) in groups if n == name and (base, L) in groups)
-    level = family_level(tests, confidence)
+    compared = [(name, L) for name, (base, _) in pairs.items() if base for (n, L) in groups if n == name and (base, L) in groups]
+    level = family_level(len(compared), confidence)
+    # what the correction costs in width, at the fewest trials a side of the table (Welch's df as if the noise were equal)
+    few = min((min(len(groups[(n, L)]), len(groups[(pairs[n][0], L)])) for n, L in compared), default=0)
     out: dict = {"configurations": {}, "family": {
-        "tests": tests, "confidence": confidence, "level": level, "correction": "bonferroni",
-        "width_cost": width_cost(level, confidence, welch_df(3, 3)) if tests else None}}
+        "tests": len(compared), "confidence": confidence, "level": level, "correction": "bonferroni", "width_trials": few,
+        "margin": MARGIN,
+        "width_cost": width_cost(level, confidence, welch_df(few, few)) if few >= 2 else None}}
     for name in drafts:
         base, why = pairs[name]
         entry = entries.get(name) or {}
@@ -102,12 +121,14 @@ def drafting(df: pd.DataFrame, provenance: dict | None, confidence: float) -> di
                    "acceptance_range": [float(g["spec_accept_length"].min()), float(g["spec_accept_length"].max())]
                    if g["spec_accept_length"].notna().any() else None,
                    "accept_rate": _median(g["spec_accept_rate"]) if "spec_accept_rate" in g else None,
-                   "trials": int(len(g))}
+                   "trials": int(len(g)), "speedup": None, "ci": None, "verdict": None, "pays": None, "n": None, "n_baseline": None,
+                   "decode_tok_s": None, "baseline_decode_tok_s": None}
             ref = groups.get((base, L)) if base else None
             if ref is not None:
                 c = change(ref["decode_tok_s"], g["decode_tok_s"], smaller_is_faster=False, level=level, margin=0.0)
                 if c is not None:
                     row.update(speedup=c["speedup"], ci=c["speedup_ci"], verdict=c["verdict"], n=c["trials"],
+                               pays=pays({"ci": c["speedup_ci"]}),
                                n_baseline=c["trials_before"],
                                decode_tok_s=float(np.exp(np.log(g["decode_tok_s"]).mean())),
                                baseline_decode_tok_s=float(np.exp(np.log(ref["decode_tok_s"]).mean())))

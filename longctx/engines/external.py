@@ -6,11 +6,13 @@ import re
 import sys
 from dataclasses import replace
 
+import httpx
+
 from .api import APIS
 from .base import SGLANG_KV_POOL_RE, EngineAdapter, last_match
 from .configuration import ConfigurationSpec
 from .sglang import SGLANG_METRICS
-from .vllm import VLLM_METRICS, VLLMAdapter
+from .vllm import VLLM_METRICS, VLLMAdapter, parse_spec_counters
 
 # What servers write of themselves at start-up, read from configurations.<name>.server_log (an external server's log
 # on this machine). llama.cpp (b6xxx, llama-cpp-python 0.3.x): its KV cache, cells (tokens) and each of K and V's
@@ -37,20 +39,26 @@ class ExternalAdapter(EngineAdapter):
         """Its page or block size is not ours to know: config key prefix.granularity says it, or nothing does."""
         return (spec.prefix or {}).get("granularity")
     devices = ("cpu", "gpu", "remote")  # what configurations.<name>.device may say (config/schema.yaml)
-    _without_spec_counters: set[str] = set()  # base URLs whose /metrics had no speculative counters
+    _without_spec_counters: set[tuple[int, str]] = set()  # (client, base URL) whose /metrics had no speculative counters
 
     def api(self, spec: ConfigurationSpec):
         return APIS[spec.api]
 
     def spec_counters(self, client, base: str) -> dict | None:
         """vLLM's speculative counters, where the server's /metrics serves them (whatever the server is; vLLM serves
-        them, at 0, from its start where it drafts). A server whose /metrics had none the first time is not asked
-        again: nothing is sent between a run's requests that the run does not need."""
-        if base in self._without_spec_counters:
+        them, at 0, from its start, drafting or not). A server that answered /metrics without them (or without a
+        /metrics) is not asked again by the same client: nothing is sent between a run's requests that the run does
+        not need. A GET that failed (a timeout) is tried again at the next trial."""
+        key = (id(client), base)
+        if key in self._without_spec_counters:
             return None
-        found = VLLMAdapter.spec_counters(self, client, base)
+        try:
+            r = client.get(base + "/metrics", timeout=10)
+        except httpx.HTTPError:
+            return None
+        found = parse_spec_counters(r.text) if r.status_code == 200 else None
         if found is None:
-            self._without_spec_counters.add(base)
+            self._without_spec_counters.add(key)
         return found
 
     def device(self, spec: ConfigurationSpec) -> str:

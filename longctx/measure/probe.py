@@ -13,7 +13,7 @@ import httpx
 from .bodies import JSON_HEADERS, request_body
 from .health import ServerError
 from .prompts import PromptError, Prompter, PromptPlan, RandomIds, TextPrompts, load_tokenizer
-from .text import RANDOM, STDLIB, DocumentText
+from .text import RANDOM, STDLIB, DocumentText, TextSourceError
 from .stream import EVENT_RULES, StreamRecord, stream_generate
 from .workload import prompt_ids
 
@@ -109,7 +109,12 @@ def text_source(proto: dict, tok) -> tuple[DocumentText | None, dict]:
         if setting != STDLIB:
             raise PromptError(f"protocol.text_source names {setting!r}, but {NO_TOKENIZER}")
         return None, {"kind": "random", "source": RANDOM, "why": NO_TOKENIZER}
-    return DocumentText(tok, setting), {"kind": "text", "source": setting}
+    try:
+        return DocumentText(tok, setting), {"kind": "text", "source": setting}
+    except TextSourceError as exc:  # a tokenizer that cannot spell the text: the built-in falls back, yours is said
+        if setting != STDLIB:
+            raise PromptError(str(exc)) from None
+        return None, {"kind": "random", "source": RANDOM, "why": str(exc)}
 
 
 def probe(client: httpx.Client, url: str, api: str, model: str, proto: dict, model_cfg: dict, timeout_s: float,

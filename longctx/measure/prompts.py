@@ -216,9 +216,13 @@ class Prompter:
         self.api, self.model, self.proto, self.plan, self.tokenizer = api, model, proto, plan, tokenizer
         self.source = source or RandomIds(proto["token_id_range"])
 
-    def _tokens(self, n: int, key: str, lead: int | None = None):
+    def _tokens(self, n: int, key: str, lead: int | None = None, after=None):
+        """n tokens from the source; after: a prompt this one extends (a document source reads on from where that
+        one's text stopped, so that a conversation reads through the document, not the same passage every turn)."""
         make = self.source.text if self.plan.prompt == "text" else self.source.ids
-        return make(n, self.proto["seed"], key, lead)
+        if after is None or not hasattr(self.source, "body"):
+            return make(n, self.proto["seed"], key, lead)
+        return make(n, self.proto["seed"], key, lead, skip=self.count(after) - self.plan.added_tokens)
 
     def prompt(self, length: int, unique_key: str) -> list[int] | str:
         n = length - self.plan.added_tokens
@@ -253,7 +257,7 @@ class Prompter:
         """head followed by `tokens` new tokens drawn from key, the first of them chosen by `lead`: two
         extensions of one head with different leads part at their first new token (a prefix cache can match
         nothing of one in the other beyond the head)."""
-        new = self._tokens(tokens, key, lead)
+        new = self._tokens(tokens, key, lead, after=head)
         return head + new if self.plan.prompt == "text" else [*head, *new]
 
     def count(self, prompt) -> int:

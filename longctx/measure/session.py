@@ -26,7 +26,7 @@ from .probe import NO_TOKENIZER
 from .probe import probe as prompt_probe
 from .prompts import Prompter, PromptError, tokenizer_path
 from .telemetry import telemetry_source
-from .text import STDLIB, DocumentText, TextSourceError, source_path
+from .text import HEAD_TOKENS, STDLIB, DocumentText, TextSourceError, source_path
 from .transport import timed_client
 
 log = logging.getLogger("longctx.measure.session")
@@ -100,8 +100,8 @@ class Session:
         self.preflight_done = False
         # a model.tokenizer that is not there, or documents to cut prompts from with no tokenizer to cut them with, is a
         # config error, before any server starts
-        if source_path(spec.protocol.get("text_source", STDLIB)) and tokenizer_path(spec.model)[0] is None \
-                and adapter.tokenizer(spec) is None:
+        known = tokenizer_path(spec.model)[0] is not None
+        if source_path(spec.protocol.get("text_source", STDLIB)) and not known and adapter.tokenizer(spec) is None:
             raise ConfigError(f"config key 'protocol.text_source': configuration {spec.name!r} cannot cut prompts from "
                               f"{spec.protocol['text_source']!r}: {NO_TOKENIZER}; or set protocol.text_source: random")
         self.prompter: Prompter | None = None  # decided by the prompt probe once the server first answers
@@ -203,6 +203,8 @@ class Session:
                                                spec.protocol["request_timeout_s"], self.adapter.tokenizer(spec))
             if isinstance(self.prompter.source, DocumentText):  # how much of the text the longest prompt reads
                 plan.text_source.update(self.prompter.source.describe(longest_prompt(spec), spec.protocol["seed"]))
+                # a source too short for the longest prompt: said now, before any length is measured half
+                self.prompter.source.body(max(0, longest_prompt(spec) - HEAD_TOKENS), spec.protocol["seed"])
         except (PromptError, TextSourceError) as exc:  # the same server would answer the same: no restart helps
             raise FatalServerError(f"the prompt probe of configuration {spec.name!r} failed: {exc}") from None
         self.prov["prompt_probe"] = plan.to_dict()

@@ -32,6 +32,7 @@ SEED_STRIDE = 4096  # tokens the text's start moves per protocol.seed
 SEPARATOR = "\n\n"
 RANDOM, STDLIB = "random", "stdlib"
 MAX_FILE_BYTES = 8 << 20  # larger files are not prose or code (a dump, a log): left out of a directory
+MAX_SPECIAL = 0.5  # a tokenizer that spells more of the text's start as special (unknown) tokens cannot spell it
 
 
 class TextSourceError(RuntimeError):
@@ -120,7 +121,14 @@ class DocumentText:
         # tokens do not merge with each other or with what follows
         self.ensure(2048)
         tok = self.tokenizer
-        seen = sorted(set(self.ids_[:2048]) - set(getattr(tok, "special", ()) or ()))
+        special = set(getattr(tok, "special", ()) or ())
+        first = self.ids_[:2048]
+        unknown = sum(i in special for i in first) / len(first)
+        seen = sorted(set(first) - special)
+        if unknown > MAX_SPECIAL or len(seen) < 16:  # a vocabulary that cannot spell this text (a test model's words)
+            raise TextSourceError(f"the tokenizer at {getattr(tok, 'path', '?')} spells {unknown:.0%} of the text source "
+                                  f"{self.setting!r} as special or unknown tokens ({len(seen)} distinct others): it "
+                                  "cannot spell this text")
         stable = [i for i in seen if tok.encode(tok.decode([i] * 3)) == [i] * 3]
         words = [i for i in stable if len(p := tok.piece(i)) > 1 and p[0] in "Ġ▁" and p[1:].isalpha()]
         self.alphabet = next((a for a in (words, stable) if len(a) >= 16), seen)
@@ -137,15 +145,18 @@ class DocumentText:
             self.documents.append(Document(name, len(self.ids_), len(ids), len(text)))
             self.ids_.extend(ids)
 
-    def body(self, n: int, seed: int) -> list[int]:
-        """n tokens of the text from the seed's start."""
-        start = seed * SEED_STRIDE
+    def body(self, n: int, seed: int, skip: int = 0) -> list[int]:
+        """n tokens of the text from the seed's start, `skip` tokens on."""
+        if seed < 0:
+            raise ConfigError(f"config key 'protocol.seed': {seed} moves the start of the text source; allowed values: 0 or more")
+        start = seed * SEED_STRIDE + skip
         self.ensure(start + n)
         if start + n > len(self.ids_):
-            raise TextSourceError(f"the text source {self.setting!r} holds {len(self.ids_):,} tokens "
-                                  f"({len(self.documents)} documents) as this tokenizer counts them; a prompt of "
-                                  f"{n + HEAD_TOKENS:,} tokens{f' from protocol.seed {seed}' if seed else ''} needs "
-                                  f"{start + n:,}: add documents to it, or set protocol.text_source: stdlib")
+            docs = f"{len(self.documents)} document{'s' if len(self.documents) != 1 else ''}"
+            raise TextSourceError(f"the text source {self.setting!r} holds {len(self.ids_):,} tokens ({docs}) as this "
+                                  f"tokenizer counts them; a prompt of {n + HEAD_TOKENS:,} tokens needs {start + n:,} of "
+                                  f"them{f' (from protocol.seed {seed})' if seed else ''}: add documents to it, or set "
+                                  "protocol.text_source: stdlib")
         self.longest = max(self.longest, start + n)
         return self.ids_[start:start + n]
 
@@ -156,23 +167,30 @@ class DocumentText:
             head[0] = self.alphabet[lead % len(self.alphabet)]
         return head
 
-    def ids(self, n: int, seed: int, unique_key: str, lead: int | None = None) -> list[int]:
-        """n token ids: a head drawn from unique_key (with lead, its first token the alphabet's lead-th), then the text."""
+    def ids(self, n: int, seed: int, unique_key: str, lead: int | None = None, skip: int = 0) -> list[int]:
+        """n token ids: a head drawn from unique_key (with lead, its first token the alphabet's lead-th), then the text
+        (`skip` tokens into it: an extension reads on where the prompt before it stopped)."""
         h = min(HEAD_TOKENS, n)
-        return self.head(h, unique_key, lead) + self.body(n - h, seed)
+        return self.head(h, unique_key, lead) + self.body(n - h, seed, skip)
 
-    def text(self, n: int, seed: int, unique_key: str, lead: int | None = None) -> str:
+    def text(self, n: int, seed: int, unique_key: str, lead: int | None = None, skip: int = 0) -> str:
         """Text of exactly n tokens as the tokenizer encodes it: ids(...) decoded, the text trimmed or extended at its
-        end until its encoding has n tokens (tokens may merge where the head meets the text)."""
+        end until its encoding has n tokens (tokens may merge where the head meets the text). Where no end of the text
+        gives n (a cut inside a character that a byte-level tokenizer spells in several tokens), the head is shortened
+        by a token, then two, and the text asked for that many more."""
         h = min(HEAD_TOKENS, n)
         head = self.head(h, unique_key, lead)
-        take, count = n - h, -1
-        for _ in range(12):
-            text = self.tokenizer.decode(head + self.body(max(0, take), seed))
-            count = len(self.tokenizer.encode(text))
-            if count == n:
-                return text
-            take += n - count
+        count = -1
+        for shorter in range(min(4, h) + 1):
+            part = head[:h - shorter]
+            take, tried = n - len(part), set()
+            while take not in tried and len(tried) < 12:
+                tried.add(take)
+                text = self.tokenizer.decode(part + self.body(max(0, take), seed, skip))
+                count = len(self.tokenizer.encode(text))
+                if count == n:
+                    return text
+                take = max(0, take + n - count)
         raise TextSourceError(f"no text of exactly {n} tokens could be cut from {self.setting!r} (the closest had {count})")
 
     def describe(self, longest: int, seed: int = 0) -> dict:

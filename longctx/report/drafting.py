@@ -4,6 +4,7 @@ drafting configuration, the speculative section's rows, and what the figures can
 from __future__ import annotations
 
 from ..analysis.compare import FASTER, SLOWER
+from ..analysis.drafting import MARGIN, pays
 from ..core.numbers import is_number
 from ..core.words import listed
 from ..measure.prompts import text_words
@@ -54,29 +55,35 @@ def sentence(name: str, c: dict, family: dict) -> str:
     head += f" (against {c['baseline']})"
     if not rows:
         return f"{head}, no length has trials enough for an interval" + (f"; {acc}." if acc else ".")
-    faster = [r for r in rows if r["verdict"] == FASTER]
+    margin = family.get("margin", MARGIN)
+    faster, no, unclear = ([r for r in rows if pays(r, margin) == kind] for kind in ("yes", "no", "unclear"))
     slower = [r for r in rows if r["verdict"] == SLOWER]
     stop = c.get("stops_paying")
+    under = f"no gain above {margin:.0%}"
     if stop:
-        first = next(r for r in rows if r["verdict"] == FASTER)
+        first = faster[0]
         said = f"decode is {_effect(first)}"
         if stop["after"] != first["length"]:
             said += f" (faster up to {_tokens(stop['after'])})"
-        said += f" and no faster from {stop['length']:,} on"
+        at = next(r for r in rows if r["length"] == stop["length"])
+        said += f" and stops paying from {stop['length']:,} on ({under}: {_effect(at, where=False)})"
         if stop.get("slower_from"):
-            r = next(r for r in rows if r["length"] == stop["slower_from"])
-            said += f": {_effect(r)}"
+            said += f"; slower at {_lengths([r for r in slower if r['length'] >= stop['slower_from']])} tokens"
     elif faster and len(faster) == len(rows):
         a, b = faster[0], faster[-1]
         said = f"decode is faster at every length, {_effect(a)}" + (f" to {_effect(b)}" if b is not a else "")
-    elif faster:  # faster at the longest, not at every shorter length
-        said = (f"decode is faster at {_lengths(faster)} tokens ({_effect(faster[-1], where=len(faster) > 1)}), "
-                f"not measurably at {_lengths([r for r in rows if r['verdict'] != FASTER])}")
-    elif slower:
-        said = f"decode is never faster and slower at {_lengths(slower)} tokens ({_effect(slower[-1], where=len(slower) > 1)})"
     else:
-        last = rows[-1]
-        said = f"decode is not measurably faster at any length ({_x(last['speedup'])} {_ci(last['ci'])} at {_tokens(last['length'])})"
+        parts = []
+        if faster:
+            parts.append(f"decode is faster at {_lengths(faster)} tokens ({_effect(faster[-1], where=len(faster) > 1)})")
+        if no:
+            worse = f", slower at {_lengths(slower)}" if slower else ""
+            parts.append(f"{'decode has ' if not faster else ''}{under} at {_lengths(no)} tokens{worse} "
+                         f"({_effect(no[-1], where=len(no) > 1)})")
+        if unclear:
+            parts.append(f"at {_lengths(unclear)} tokens the interval is too wide to tell "
+                         f"({_effect(unclear[-1], where=len(unclear) > 1)})")
+        said = "; ".join(parts)
     n = sorted({(r["n"], r["n_baseline"]) for r in rows})
     trials = f"n={n[0][0]}/{n[0][1]} per length" if len(n) == 1 else "n per length in the table"
     level = f"{family['level'] * 100:.3g}%"

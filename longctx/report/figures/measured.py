@@ -270,7 +270,8 @@ def drafting_figure(drafting: dict):
     acc.set(xlabel="context length L (tokens)", ylabel="tokens per verify step", title="Acceptance (median, range)")
     speed.set(xlabel="context length L (tokens)", ylabel="decode rate with / without drafting",
               title=f"Decode speedup ({fam.get('level', 0.95) * 100:.3g}% intervals)" if fam.get("tests") else "Decode speedup")
-    for ax, what in ((acc, "no configuration drafts"), (speed, "no drafting configuration has a twin without drafting")):
+    for ax, what in ((acc, "no configuration drafts"),
+                     (speed, "no speedup with an interval (no twin without drafting, or under 3 trials a side)")):
         if ax.containers:
             length_axis(ax, [r["length"] for c in confs.values() for r in c["rows"]])
             ax.legend(fontsize="small")
