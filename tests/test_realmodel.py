@@ -2,7 +2,10 @@
 llama-cpp-python (its own GGUF, Q4_1) and by vLLM's CPU build (the same GGUF made into bf16 safetensors), each
 measured by the whole workflow as `engine: external` (device cpu) with the needle probe on, and what longctx
 recorded held against each server's own record: llama.cpp's per-request perf lines in its log (prompt tokens
-evaluated and their time), vLLM's Prometheus counters and its tokenizer endpoint.
+evaluated and their time), vLLM's Prometheus counters and its tokenizer endpoint. Every prompt is cut from the
+Python standard library's own text (protocol.text_source: stdlib, the default). vLLM runs twice, without and with
+its n-gram speculative decoding, and the report answers whether drafting pays at each length, checked against
+vLLM's own speculative counters.
 
 The needle's question is a cloze ("The secret password is"): the model is an instruct model, and the needle
 probe asks through /v1/completions, without the chat template. Measured here, the default question ("What is
