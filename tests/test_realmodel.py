@@ -400,7 +400,8 @@ def test_the_report_answers_the_drafter_question_per_length(vllm_workflow):
 def test_vllms_prefix_cache_finds_nothing_shared_between_two_trials_real_text_prompts(vllm_server, smollm2):
     """Third-party truth: vLLM's prefix cache (whole 128-token blocks, hashed from the start; its cached count in
     usage.prompt_tokens_details) serves none of a trial's prompt from another trial's, though both read the same
-    document after their 16-token heads; the same prompt sent again is served from the cache (the check can fail)."""
+    document after their 16-token heads; the same prompt sent again is served from the cache (the check can fail).
+    And vLLM's own detokenizer reads the prompt after its head as the source's text, verbatim."""
     from longctx.measure.prompts import load_tokenizer
     from longctx.measure.text import DocumentText
 
@@ -413,6 +414,13 @@ def test_vllms_prefix_cache_finds_nothing_shared_between_two_trials_real_text_pr
         assert usage["prompt_tokens"] == 1024
         cached.append((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     assert cached[:2] == [0, 0] and cached[2] >= 1024 - 128, cached
+    # readable: vLLM's own detokenizer reads the prompt after its head as the standard library's words, verbatim
+    ids = doc.ids(1024, 0, "run/real/1024/0")
+    text = httpx.post(vllm_server["base"] + "/detokenize", json={"model": vllm_server["model"], "tokens": ids[16:]},
+                      headers=headers, timeout=60).json()["prompt"]
+    from pydoc_data.topics import topics
+
+    assert len(text) > 3000 and text in "".join(topics[k] + "\n\n" for k in sorted(topics)), text[:300]
 
 
 def test_vllm_counts_and_times_longctxs_text_prompts_as_longctx_does(vllm_server, smollm2):
