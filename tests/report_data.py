@@ -250,3 +250,19 @@ def run_report_chain(data: Path, out: Path, configuration: dict, calibration: di
     for argv in steps:
         assert cli.main(argv) in (0, None), argv[0]
     return {"pdf": out / "longctx.pdf", "md": out / "longctx.md", "data": data}
+
+
+def build_report(paths: dict, out: Path, report_inputs: ReportInputs) -> None:
+    """write_data's figures, then the .tex, the PDF and the Markdown twin under out, in this process as the report
+    rules make them (a caller draws any other figures its inputs need, load or prefix, before)."""
+    from longctx.report import latex, markdown
+    from longctx.report.figures.analysis import plot_analysis
+    from longctx.report.figures.measured import plot_all
+
+    templates = Path(__file__).resolve().parents[1] / "templates"
+    style = templates / "plot.mplstyle"
+    plot_all(paths["results_csv"], paths["fits_json"], style, out / "figures", paths["itl_depth_csv"])
+    plot_analysis(paths["results_csv"], paths["fits_json"], paths["planner_json"], style, out / "figures")
+    latex.render_report(templates / "longctx.tex.j2", out / "longctx.tex", out / "version.json", report_inputs)
+    latex.build_pdf(out / "longctx.tex", out / "longctx.pdf", paths["provenance_json"], out / "version.json")
+    markdown.render_twin(templates / "longctx.md.j2", out / "longctx.md", out / "version.json", report_inputs)

@@ -142,14 +142,10 @@ def test_the_report_renders_a_drafting_configuration_without_a_twin(tmp_path):
     every other's): the speculative section says why, and no family figure is printed for a family of none."""
     import json
 
-    from longctx.report import latex as report
     from longctx.analysis.fits import fit_file
-    from longctx.report import markdown
-    from longctx.report.figures.analysis import plot_analysis
-    from longctx.report.figures.measured import plot_all
 
-    from .report_data import config, inputs, write_data
-    from .test_report import TEMPLATES, pdftotext
+    from .report_data import build_report, config, inputs, write_data
+    from .test_report import pdftotext
 
     paths = write_data(tmp_path / "data")
     df = pd.read_csv(paths["results_csv"])
@@ -160,11 +156,7 @@ def test_the_report_renders_a_drafting_configuration_without_a_twin(tmp_path):
     paths["provenance_json"].write_text(json.dumps(prov))
     fit_file(paths["results_csv"], paths["fits_json"], paths["provenance_json"], settings={"bootstrap": 50})
     out = tmp_path / "report"
-    plot_all(paths["results_csv"], paths["fits_json"], TEMPLATES / "plot.mplstyle", out / "figures", paths["itl_depth_csv"])
-    plot_analysis(paths["results_csv"], paths["fits_json"], paths["planner_json"], TEMPLATES / "plot.mplstyle", out / "figures")
-    report.render_report(TEMPLATES / "longctx.tex.j2", out / "longctx.tex", out / "version.json", inputs(paths, config=config()))
-    report.build_pdf(out / "longctx.tex", out / "longctx.pdf", paths["provenance_json"], out / "version.json")
-    markdown.render_twin(TEMPLATES / "longctx.md.j2", out / "longctx.md", out / "version.json", inputs(paths, config=config()))
+    build_report(paths, out, inputs(paths, config=config()))
     for text in (" ".join(pdftotext(out / "longctx.pdf").split()), " ".join((out / "longctx.md").read_text().replace("\\_", "_").split())):
         assert "With drafting in fast_kv, acceptance is 1.7 tokens per step at every length (no twin without drafting" in text
         assert "No drafting configuration has a twin to compare with" in text or "no configuration has a twin" in text

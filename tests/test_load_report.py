@@ -14,15 +14,13 @@ import subprocess
 import pandas as pd
 import pytest
 
-from longctx.report import latex as report, markdown
+from longctx.report import latex as report
 from longctx.report.context import DATA_FILES, ReportInputs, context
 from longctx.report.figures import FORMATS, LOAD_FIGURES
 from longctx.report.figures.load import plot_load
-from longctx.report.figures.measured import plot_all
-from longctx.report.figures.analysis import plot_analysis
 
 from .conftest import ROOT
-from .report_data import NASTY, config, write_data
+from .report_data import NASTY, build_report, config, write_data
 from .test_report import md_rows
 
 TEMPLATES = ROOT / "templates"
@@ -146,14 +144,9 @@ def built(tmp_path_factory):
     paths = write_data(root / "data")
     load_json, metrics_csv = write_load(root / "data")
     out = root / "report"
-    style = TEMPLATES / "plot.mplstyle"
-    plot_all(paths["results_csv"], paths["fits_json"], style, out / "figures", paths["itl_depth_csv"])
-    plot_analysis(paths["results_csv"], paths["fits_json"], paths["planner_json"], style, out / "figures")
-    figures = plot_load(load_json, metrics_csv, style, out / "figures")
+    figures = plot_load(load_json, metrics_csv, TEMPLATES / "plot.mplstyle", out / "figures")
     inputs = load_inputs(paths, load_json, metrics_csv)
-    report.render_report(TEMPLATES / "longctx.tex.j2", out / "longctx.tex", out / "version.json", inputs)
-    report.build_pdf(out / "longctx.tex", out / "longctx.pdf", paths["provenance_json"], out / "version.json")
-    markdown.render_twin(TEMPLATES / "longctx.md.j2", out / "longctx.md", out / "version.json", inputs)
+    build_report(paths, out, inputs)
     return {"out": out, "paths": paths, "inputs": inputs, "figures": figures, "tex": (out / "longctx.tex").read_text(),
             "pdf": " ".join(pdftotext(out / "longctx.pdf").split()), "md": (out / "longctx.md").read_text()}
 

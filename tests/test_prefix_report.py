@@ -13,17 +13,15 @@ import pytest
 
 from longctx.analysis.prefix import aggregate_prefix
 from longctx.analysis.prefix_model import analyze_file, expected_cached
-from longctx.report import latex as report, markdown
+from longctx.report import latex as report
 from longctx.report.context import ReportInputs, context
 from longctx.report.figures import FORMATS, PREFIX_FIGURES
-from longctx.report.figures.analysis import plot_analysis
-from longctx.report.figures.measured import plot_all
 from longctx.report.figures.prefix import plot_prefix
 from longctx.report.load import time_words
 from longctx.report.prefix import sentence
 
 from .conftest import ROOT
-from .report_data import LAWS, NASTY, config, write_data
+from .report_data import LAWS, NASTY, build_report, config, write_data
 from .test_load_report import pdftotext
 from .test_prefix_analysis import prefix_doc, write_prefix
 from .test_report import md_rows
@@ -53,15 +51,10 @@ def built(tmp_path_factory):
     prefix_json = root / "data" / "prefix_fits.json"
     doc = analyze_file(root / "data" / "prefix.csv", prefix_json, paths["results_csv"], paths["fits_json"], {"bootstrap": 200})
     out = root / "report"
-    style = TEMPLATES / "plot.mplstyle"
-    plot_all(paths["results_csv"], paths["fits_json"], style, out / "figures", paths["itl_depth_csv"])
-    plot_analysis(paths["results_csv"], paths["fits_json"], paths["planner_json"], style, out / "figures")
-    figures = plot_prefix(prefix_json, style, out / "figures")
+    figures = plot_prefix(prefix_json, TEMPLATES / "plot.mplstyle", out / "figures")
     inputs = ReportInputs(results=paths["results_csv"], fits=paths["fits_json"], provenance=paths["provenance_json"],
                           itl_depth=paths["itl_depth_csv"], planner=paths["planner_json"], prefix=prefix_json, config=config())
-    report.render_report(TEMPLATES / "longctx.tex.j2", out / "longctx.tex", out / "version.json", inputs)
-    report.build_pdf(out / "longctx.tex", out / "longctx.pdf", paths["provenance_json"], out / "version.json")
-    markdown.render_twin(TEMPLATES / "longctx.md.j2", out / "longctx.md", out / "version.json", inputs)
+    build_report(paths, out, inputs)
     return {"out": out, "paths": paths, "inputs": inputs, "doc": doc, "figures": figures, "tex": (out / "longctx.tex").read_text(),
             "pdf": " ".join(pdftotext(out / "longctx.pdf").split()), "md": (out / "longctx.md").read_text()}
 

@@ -19,12 +19,10 @@ from longctx.analysis import bands
 from longctx.report import changes, markdown, plans as plan, latex as report, versions
 from longctx.report.context import ReportError, context, version_of
 from longctx.report.numbers import display, group
-from longctx.report.figures.analysis import plot_analysis
-from longctx.report.figures.measured import plot_all
 from longctx.report.figures.style import length_axis, spans_decades
 
 from .conftest import ROOT
-from .report_data import LAWS, NASTY, PARTIAL_REASON, config, inputs, write_data
+from .report_data import LAWS, NASTY, PARTIAL_REASON, build_report, config, inputs, write_data
 
 TEMPLATES = ROOT / "templates"
 LENGTHS = (1000, 4000, 16000, 64000)
@@ -222,11 +220,7 @@ def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("built")
     paths = write_data(root / "data", partial=PARTIAL)
     out = root / "report"
-    plot_all(paths["results_csv"], paths["fits_json"], TEMPLATES / "plot.mplstyle", out / "figures", paths["itl_depth_csv"])
-    plot_analysis(paths["results_csv"], paths["fits_json"], paths["planner_json"], TEMPLATES / "plot.mplstyle", out / "figures")
-    report.render_report(TEMPLATES / "longctx.tex.j2", out / "longctx.tex", out / "version.json", inputs(paths, config=config()))
-    report.build_pdf(out / "longctx.tex", out / "longctx.pdf", paths["provenance_json"], out / "version.json")
-    markdown.render_twin(TEMPLATES / "longctx.md.j2", out / "longctx.md", out / "version.json", inputs(paths, config=config()))
+    build_report(paths, out, inputs(paths, config=config()))
     section = markdown.plan_section(TEMPLATES / "plan.md.j2", root / "plans" / "p.md", out / "version.json",
                                     inputs(paths, config=config()))
     return {"out": out, "text": pdftotext(out / "longctx.pdf"), "md": (out / "longctx.md").read_text(), "section": section,
