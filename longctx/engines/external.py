@@ -6,13 +6,11 @@ import re
 import sys
 from dataclasses import replace
 
-import httpx
-
 from .api import APIS
 from .base import SGLANG_KV_POOL_RE, EngineAdapter, last_match
 from .configuration import ConfigurationSpec
 from .sglang import SGLANG_METRICS
-from .vllm import VLLM_METRICS, VLLMAdapter, parse_spec_counters
+from .vllm import VLLM_METRICS, VLLMAdapter, read_spec_counters
 
 # What servers write of themselves at start-up, read from configurations.<name>.server_log (an external server's log
 # on this machine). llama.cpp (b6xxx, llama-cpp-python 0.3.x): its KV cache, cells (tokens) and each of K and V's
@@ -52,12 +50,8 @@ class ExternalAdapter(EngineAdapter):
         key = (id(client), base)
         if key in self._without_spec_counters:
             return None
-        try:
-            r = client.get(base + "/metrics", timeout=10)
-        except httpx.HTTPError:
-            return None
-        found = parse_spec_counters(r.text) if r.status_code == 200 else None
-        if found is None:
+        answered, found = read_spec_counters(client, base)
+        if answered and found is None:
             self._without_spec_counters.add(key)
         return found
 

@@ -272,13 +272,7 @@ class VLLMAdapter(EngineAdapter):
         return None, "vLLM's attention backend chooses it"
 
     def spec_counters(self, client: httpx.Client, base: str) -> dict | None:
-        try:
-            r = client.get(base + "/metrics", timeout=10)
-        except httpx.HTTPError:
-            return None
-        if r.status_code != 200:
-            return None
-        return parse_spec_counters(r.text)
+        return read_spec_counters(client, base)[1]
 
 
 def human_readable_int(value: str) -> int | None:
@@ -307,6 +301,15 @@ def _cpu_has_amx() -> bool:
         return " amx_tile" in Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
+
+
+def read_spec_counters(client: httpx.Client, base: str) -> tuple[bool, dict | None]:
+    """(whether the server answered its /metrics at all, its speculative counters or None where it has none)."""
+    try:
+        r = client.get(base + "/metrics", timeout=10)
+    except httpx.HTTPError:
+        return False, None
+    return True, parse_spec_counters(r.text) if r.status_code == 200 else None
 
 
 def parse_spec_counters(text: str) -> dict | None:

@@ -20,7 +20,6 @@ Every answer the probe got is kept (``PromptPlan.answers``) for the raw files an
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import numpy as np
 from ..core.errors import ConfigError
 from .bodies import request_body
 from .stream import StreamRecord, astream_generate, stream_generate
-from .workload import PREFIX_TOKENS, prompt_ids
+from .workload import PREFIX_TOKENS, key_seed, prompt_ids
 
 STABLE_SAMPLE = 4000  # vocabulary entries tried for the text prompts' alphabet
 
@@ -111,6 +110,14 @@ def load_tokenizer(model: dict) -> Tokenizer | None:
         raise ConfigError(f"config key '{key}': the tokenizer at {path} cannot be loaded ({type(exc).__name__}: {exc})") from None
 
 
+def stable_words(tokenizer, candidates) -> tuple[list[int], list[int]]:
+    """Of the candidate token ids, those whose text encodes back to them (three in a row, so that neighbours do not
+    merge), and of those the whole words, where the vocabulary marks a piece that starts a word (byte-level BPE's
+    'Ġ', SentencePiece's '▁')."""
+    stable = [i for i in candidates if tokenizer.encode(tokenizer.decode([i] * 3)) == [i] * 3]
+    return stable, [i for i in stable if len(p := tokenizer.piece(i)) > 1 and p[0] in "Ġ▁" and p[1:].isalpha()]
+
+
 class TextPrompts:
     """Text of exactly n tokens (as the tokenizer counts them, no special tokens): words drawn from the
     tokenizer's own vocabulary that come back as themselves when their text is encoded again, whole
@@ -120,8 +127,7 @@ class TextPrompts:
         self.tokenizer = tokenizer
         rng = np.random.default_rng(0)
         candidates = [i for i in rng.permutation(tokenizer.vocab_size)[:STABLE_SAMPLE].tolist() if i not in tokenizer.special]
-        stable = [i for i in candidates if tokenizer.encode(tokenizer.decode([i] * 3)) == [i] * 3]
-        words = [i for i in stable if len(p := tokenizer.piece(i)) > 1 and p[0] in "Ġ▁" and p[1:].isalpha()]
+        stable, words = stable_words(tokenizer, candidates)
         self.alphabet = words if len(words) >= 16 else stable
         if len(self.alphabet) < 16:
             raise PromptError(f"the tokenizer at {tokenizer.path} has too few tokens whose text encodes back to them "
@@ -130,9 +136,8 @@ class TextPrompts:
     def text(self, n: int, seed: int, unique_key: str, lead: int | None = None) -> str:
         """A prefix drawn from unique_key (no two requests share it), then a body drawn from seed; with lead,
         the first word is the alphabet's lead-th (longctx.measure.prefix: extensions that part at once)."""
-        key = int.from_bytes(hashlib.sha256(unique_key.encode()).digest()[:8], "little")
         pick = self.alphabet
-        prefix = np.random.default_rng(key).choice(pick, size=min(PREFIX_TOKENS, n)).tolist()
+        prefix = np.random.default_rng(key_seed(unique_key)).choice(pick, size=min(PREFIX_TOKENS, n)).tolist()
         if lead is not None and prefix:
             prefix[0] = pick[lead % len(pick)]
         rng = np.random.default_rng(seed)

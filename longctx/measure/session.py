@@ -201,10 +201,11 @@ class Session:
             plan, self.prompter = prompt_probe(self.client, self.base + self.api.generate_path, self.api.kind,
                                                self.adapter.served_model(spec), spec.protocol, spec.model,
                                                spec.protocol["request_timeout_s"], self.adapter.tokenizer(spec))
-            if isinstance(self.prompter.source, DocumentText):  # how much of the text the longest prompt reads
-                plan.text_source.update(self.prompter.source.describe(longest_prompt(spec), spec.protocol["seed"]))
+            if isinstance(self.prompter.source, DocumentText):
+                longest, seed = longest_prompt(spec), spec.protocol["seed"]
                 # a source too short for the longest prompt: said now, before any length is measured half
-                self.prompter.source.body(max(0, longest_prompt(spec) - HEAD_TOKENS), spec.protocol["seed"])
+                self.prompter.source.body(max(0, longest - HEAD_TOKENS), seed)
+                plan.text_source.update(self.prompter.source.describe(longest, seed))  # how much of it that prompt reads
         except (PromptError, TextSourceError) as exc:  # the same server would answer the same: no restart helps
             raise FatalServerError(f"the prompt probe of configuration {spec.name!r} failed: {exc}") from None
         self.prov["prompt_probe"] = plan.to_dict()

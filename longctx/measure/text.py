@@ -17,7 +17,6 @@ the random prompts reads the same body.
 
 from __future__ import annotations
 
-import hashlib
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import ConfigError
-from .workload import PREFIX_TOKENS
+from .prompts import stable_words
+from .workload import PREFIX_TOKENS, key_seed
 
 HEAD_TOKENS = PREFIX_TOKENS  # the unique head of every prompt
 SEED_STRIDE = 4096  # tokens the text's start moves per protocol.seed
@@ -108,18 +108,16 @@ class DocumentText:
     ids_: list[int] = field(default_factory=list)
     documents: list[Document] = field(default_factory=list)
     exhausted: bool = False
-    longest: int = 0  # the most tokens of the text one prompt took so far
 
     def __post_init__(self):
         path = source_path(self.setting)
         self._docs = stdlib_documents() if path is None else file_documents(path)
-        self.ensure(4 * HEAD_TOKENS)
+        self.ensure(2048)
         if not self.ids_:
             raise ConfigError(f"config key 'protocol.text_source': {self.setting!r} holds no text (no UTF-8 text file)")
         # the head's alphabet: tokens of the text's first part that come back as themselves when their text is encoded
-        # again, whole words where the vocabulary marks them (measure.prompts.TextPrompts' rule), so that the head's
+        # again, whole words where the vocabulary marks them (measure.prompts.stable_words), so that the head's
         # tokens do not merge with each other or with what follows
-        self.ensure(2048)
         tok = self.tokenizer
         special = set(getattr(tok, "special", ()) or ())
         first = self.ids_[:2048]
@@ -129,8 +127,7 @@ class DocumentText:
             raise TextSourceError(f"the tokenizer at {getattr(tok, 'path', '?')} spells {unknown:.0%} of the text source "
                                   f"{self.setting!r} as special or unknown tokens ({len(seen)} distinct others): it "
                                   "cannot spell this text")
-        stable = [i for i in seen if tok.encode(tok.decode([i] * 3)) == [i] * 3]
-        words = [i for i in stable if len(p := tok.piece(i)) > 1 and p[0] in "Ġ▁" and p[1:].isalpha()]
+        stable, words = stable_words(tok, seen)
         self.alphabet = next((a for a in (words, stable) if len(a) >= 16), seen)
 
     def ensure(self, n: int) -> None:
@@ -157,12 +154,10 @@ class DocumentText:
                                   f"tokenizer counts them; a prompt of {n + HEAD_TOKENS:,} tokens needs {start + n:,} of "
                                   f"them{f' (from protocol.seed {seed})' if seed else ''}: add documents to it, or set "
                                   "protocol.text_source: stdlib")
-        self.longest = max(self.longest, start + n)
         return self.ids_[start:start + n]
 
     def head(self, n: int, unique_key: str, lead: int | None) -> list[int]:
-        key = int.from_bytes(hashlib.sha256(unique_key.encode()).digest()[:8], "little")
-        head = np.random.default_rng(key).choice(self.alphabet, size=n).tolist()
+        head = np.random.default_rng(key_seed(unique_key)).choice(self.alphabet, size=n).tolist()
         if lead is not None and head:
             head[0] = self.alphabet[lead % len(self.alphabet)]
         return head
