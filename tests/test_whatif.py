@@ -4,6 +4,7 @@ the reference engine's in tests/test_workflow.py (the tiny workflow), vLLM's in 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -248,10 +249,115 @@ def test_a_closed_loop_below_its_level_is_predicted_but_left_out_of_the_error():
     load = {"closed": [{"ok": True, "level": 1, "n": 4, "length": 1000, "output_tokens": 17, **measured},
                        {"ok": True, "level": 2, "n": 4, "length": 1000, "output_tokens": 17, "held": held,
                         "ttft": {"p50": {"value": 9.0}}, "tpot": {"p50": {"value": 9.0}}}]}
-    rows = check(K, [], rules, load, None, None, {}, r_fitted=False)
+    rows = check(K, [], rules, load, None, None, {})
     p50 = [r for r in rows if r["which"] == "p50"]
     assert [(r["level"], r["quantity"], bool(r["excluded"])) for r in p50] == [
         (1, "ttft", False), (1, "tpot", False), (2, "ttft", True), (2, "tpot", True)]
     assert p50[2]["excluded"] == "the loop held its 2 requests 40% of the time, the client kept off its CPUs up to 0.31 s"
     assert all(r["error"] == pytest.approx(1 / 1.1 - 1) for r in p50[:2]) and p50[2]["error"] < -0.9  # predicted, not counted
     assert errors(rows)["p50"] == {"median_abs": pytest.approx(1 - 1 / 1.1), "n": 2}
+
+
+@pytest.mark.parametrize("policy", [PREFILL_FIRST, TOKEN_BUDGET])
+def test_a_prompt_in_n_chunks_pays_n_minus_one_passes_more(policy):
+    """A forward pass has its own fixed cost s (issue 45): a prompt of 10,000 tokens in chunks of 4,096 is three passes,
+    the first paying a, the next two s each: a + 2 s + b L + c L^2 by hand; unchunked, the fit a + b L + c L^2."""
+    k = Costs(a=0.01, b=2e-5, c=1e-9, t0=0.004, beta=1e-7, s=0.004)
+    L = 10000
+    (chunked,), _ = simulate(k, Rules(policy, chunk=4096), [(0.0, L, 2)])
+    (whole,), _ = simulate(k, Rules(policy, chunk=1 << 20), [(0.0, L, 2)])
+    assert chunked["ttft"] == pytest.approx(0.01 + 2 * 0.004 + 2e-5 * L + 1e-9 * L * L, rel=1e-12)
+    assert whole["ttft"] == pytest.approx(0.01 + 2e-5 * L + 1e-9 * L * L, rel=1e-12)
+
+
+def test_the_chunk_trades_ttft_for_stalls_under_a_token_budget_and_only_costs_under_prefill_first():
+    """A stream decoding when a 16,000-token prompt arrives. Under a token budget, a smaller chunk costs the prompt
+    TTFT (more passes, s each) and shortens the stream's worst stall (one chunk a step); under PREFILL_FIRST without
+    mixed chunks the prompt runs all its chunks before the next decode step: a smaller chunk lengthens both."""
+    k = Costs(a=0.01, b=2e-5, c=1e-9, t0=0.004, beta=1e-7, s=0.004)
+    work = [(0.0, 100, 80), (0.05, 16000, 2)]
+    figs = {}
+    for policy in (TOKEN_BUDGET, PREFILL_FIRST):
+        for chunk in (2048, 8192):
+            victim, injected = simulate(k, Rules(policy, chunk=chunk), work)[0]
+            figs[policy, chunk] = (injected["ttft"], victim["max_gap"])
+    small, large = figs[TOKEN_BUDGET, 2048], figs[TOKEN_BUDGET, 8192]
+    assert small[0] > large[0] and small[1] < large[1] / 2
+    small, large = figs[PREFILL_FIRST, 2048], figs[PREFILL_FIRST, 8192]
+    assert small[0] > large[0] and small[1] > large[1]
+    # six passes more at 2,048 than at 8,192 (8 against 2), s each
+    assert small[1] - large[1] == pytest.approx(6 * k.s, rel=1e-9)
+
+
+def _closed_point(costs, rules, level, length, output=17, n=8, scale=1.0):
+    """A closed-loop point as load.json has it, its medians those of the simulation (times scale): data whose answer
+    is known by construction."""
+    from longctx.analysis.whatif import _closed, _summary
+
+    s = _summary(_closed(costs, rules, level, n, length, output))
+    return {"ok": True, "level": level, "n": n, "length": length, "output_tokens": output,
+            "ttft": {"p50": {"value": s["ttft"]["p50"]}}, "tpot": {"p50": {"value": s["tpot"]["p50"] * scale}}}
+
+
+def test_each_point_r_is_fitted_to_is_predicted_out_of_sample():
+    """r fitted to the closed loops of 2 and 4 (made by a model with r = 0.5 ms) is found again; each point is checked
+    with r fitted to the other alone. With the loop of 4's TPOT 30% higher than the model made it, the check does not
+    bend to it: its error is about 1/1.3 - 1 (the all-points fit would have met it halfway), and the headline counts
+    every figure as out of sample."""
+    from longctx.analysis.whatif import calibrate_r, check, errors, left_out, with_r
+
+    rules = Rules(PREFILL_FIRST, chunk=8192)
+    truth = dataclasses.replace(K, r=0.0005)
+    two, four = _closed_point(truth, rules, 2, 1000), _closed_point(truth, rules, 4, 1000)
+    r, source = calibrate_r(dataclasses.replace(truth, r=0.0), rules, [two, four])
+    assert r == pytest.approx(0.0005, rel=0.05) and "2 closed-loop points" in source
+    four = _closed_point(truth, rules, 4, 1000, scale=1.3)
+    base = dataclasses.replace(truth, r=0.0)
+    loo = left_out(base, [], rules, [two, four])
+    assert loo[id(four)][0].r == pytest.approx(0.0005, rel=0.05)  # from the loop of 2 alone
+    assert "the other 1 closed-loop point" in loo[id(four)][2]
+    best, _, _ = with_r(base, [], rules, [two, four])
+    rows = check(best, [], rules, {"closed": [two, four]}, None, None, {}, loo)
+    (tp4,) = [x for x in rows if x["level"] == 4 and x["quantity"] == "tpot" and x["which"] == "p50"]
+    assert tp4["error"] == pytest.approx(1 / 1.3 - 1, abs=0.02) and tp4["r_left_out"]
+    # in sample (the all-points r), the same point would have looked better than it is
+    (in_sample,) = [x for x in check(best, [], rules, {"closed": [four]}, None, None, {}) if x["quantity"] == "tpot" and x["which"] == "p50"]
+    assert abs(in_sample["error"]) < abs(tp4["error"]) - 0.05
+    assert set(errors(rows)) == {"p50", "p90"} and errors(rows)["p50"]["n"] == 4
+    # one point alone: nothing else to fit r to, so r = 0 for its check, said
+    loo = left_out(base, [], rules, [four])
+    assert loo[id(four)][0].r == 0 and loo[id(four)][2].startswith("0: no other closed-loop point")
+
+
+def test_each_bootstrap_draw_refits_r():
+    """Draws whose decode step is 20% shorter or longer than the best fit's each get their own r, fitted to the same
+    point: the draw with the cheaper step needs a larger r to meet the measured TPOT, so the intervals carry r's
+    uncertainty instead of holding it fixed."""
+    from longctx.analysis.whatif import with_r
+
+    rules = Rules(PREFILL_FIRST, chunk=8192)
+    four = _closed_point(dataclasses.replace(K, r=0.0005), rules, 4, 1000)
+    low, high = dataclasses.replace(K, t0=K.t0 * 0.8, r=0.0), dataclasses.replace(K, t0=K.t0 * 1.2, r=0.0)
+    best, (d_low, d_high), _ = with_r(dataclasses.replace(K, r=0.0), [low, high], rules, [four])
+    assert d_low.r > best.r > d_high.r
+
+
+def test_the_chunk_axis_says_where_it_cannot_matter():
+    """A grid whose chunk sizes are all above its longest prompt predicts the same figures at each: said so, with why;
+    under PREFILL_FIRST without mixed chunks the words say a smaller chunk only adds passes."""
+    from longctx.analysis.whatif import chunk_effect, grid
+
+    k = dataclasses.replace(K, s=0.002)
+    g = {"max_running_requests": [], "chunked_prefill_size": [8192, 16384], "mem_fraction_static": [],
+         "concurrency": [1, 2], "rates": [], "arrival": "poisson", "burstiness": 1.0, "seed": 0, "lengths": [1000, 4000],
+         "output_tokens": 8, "requests": 4}
+    rules = Rules(PREFILL_FIRST, chunk=8192, one_prefill=True)
+    out, _ = grid(k, rules, None, g, {"ttft_s": 1.0}, 0.95)
+    said = chunk_effect(out, rules, k)
+    assert "8,192, 16,384 predict the same figures" in said and "only adds passes (2 ms each)" in said
+    out, _ = grid(k, rules, None, {**g, "chunked_prefill_size": [1024, 8192]}, {"ttft_s": 1.0}, 0.95)
+    said = chunk_effect(out, rules, k)
+    assert "predict the same" not in said and "only adds passes" in said
+    budget = Rules(TOKEN_BUDGET, chunk=2048)
+    out, _ = grid(k, budget, None, {**g, "chunked_prefill_size": [1024, 8192]}, {"ttft_s": 1.0}, 0.95)
+    assert chunk_effect(out, budget, k) is None

@@ -7,8 +7,11 @@ The serving model (Costs), in seconds:
 - a prefill chunk of k tokens after p already in the cache: b k + c ((p + k)^2 - p^2), the prefill fit's
   linear and attention terms (the prefix cost model's form); a step that holds the first chunk of any request
   also carries the fit's fixed cost a, once however many prompts start in it (vLLM's CPU server here: two
-  256-token prompts sent together had their first tokens after 8.2 ms, one alone after 7.2, a = 6.5 ms).
-  A single request prefilled whole reproduces the fit: a + b L + c L^2.
+  256-token prompts sent together had their first tokens after 8.2 ms, one alone after 7.2, a = 6.5 ms), and
+  every other forward pass that holds a chunk the fixed cost of a pass, s (whatif sets it: the decode fit's t0, a
+  pass whose token work is one token a request, at most a). A step that also decodes pays its pass's fixed cost in
+  t0, so its chunks add a - s where one starts a prompt and nothing fixed otherwise. A single request prefilled
+  whole reproduces the fit, a + b L + c L^2; in n chunks it costs (n - 1) s more: what a smaller chunk costs.
 - a decode step of a batch of n requests with contexts l_i: t0 + r (n - 1) + beta sum(l_i): the decode fit's
   step (t0 + beta L for one request), plus r per request beyond the first (calibrated on the closed-loop
   points by whatif). A step that also carries prefill chunks (mixed) costs its decode part and its chunks.
@@ -60,10 +63,17 @@ class Costs:
     t0: float  # a decode step's fixed cost
     beta: float  # per context token a decode step reads
     r: float = 0.0  # per request in a decode batch beyond the first
+    s: float = 0.0  # a forward pass's fixed cost: what a chunk after a prompt's first pays (at most a)
     wake: tuple[tuple[float, float], ...] = ()  # (idle s, extra s) by idle: what the first step after an idle pays
 
     def chunk(self, p: int, k: int) -> float:
         return self.b * k + self.c * ((p + k) ** 2 - p * p)
+
+    def fixed(self, starting: bool, decoding: bool) -> float:
+        """The fixed cost a step's prefill chunks add: a where one starts a prompt, else s (one pass); less s where
+        the step also decodes (t0 holds its pass)."""
+        cost = self.a if starting else self.s
+        return max(0.0, cost - self.s) if decoding else cost
 
     def step(self, n: int, contexts: int) -> float:
         return self.t0 + self.r * (n - 1) + self.beta * contexts if n else 0.0
@@ -266,13 +276,13 @@ class Simulation:
                 break
         if not batch:
             return self._decode(decoding) if decoding else None
-        took = costs.a if any(not r.started for r, _ in batch) else 0.0
+        mixed = decoding if rules.mixed_chunk else []
+        took = costs.fixed(any(not r.started for r, _ in batch), bool(mixed))
         for r, k in batch:
             took += costs.chunk(r.done, k)
             r.started = True
             self._grow(r, k)
             r.need -= k
-        mixed = decoding if rules.mixed_chunk else []
         if mixed:
             took += costs.step(len(mixed), sum(x.context() for x in mixed))
         self.now += took
@@ -363,7 +373,7 @@ class Simulation:
         if not chunks and not decodes:
             return None
         took = costs.step(len(decodes), sum(r.context() for r in decodes))
-        took += costs.a if any(not r.started for r, _ in chunks) else 0.0
+        took += costs.fixed(any(not r.started for r, _ in chunks), bool(decodes)) if chunks else 0.0
         for r, k in chunks:
             took += costs.chunk(r.done, k)
             r.started = True

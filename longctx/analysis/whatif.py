@@ -3,19 +3,21 @@ settings nobody measured -> data/whatif.json.
 
 - The serving model (longctx.analysis.simulate.Costs) comes from fits.json: the prefill fit's a, b, c and the
   decode fit's t0 and beta; its bootstrap draws (paired by index) give the intervals. The decode batch's cost per
-  request beyond the first, r, is the one free figure: it is chosen (a grid of R_GRID values) to fit the measured
-  closed-loop points with more than one request in flight (their median TPOT, in log), which are then in-sample
-  for TPOT; everything else predicted (TTFT, the open loop, the interference probe) is out of sample. Without
-  such a point, r = 0 and the model says so.
+  request beyond the first, r, is the one figure fitted on load points: it is chosen (a grid of R_GRID values) to fit
+  the measured closed-loop points with more than one request in flight (their median TPOT, in log), and refitted in
+  every bootstrap draw on the draw's own fits, so that the intervals carry its uncertainty. Without such a point,
+  r = 0 and the model says so.
 - The scheduler's rules are the adapter's (EngineAdapter.scheduler_rules): a configuration whose engine has none
   that longctx knows (a server someone else runs) is not simulated, with the reason.
-- Checked: every measured closed-loop and open-loop point is simulated with the same workload (the closed loop's
-  concurrency, requests, prompt and output; the open loop's own scheduled arrivals) and every interference probe
-  with its background streams; per point the measured and predicted p50 and p90 of TTFT and TPOT (p90 only where
-  the point has the samples for it: longctx.analysis.load_summary.MIN_SAMPLES) and the interference's worst
-  stall, with the error predicted / measured - 1. The headline: the median absolute error at p50. A closed loop
-  that did not hold its level (longctx.analysis.load_summary's `held`: the client kept off its CPUs) ran another
-  workload than the one simulated: its rows say so and stay out of the headline and of r's fit.
+- Checked, out of sample only: every measured closed-loop and open-loop point is simulated with the same workload
+  (the closed loop's concurrency, requests, prompt and output; the open loop's own scheduled arrivals) and every
+  interference probe with its background streams; a point r is fitted to is predicted with r fitted to the other
+  points only (leave one point out: left_out), so that no figure checked was fitted on. Per point the measured and
+  predicted p50 and p90 of TTFT and TPOT (p90 only where the point has the samples for it:
+  longctx.analysis.load_summary.MIN_SAMPLES) and the interference's worst stall, with the error predicted /
+  measured - 1. The headline: the median absolute error at p50. A closed loop that did not hold its level
+  (longctx.analysis.load_summary's `held`: the client kept off its CPUs) ran another workload than the one
+  simulated: its rows say so and stay out of the headline and of r's fit.
 - What if: the `whatif` grid (max-running-requests, chunked-prefill size, mem-fraction-static through the memory
   planner's pool, concurrency or arrival rate, length) answered per setting with the predicted closed loop at each
   concurrency and length, and the open loop at each rate (a seeded schedule, as the load workloads draw it): its p90 TTFT and TPOT, goodput against the `slo` section (longctx.analysis.slo.goodput), and the
@@ -63,10 +65,16 @@ def costs_of(fit: dict) -> tuple[Costs | None, list[Costs], str | None]:
     p, d = fit.get("prefill") or {}, fit.get("decode") or {}
     if not p or not d:
         return None, [], f"no {'prefill' if not p else 'decode'} fit (fits.json)"
-    best = Costs(a=p["a_s"], b=p["b_s_per_token"], c=p["c_s_per_token2"], t0=d["t0_s"], beta=d["beta_s_per_token"])
+    best = model(p["a_s"], p["b_s_per_token"], p["c_s_per_token2"], d["t0_s"], d["beta_s_per_token"])
     pd_, dd = p.get("draws") or [], d.get("draws") or []
-    draws = [Costs(a=x[0], b=x[1], c=x[2], t0=y[0], beta=y[1]) for x, y in zip(pd_, dd)]
+    draws = [model(*x[:3], *y[:2]) for x, y in zip(pd_, dd)]
     return best, draws, None
+
+
+def model(a: float, b: float, c: float, t0: float, beta: float) -> Costs:
+    """The serving model of one set of fits: a forward pass's fixed cost s is the decode step's, t0 (a pass whose
+    token work is one token a request), at most the prefill's a (a prompt pays at least one pass)."""
+    return Costs(a=a, b=b, c=c, t0=t0, beta=beta, s=min(t0, a))
 
 
 def rules_of(entry: dict, load: dict | None) -> tuple[Rules | None, dict]:
@@ -124,11 +132,16 @@ def _interference(costs: Costs, rules: Rules, background: int, bg_length: int, l
     return {"worst_gap": float(np.median(worst)) if worst else None, "extra": float(np.median(extra)) if extra else None}
 
 
+def r_points(closed: list[dict]) -> list[dict]:
+    """The closed-loop points r is fitted to: more than one request in flight, the level held, a measured median TPOT."""
+    return [p for p in closed if (p.get("level") or 0) > 1 and not _held_below(p)
+            and finite(((p.get("tpot") or {}).get("p50") or {}).get("value"))]
+
+
 def calibrate_r(costs: Costs, rules: Rules, closed: list[dict]) -> tuple[float, str]:
     """r, the decode batch's cost per request beyond the first, fitted to the closed-loop points with more than one
-    request in flight (their measured median TPOT, in log), and how it was set."""
-    pts = [p for p in closed if (p.get("level") or 0) > 1 and not _held_below(p)
-           and finite(((p.get("tpot") or {}).get("p50") or {}).get("value"))]
+    request in flight (r_points: their measured median TPOT, in log), and how it was set."""
+    pts = r_points(closed)
     if not pts:
         return 0.0, "0: no closed-loop point held more than one request in flight"
     def err(r: float) -> float:
@@ -152,6 +165,27 @@ def calibrate_r(costs: Costs, rules: Rules, closed: list[dict]) -> tuple[float, 
     return best, f"fitted to the median TPOT of {len(pts)} closed-loop point{'s' if len(pts) != 1 else ''} with more than one request in flight"
 
 
+def with_r(costs: Costs, draws: list[Costs], rules: Rules, closed: list[dict]) -> tuple[Costs, list[Costs], str]:
+    """The serving model and its bootstrap draws with r fitted to `closed` (calibrate_r), each draw's r refitted on
+    the draw's own fits (so that the intervals carry r's uncertainty), and how r was set."""
+    r, source = calibrate_r(costs, rules, closed)
+    return (dataclasses.replace(costs, r=r), [dataclasses.replace(d, r=calibrate_r(d, rules, closed)[0]) for d in draws],
+            source)
+
+
+def left_out(costs: Costs, draws: list[Costs], rules: Rules, closed: list[dict]) -> dict[int, tuple[Costs, list[Costs], str]]:
+    """Per point r is fitted to (by id), the model with r fitted to the other points only (with_r): the check
+    predicts each point out of sample, by a model that never saw it."""
+    pts = r_points(closed)
+    out = {}
+    for p in pts:
+        others = [q for q in pts if q is not p]
+        c, d, source = with_r(costs, draws, rules, others)
+        out[id(p)] = (c, d, source.replace("the median TPOT of", "the median TPOT of the other") if others else
+                      "0: no other closed-loop point held more than one request in flight")
+    return out
+
+
 def _output(point: dict) -> int:
     return max(2, int(round(finite(point.get("output_tokens")) or 16)))
 
@@ -169,7 +203,7 @@ def _held_below(p: dict) -> str | None:
     return f"the loop held its {held.get('level')} requests {held['share']:.0%} of the time{stall}"
 
 
-def _row(kind: str, p: dict, predicted: dict, draws: list[dict], r_fitted: bool) -> list[dict]:
+def _row(kind: str, p: dict, predicted: dict, draws: list[dict], r_source: str | None) -> list[dict]:
     rows = []
     excluded = _held_below(p) if kind == "closed" else None
     for q in QUANTITIES:
@@ -181,21 +215,22 @@ def _row(kind: str, p: dict, predicted: dict, draws: list[dict], r_fitted: bool)
                          "low": float(np.quantile(d, 0.025)) if len(d) >= 10 else None,
                          "high": float(np.quantile(d, 0.975)) if len(d) >= 10 else None,
                          "error": v / m - 1 if m and v is not None else None,
-                         "in_sample": r_fitted and q == "tpot" and which == "p50" and kind == "closed"
-                                      and (p["level"] or 0) > 1 and not excluded,
-                         "excluded": excluded})
+                         "r_left_out": r_source, "excluded": excluded})
     return rows
 
 
 def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: pd.DataFrame, inter: pd.DataFrame,
-          interference_cfg: dict, r_fitted: bool = True) -> list[dict]:
+          interference_cfg: dict, loo: dict | None = None) -> list[dict]:
     """Every measured load point predicted (module docstring): one row per point, quantity and percentile, and one
-    per interference length (the victims' worst gap)."""
+    per interference length (the victims' worst gap). Every figure is out of sample: a point r was fitted to is
+    predicted by the model of `loo` (left_out: r fitted to the other points), its r's source in `r_left_out`."""
     rows = []
+    loo = loo or {}
     for kind in ("closed", "open"):
         for p in load.get(kind) or []:
             if not p.get("ok"):
                 continue
+            own, own_draws, r_source = loo.get(id(p), (costs, draws, None))
             if kind == "closed":
                 run = lambda c: _closed(c, rules, p["level"], p["n"], p["length"], _output(p))  # noqa: E731
             else:
@@ -205,7 +240,7 @@ def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: 
                 if not arrivals:
                     continue
                 run = lambda c, a=arrivals: _open(c, rules, a, p["length"], _output(p))  # noqa: E731
-            rows += _row(kind, p, _summary(run(costs)), [_summary(run(c)) for c in draws[:DRAWS]], r_fitted)
+            rows += _row(kind, p, _summary(run(own)), [_summary(run(c)) for c in own_draws[:DRAWS]], r_source)
     for p in (load.get("interference") or {}).get("points") or []:
         m = finite((p.get("worst_gap") or {}).get("value"))
         sel = inter[inter["length"] == p["length"]]
@@ -219,19 +254,19 @@ def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: 
                      "quantity": "worst_gap", "which": "p50", "measured": m, "predicted": v,
                      "low": float(np.quantile(d, 0.025)) if len(d) >= 10 else None,
                      "high": float(np.quantile(d, 0.975)) if len(d) >= 10 else None,
-                     "error": v / m - 1 if m and v is not None else None, "in_sample": False, "excluded": None})
+                     "error": v / m - 1 if m and v is not None else None, "r_left_out": None, "excluded": None})
     return rows
 
 
 def errors(rows: list[dict]) -> dict:
-    """The median absolute error at p50 over every point and quantity (a point that did not run the workload
-    simulated, a closed loop below its level, left out), out of sample only, and at p90."""
+    """The median absolute error at p50 and at p90 over every point and quantity, each out of sample (check), a point
+    that did not run the workload simulated (a closed loop below its level) left out."""
     rows = [r for r in rows if not r.get("excluded")]
 
-    def med(rs, which="p50"):
-        e = [abs(r["error"]) for r in rs if r["which"] == which and r["error"] is not None]
+    def med(which):
+        e = [abs(r["error"]) for r in rows if r["which"] == which and r["error"] is not None]
         return {"median_abs": float(np.median(e)) if e else None, "n": len(e)}
-    return {"p50": med(rows), "p50_out_of_sample": med([r for r in rows if not r["in_sample"]]), "p90": med(rows, "p90")}
+    return {"p50": med("p50"), "p90": med("p90")}
 
 
 def _grid_point(costs: Costs, rules: Rules, kind: str, level: float, L: int, g: dict, slo: dict,
@@ -251,8 +286,10 @@ def _grid_point(costs: Costs, rules: Rules, kind: str, level: float, L: int, g: 
                        "itl_max_s": [x["max_gap"] for x in res]})
     gp = goodput(df, slo, L, span, conf)
     s = _summary(res)
+    stalls = [x["max_gap"] for x in res if x["max_gap"] is not None and not x["failed"]]
     return {kind: level, "length": L, "ttft_p50": s["ttft"]["p50"], "ttft_p90": s["ttft"]["p90"],
-            "tpot_p50": s["tpot"]["p50"], "tpot_p90": s["tpot"]["p90"], "goodput_share": gp["share"],
+            "tpot_p50": s["tpot"]["p50"], "tpot_p90": s["tpot"]["p90"], "stall_max": max(stalls, default=None),
+            "goodput_share": gp["share"],
             "goodput_rate_s": gp["rate_s"], "failed": sum(1 for x in res if x["failed"]),
             "retractions": sum(x["retractions"] for x in res), "n": len(res)}, events
 
@@ -324,6 +361,30 @@ def grid(costs: Costs, rules: Rules, mm: dict | None, g: dict, slo: dict, level:
     return out, events
 
 
+def chunk_effect(settings: list[dict], rules: Rules, costs: Costs) -> str | None:
+    """What the grid's chunk axis shows, in words, where it is not the plain trade (a smaller chunk costs TTFT, s a
+    pass, and buys shorter stalls): settings that differ only in their chunk and predict the same figures at every
+    point (no prompt of the grid is chunked at any of them), or rules under which a prefill runs all its chunks
+    before the next decode step (PREFILL_FIRST without mixed chunks), where a smaller chunk only costs."""
+    words = []
+    groups: dict = {}
+    for x in settings:
+        if x.get("points") is not None:
+            groups.setdefault((x["max_running_requests"], x["mem_fraction_static"]), []).append(x)
+    figures = lambda x: [(p["ttft_p50"], p["ttft_p90"], p["tpot_p50"], p["tpot_p90"], p["stall_max"])  # noqa: E731
+                         for p in x["points"]]
+    same = [g for g in groups.values() if len(g) > 1 and all(figures(x) == figures(g[0]) for x in g[1:])]
+    if same:
+        chunks = sorted({x["chunked_prefill_size"] for g in same for x in g if x["chunked_prefill_size"]})
+        words.append(f"the chunk sizes {', '.join(f'{c:,}' for c in chunks)} predict the same figures at every point of "
+                     "the grid: none of its prompts is chunked at any of them, so the chunk does not matter here")
+    if rules.policy != TOKEN_BUDGET and not rules.mixed_chunk and len({x["chunked_prefill_size"] for x in settings}) > 1:
+        words.append("under these rules a prefill runs all its chunks before the next decode step (no mixed chunks), "
+                     f"so a smaller chunk does not shorten a running stream's stall: it only adds passes "
+                     f"({costs.s * 1e3:.3g} ms each) to the prompt's TTFT")
+    return "; ".join(words) or None
+
+
 def whatif(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, inter: pd.DataFrame, config: dict) -> dict:
     g = {**DEFAULT_GRID, **(config.get("whatif") or {})}
     slo = config.get("slo") or {}
@@ -352,11 +413,12 @@ def whatif(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, int
         # the wake probe's idle gaps and what each cost (longctx.analysis.load_summary.wake), the shortest's 0
         woke = tuple((x["idle_s"], x["extra_s"]) for x in ((ld or {}).get("wake") or {}).get("points") or [])
         costs = dataclasses.replace(costs, wake=woke)
-        r, r_source = calibrate_r(costs, rules, (ld or {}).get("closed") or [])
-        costs = dataclasses.replace(costs, r=r)
-        draws = [dataclasses.replace(c, r=r, wake=woke) for c in draws]
+        draws = [dataclasses.replace(c, wake=woke) for c in draws[:DRAWS]]
+        closed = (ld or {}).get("closed") or []
+        loo = left_out(costs, draws, rules, closed)
+        costs, draws, r_source = with_r(costs, draws, rules, closed)
         rows = check(costs, draws, rules, ld or {}, requests[requests["configuration"] == name],
-                     inter[inter["configuration"] == name], icfg, r_fitted=r_source.startswith("fitted")) if ld else []
+                     inter[inter["configuration"] == name], icfg, loo) if ld else []
         try:
             mm = memory_model(entry)
         except Exception as e:  # noqa: BLE001 - a pool the planner cannot size leaves mem_fraction_static unanswered
@@ -369,7 +431,8 @@ def whatif(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, int
             "rules_notes": (said.get("notes") or []) + [f"the {k} fit failed its quality gate: the model stands on it"
                                                          for k in ("prefill", "decode")
                                                          if not ((fit.get("quality") or {}).get(k) or {}).get("usable", True)],
-            "check": rows, "errors": errors(rows), "whatif": settings, "events": events,
+            "check": rows, "errors": errors(rows), "whatif": settings, "chunk_effect": chunk_effect(settings, rules, costs),
+            "events": events,
             "seconds": round(time.perf_counter() - t, 3)}
     return out
 

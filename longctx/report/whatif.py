@@ -28,7 +28,8 @@ def _model_words(c: dict) -> str:
     k, r = c["costs"], c["rules"]
     ms = lambda x: f"{x * 1e3:.3g} ms"  # noqa: E731
     us = lambda x: f"{x * 1e6:.3g} us"  # noqa: E731
-    parts = [f"prefill chunk {us(k['b'])} per token + {k['c'] * 1e9:.3g} ns x ((p+k)^2 - p^2), {ms(k['a'])} once a step that starts a prompt",
+    parts = [f"prefill chunk {us(k['b'])} per token + {k['c'] * 1e9:.3g} ns x ((p+k)^2 - p^2), {ms(k['a'])} once a step that "
+             f"starts a prompt, {ms(k.get('s') or 0)} every further pass (a forward pass's fixed cost: the decode step's t0)",
              f"decode step {ms(k['t0'])} + {ms(k['r'])} per further request + {k['beta'] * 1e9:.3g} ns per context token "
              f"(the per-request cost {c['r_source']})"]
     if k.get("wake"):  # the wake probe's figures (longctx.analysis.load_summary.wake)
@@ -38,6 +39,17 @@ def _model_words(c: dict) -> str:
              f"at most {r['max_running']:,} running" if r.get("max_running") else "no running limit",
              f"pool {r['pool_tokens']:,} tokens" if r.get("pool_tokens") else "pool not known", f"page {r['page']}"]
     return "; ".join(parts) + ". Scheduler: " + ", ".join(sched) + f"; its rules: {c['rules_source']}"
+
+
+def _trade(points: list[dict]) -> str:
+    """A setting's TTFT and worst decode stall at its heaviest closed loop (the grid's highest concurrency, longest
+    length): where the chunk's trade shows."""
+    closed = [p for p in points if "concurrency" in p]
+    if not closed:
+        return "--"
+    p = max(closed, key=lambda p: (p["concurrency"], p["length"]))
+    s = lambda x: f"{x:.3g}" if x is not None else "--"  # noqa: E731
+    return f"{s(p['ttft_p50'])} / {s(p['stall_max'])}"
 
 
 def view(doc: dict, order: list[str], load: dict) -> dict:
@@ -70,13 +82,15 @@ def view(doc: dict, order: list[str], load: dict) -> dict:
                 rate = f", {f['goodput_rate_s']:.3g} req/s" if f.get("goodput_rate_s") else ""
                 above = " or more" if f.get("open_above") else ""
                 words.append(f"{at}: {f['max_length']:,}{above}{rate}" if f["max_length"] else f"{at}: none")
-            settings.append({**s, "frontier_words": "; ".join(words)})
+            settings.append({**s, "frontier_words": "; ".join(words), "trade": _trade(s["points"])})
         excluded = sorted({f"{r['workload']} at {r['length']:,} ({r['excluded']})" for r in rows if r.get("excluded")})
         out.append({"name": name, "model": _model_words(c), "rows": rows, "misses": misses, "excluded": excluded, "errors": c["errors"], "settings": settings,
                     "measured_frontier": "; ".join(f"c={k}: {v:,}" if v else f"c={k}: none" for k, v in sorted(measured.items())),
                     "notes": [n[:1].upper() + n[1:] for n in c.get("rules_notes") or []], "events": c.get("events"), "seconds": c.get("seconds"),
+                    "chunk_effect": (c.get("chunk_effect") or "")[:1].upper() + (c.get("chunk_effect") or "")[1:],
                     "draws": c.get("draws")})
     grid = doc.get("grid") or {}
-    return {"any": bool(out), "configurations": out, "skipped": skipped, "grid": grid,
+    heaviest = (max(grid.get("concurrency") or [0]), max(grid.get("lengths") or [0]))
+    return {"any": bool(out), "configurations": out, "skipped": skipped, "grid": grid, "heaviest": heaviest,
             "draws": min([DRAWS, *(c["draws"] for c in out)]) if out else 0,
             "asked": bool((grid.get("concurrency") or grid.get("rates")) and grid.get("lengths"))}
