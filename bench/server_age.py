@@ -6,12 +6,15 @@ cache flush as the sweep's trials: `--repeats` requests at each of `--lengths` o
 `--long` tokens, and the same requests again. Prints each request's TTFT and the server's minor page faults over it
 (/proc/<pid>/stat, field 10: the kernel's count of pages the process touched fresh).
 
-    .venv/bin/python bench/server_age.py                        # config/longctx.yaml's page1-scattered
-    .venv/bin/python bench/server_age.py --env GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296
+    .venv/bin/python bench/server_age.py                        # config/longctx.yaml's page1-scattered, not primed
+    .venv/bin/python bench/server_age.py --env GLIBC_TUNABLES=glibc.malloc.trim_threshold=4294967296
 
-Measured on the 2-core CI-like VM (reference engine, page1-scattered): at 1,024 tokens, 32-40 ms with 3,000-6,800
-faults a request while young, 28 ms with none after a 16k request; with the glibc thresholds pinned, 28-30 ms and
-no faults from the second request on. At 4,096 tokens, 178-190 ms either way.
+Measured on the 2-core CI-like VM (reference engine, page1-scattered), before the engine fixed glibc's malloc
+thresholds (longctx.refengine.server.hold_freed_memory): at 1,024 tokens, 32-40 ms with 3,000-6,800 faults a
+request while young, 28 ms with none after a 16k request; at 2,048, 69-74 ms young and 62-65 ms after. Since: the
+first request at a length touches its pages once (36 ms, 4,449 faults), every later one 27-29 ms young and old,
+and 64-68 ms at 2,048 (the sweep's warm-up takes that first request). Pinning the trim threshold alone (the --env
+line above) disables glibc's growing mmap threshold: 43 ms and 95 ms at every request, 12,000 and 29,000 faults.
 """
 
 from __future__ import annotations
@@ -42,8 +45,11 @@ def main(argv=None) -> int:
     p.add_argument("--output-tokens", type=int, default=16)
     p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server's environment")
     p.add_argument("--log", default="/tmp/longctx-server-age.log", help="the server's log")
+    p.add_argument("--prime", action="store_true", help="prime the server as a run does (protocol.prime); off here, "
+                   "so that the first round meets the server young")
     a = p.parse_args(argv)
     cfg = lcfg.load(a.config)
+    cfg["protocol"]["prime"] = a.prime
     conf = cfg["configurations"][a.configuration]
     conf["env"] = {**conf.get("env", {}), **dict(kv.split("=", 1) for kv in a.env)}
     spec = lcfg.configuration_spec(cfg, a.configuration)

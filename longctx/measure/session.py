@@ -67,14 +67,19 @@ def server_env(spec: ConfigurationSpec) -> dict[str, str]:
     return env
 
 
-def longest_prompt(spec: ConfigurationSpec) -> int:
-    """The most prompt tokens one request of this configuration's run asks for: its lengths, the ITL-depth request,
-    the load and reused-context workloads."""
+def prompt_lengths(spec: ConfigurationSpec) -> list[int]:
+    """The prompt lengths this configuration's run asks for, longest first: its lengths, the ITL-depth request, the
+    load and reused-context workloads."""
     load, prefix = spec.load or {}, spec.prefix or {}
     lengths = [*spec.lengths, spec.protocol.get("itl_depth", {}).get("length") or 0, *load.get("lengths", ()),
                *(load.get("interference") or {}).get("lengths", ()), *prefix.get("lengths", ()),
                (prefix.get("conversation") or {}).get("max_context") or 0]
-    return max(int(x) for x in lengths)
+    return sorted({int(x) for x in lengths}, reverse=True)
+
+
+def longest_prompt(spec: ConfigurationSpec) -> int:
+    """The most prompt tokens one request of this configuration's run asks for (prompt_lengths)."""
+    return prompt_lengths(spec)[0]
 
 
 class FatalServerError(ServerError):
@@ -134,6 +139,7 @@ class Session:
             try:
                 self._start()
                 self._probe()
+                self._prime()
                 return
             except (FatalServerError, NoHealthPath):
                 raise
@@ -210,6 +216,32 @@ class Session:
             raise FatalServerError(f"the prompt probe of configuration {spec.name!r} failed: {exc}") from None
         self.prov["prompt_probe"] = plan.to_dict()
         progress.info("%s: prompt probe: %s", spec.name, plan.describe())
+
+    def _prime(self) -> None:
+        """Each server, before its first measured request: one request at the longest prompt of the run
+        (protocol.prime), its cache flushed after. A server's first long prompt grows its memory (the allocator's
+        arenas, a GPU caching allocator's blocks), and until then every request pays for what it touches fresh: the
+        reference engine's 1,024-token TTFT was 35-41 ms before its first 16k prompt and 28-30 ms after
+        (bench/server_age.py). Primed, the sweep's first lengths and the load stage after them measure the same
+        server. Recorded in provenance (`primed`), never as a trial; a prime that fails is said and the run goes on
+        (the length itself fails with its own reason)."""
+        if not self.spec.protocol.get("prime", True):
+            return
+        # the longest prompt the server will be sent: one it refuses with the run's output tokens is not
+        out, asked = 2, self.spec.protocol["output_tokens"]
+        length = next((x for x in prompt_lengths(self.spec) if x and not self.refuses(x, asked)), None)
+        entry: dict = {"start": self.starts, "length": length}
+        if length is None:
+            entry.update(status="skipped", reason=self.refuses(longest_prompt(self.spec), asked))
+        else:
+            timeout = self.spec.protocol["request_timeout_s"]
+            body = self.prompter.body(length, f"prime/{self.spec.name}/{self.starts}", out)
+            summary = self.prompter.generate(self.client, self.base + self.api.generate_path, body, timeout, length)
+            entry.update(status=summary["status"], reason=summary.get("reason"), ttft_s=summary.get("ttft_s"),
+                         flush_error=self.flush(timeout))
+        self.prov.setdefault("primed", []).append(entry)
+        progress.info("%s: primed with one %s-token prompt: %s", self.spec.name, length,
+                      f"TTFT {entry['ttft_s']:.3g} s" if entry.get("ttft_s") else f"{entry['status']} ({entry['reason']})")
 
     def _start_managed(self, timeout: float) -> tuple[list[str], float]:
         """Launch on a free port; when another process takes that port first (another bench job

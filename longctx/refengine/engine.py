@@ -122,6 +122,7 @@ class Engine:
             "sampling": "greedy",
             "random_weights": True,
             "kv_defrag": {"moves": self.pool.defrag_moves, "misses": self.pool.defrag_misses},
+            "malloc": getattr(self, "malloc", None),  # glibc's thresholds the server fixed (server.hold_freed_memory)
             "radix_cache": None if self.cache is None else {
                 "cached_tokens": self.cache.total_tokens(), "evictable_tokens": self.cache.evictable_tokens(),
                 "evicted_tokens": self.cache.evicted_tokens},

@@ -1,0 +1,122 @@
+"""Issue 45 on the reference engine, at config/longctx.yaml's page1-scattered (its model, its flags), on one run:
+
+- Two stages, one request: a 1,024-token prompt (no cached tokens) measured by the sweep's trials and by the load
+  stage's closed loop of one agrees within its noise. Between them the run sends one 16k prompt (the ITL-depth
+  request). Before the server was primed (protocol.prime: one request at the run's longest prompt on each server
+  before its first measured one), the sweep measured a young server that had never held a long prompt: 35-41 ms
+  against 26-30 ms after the 16k one (bench/server_age.py), 12-39% apart on the default run.
+- A prediction where nothing was calibrated: the run's serving model (its fits, r from its closed loop of 2, its
+  rules) asked by the what-if grid for a setting the run did not measure (max-running-requests 2 where it ran 4,
+  chunked prefill 1,024 where it ran 8,192, a closed loop of 4 at 2,048 tokens where it measured loops of 1 and 2 at
+  1,024), then that setting measured on a new server: the median TTFT and TPOT within the 15% the report holds the
+  model to (longctx.report.whatif.TOLERANCE) once the two servers' own difference on one request alone is taken out,
+  and within 30% as measured.
+"""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from longctx import config as lcfg
+from longctx.analysis.aggregate import aggregate
+from longctx.analysis.compare import welch_log_interval
+from longctx.analysis.fits import fit_file
+from longctx.analysis.load import aggregate_load
+from longctx.analysis.load_summary import analyze_file
+from longctx.analysis.whatif import whatif_file
+from longctx.measure.sweep import run_configuration
+from longctx.report.whatif import TOLERANCE
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+NAME = "page1-scattered"
+L = 1024
+CLOSED = {"duration_s": None}
+ASKED = {"max_running_requests": [2], "chunked_prefill_size": [1024], "concurrency": [4], "rates": [],
+         "lengths": [2048], "output_tokens": 16, "requests": 8}
+
+
+def spec_of(lengths, trials, load, **args):
+    spec = lcfg.configuration_spec(lcfg.load(ROOT / "config" / "longctx.yaml"), NAME)
+    protocol = {**spec.protocol, "warmup": 1, "trials": trials, "output_tokens": 8, "concurrency": [],
+                "needle": {**spec.protocol["needle"], "enabled": False}, "itl_depth": {"length": None, "output_tokens": 2}}
+    # no /metrics through the load points: the scrape is not what this test is about (it did not change the ratio below)
+    none = {"metrics": {**spec.load["metrics"], "enabled": False}, "open": {**spec.load["open"], "rates": []}, "interference": {**spec.load["interference"], "lengths": []},
+            "wake": {**spec.load["wake"], "idle_s": []}}
+    return replace(spec, lengths=lengths, protocol=protocol, load={**spec.load, **none, **load}, prefix=None,
+                   kernel_build=None, args={**spec.args, **args})
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("whatif-measured")
+    raw = work / "raw" / NAME
+    spec = spec_of([L, 2048, 4096], 8, {"lengths": [L], "output_tokens": 16, "closed": {**CLOSED, "concurrency": [1, 2], "requests": 8}})
+    spec = replace(spec, protocol={**spec.protocol, "itl_depth": {"length": 16384, "output_tokens": 2}})
+    assert run_configuration(spec, raw, work / "server.log") == 0
+    files = sorted(str(p) for p in raw.glob("*.json"))
+    data = work / "data"
+    data.mkdir()
+    aggregate(files, data / "results.csv", data / "provenance.json", data / "itl_depth.csv")
+    fit_file(data / "results.csv", data / "fits.json", data / "provenance.json")
+    aggregate_load(files, data / "load_requests.csv", data / "load_interference.csv", data / "load_metrics.csv")
+    analyze_file(data / "load_requests.csv", data / "load_interference.csv", data / "load_metrics.csv", data / "load.json",
+                 data / "fits.json", data / "provenance.json")
+    doc = whatif_file(data / "fits.json", data / "load.json", data / "provenance.json", data / "load_requests.csv",
+                      data / "load_interference.csv", {"whatif": ASKED, "slo": {"ttft_s": 10.0}}, data / "whatif.json")
+    return {"work": work, "raw": raw, "whatif": doc["configurations"][NAME]}
+
+
+def test_a_request_measured_by_the_sweep_and_by_the_load_stage_agrees(run):
+    sweep = json.loads((run["raw"] / f"{L}.json").read_text())
+    primed = sweep["provenance"].get("primed")
+    assert primed and primed[0]["length"] == 16384 and primed[0]["status"] == "ok", primed
+    swept = [t["ttft_s"] for t in sweep["trials"]]
+    doc = json.loads((run["raw"] / "load.json").read_text())
+    (alone,) = [w for w in doc["workloads"] if w["kind"] == "closed" and w["concurrency"] == 1]
+    loaded = [r["ttft_s"] for r in alone["requests"] if r["status"] == "ok"]
+    assert len(swept) == 8 and len(loaded) == 8
+    lo, hi = welch_log_interval(swept, loaded, 0.99)
+    ratio = float(np.median(swept) / np.median(loaded))
+    said = (f"sweep {[round(x * 1e3, 1) for x in swept]} ms, load stage {[round(x * 1e3, 1) for x in loaded]} ms: "
+            f"ratio of medians {ratio:.3f}, 99% interval of the geometric means' [{lo:.3f}, {hi:.3f}]")
+    print(said)
+    # within its noise: the medians within 12%, or the interval holds 1. Primed, the ratio was 0.90-1.03 in nine runs
+    # (the load stage's lone request, sent as the one before ends with nothing flushed between, reads up to 8% more
+    # on this VM, not explained yet); unprimed, on a young server, the sweep read 12-39% more than the load stage
+    assert abs(ratio - 1) <= 0.12 or lo <= 1 <= hi, said
+
+
+def test_the_grids_answer_at_a_setting_not_measured_holds_when_it_is_measured(run):
+    c = run["whatif"]
+    assert "reason" not in c, c
+    (setting,) = c["whatif"]
+    assert (setting["max_running_requests"], setting["chunked_prefill_size"]) == (2, 1024)
+    (point,) = [p for p in setting["points"] if p.get("concurrency") == 4]
+    spec = spec_of([2048], 3, {"lengths": [2048], "output_tokens": 16, "closed": {**CLOSED, "concurrency": [4], "requests": 8}},
+                   **{"max-running-requests": 2, "chunked-prefill-size": 1024})
+    out = run["work"] / "asked"
+    assert run_configuration(spec, out, run["work"] / "asked.log") == 0
+    doc = json.loads((out / "load.json").read_text())
+    (measured,) = [w for w in doc["workloads"] if w["kind"] == "closed"]
+    ok = [r for r in measured["requests"] if r["status"] == "ok"]
+    assert len(ok) == 8
+    figures = {"ttft": float(np.median([r["ttft_s"] for r in ok])), "tpot": float(np.median([r["tpot_s"] for r in ok]))}
+    errors = {q: point[f"{q}_p50"] / figures[q] - 1 for q in figures}
+    # the control: one request alone at the same length on both servers (the run's sweep, the new server's one trial).
+    # Two servers of one configuration differ on this VM by up to 25% between runs (bench/rerun_drift.sh), more than
+    # the model's error; the prediction is held to the report's 15% once that difference is taken out, and to 30%
+    # without
+    alone = lambda d: json.loads((d / "2048.json").read_text())["trials"]  # noqa: E731
+    drift = {q: float(np.median([t[f"{q}_s"] for t in alone(out)]) / np.median([t[f"{q}_s"] for t in alone(run["raw"])]))
+             for q in figures}
+    corrected = {q: point[f"{q}_p50"] * drift[q] / figures[q] - 1 for q in figures}
+    said = "; ".join(f"{q}: predicted {point[f'{q}_p50'] * 1e3:.1f} ms, measured {figures[q] * 1e3:.1f} ms ({errors[q]:+.1%}; "
+                     f"the new server alone {drift[q] - 1:+.1%} on the run's: {corrected[q]:+.1%} after it)" for q in figures)
+    print(said, f"(r = {c['costs']['r'] * 1e3:.3f} ms, s = {c['costs']['s'] * 1e3:.3f} ms)")
+    assert all(abs(e) <= TOLERANCE for e in corrected.values()), said
+    assert all(abs(e) <= 2 * TOLERANCE for e in errors.values()), said
