@@ -117,6 +117,9 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
         if "device" in conf and adapter.managed:
             raise ConfigError(f"config key 'configurations.{name}.device' is for external servers; a {conf['engine']} "
                               "server's device comes from its flags and installation (remove the key)")
+        if conf.get("scheduler") and adapter.name != "external":
+            raise ConfigError(f"config key 'configurations.{name}.scheduler' is for external servers; a {conf['engine']} "
+                              "server's scheduler is its adapter's, from its flags (remove the key)")
         if conf.get("server_log") and adapter.managed:
             raise ConfigError(f"config key 'configurations.{name}.server_log' is for external servers; a {conf['engine']} "
                               "server's log is longctx's own (data/logs/server/<configuration>.log; remove the key)")

@@ -80,12 +80,30 @@ def test_a_request_waits_for_a_running_slot_and_its_ttft_is_the_wait_plus_its_pr
 
 
 def test_a_closed_loop_of_one_sends_each_request_as_the_last_ends():
+    from longctx.analysis.simulate import TURNAROUND
+
     L, n = 800, 6
     res, _ = simulate(K, Rules(PREFILL_FIRST, chunk=8192), closed=(1, 4, L, n))
     assert len(res) == 4
     for before, after in zip(res, res[1:]):
-        assert after["arrival"] == before["times"][-1]
+        assert after["arrival"] == before["times"][-1] + TURNAROUND
         assert after["ttft"] == pytest.approx(res[0]["ttft"], rel=1e-12)
+
+
+@pytest.mark.parametrize("policy", [PREFILL_FIRST, TOKEN_BUDGET])
+def test_a_request_sent_on_a_token_misses_the_step_already_running_and_clients_start_when_they_sent(policy):
+    """Two clients, the second's first request sent 11 ms after the first's (starts), 3 output tokens each, a = 10 ms,
+    2 ms decode steps, nothing per token. By hand: the first is prefilled alone (TTFT 10 ms); the second arrives
+    during the first's decode and is prefilled next (PREFILL_FIRST: alone; under a token budget beside the first's
+    decode, a step of 10 ms). The first ends at 22 or 24 ms, and its client's next request reaches the server after
+    the step that follows has begun (as vLLM's CPU server took it): it waits that step (the second's decode, 2 ms),
+    then its own prefill: TTFT 12 ms where a request already there would have had 10."""
+    k = Costs(a=0.01, b=0.0, c=0.0, t0=0.002, beta=0.0, s=0.002)
+    res, _ = simulate(k, Rules(policy, chunk=4096, one_prefill=True), closed=(2, 3, 100, 3), starts=[0.0, 0.011])
+    first, second, third = sorted(res, key=lambda r: r["arrival"])
+    assert first["ttft"] == pytest.approx(0.01, rel=1e-9) and second["arrival"] == 0.011
+    assert third["arrival"] == pytest.approx(first["times"][-1], abs=1e-5)
+    assert third["ttft"] == pytest.approx(0.012, abs=1e-5)
 
 
 @pytest.mark.parametrize("policy", [PREFILL_FIRST, TOKEN_BUDGET])
@@ -361,3 +379,48 @@ def test_the_chunk_axis_says_where_it_cannot_matter():
     budget = Rules(TOKEN_BUDGET, chunk=2048)
     out, _ = grid(k, budget, None, {**g, "chunked_prefill_size": [1024, 8192]}, {"ttft_s": 1.0}, 0.95)
     assert chunk_effect(out, budget, k) is None
+
+
+def test_an_external_server_is_simulated_by_the_scheduler_its_configuration_names():
+    """A server someone else runs has no rules unless its configuration says which scheduler it runs; then that
+    engine's rules from the flags it gives: vLLM's adapter's own, llama.cpp's server's (slots, continuous batching: a
+    token budget of --batch-size), llama-cpp-python's (one completion at a time, its prompt in n_batch batches)."""
+    ext = get_adapter("external")
+    entry = {"server_info": {}, "device": "cpu"}
+    assert ext.run_rules(entry, 5000) is None
+    said = ext.run_rules({**entry, "scheduler": {"engine": "vllm", "args": {"max-num-batched-tokens": 512, "max-num-seqs": 4}}}, 5000)
+    assert (said["policy"], said["chunk"], said["max_running"], said["pool_tokens"]) == (TOKEN_BUDGET, 512, 4, 5000)
+    assert said["source"].startswith("vLLM's V1 scheduler's") and "its configuration's scheduler key" in said["source"]
+    said = ext.run_rules({**entry, "scheduler": {"engine": "llama.cpp", "args": {"parallel": 2, "batch-size": 1024, "ctx-size": 8192}}}, None)
+    assert (said["policy"], said["chunk"], said["max_running"], said["pool_tokens"]) == (TOKEN_BUDGET, 1024, 2, 8192)
+    said = ext.run_rules({**entry, "scheduler": {"engine": "llama.cpp", "args": {"no-cont-batching": True}}}, None)
+    assert "without continuous batching" in said["not_simulated"]
+    said = ext.run_rules({**entry, "scheduler": {"engine": "llama-cpp-python", "args": {"n_ctx": 4096}}}, None)
+    assert "interrupt_requests" in said["not_simulated"]  # its default: a new request ends the streaming one
+    said = ext.run_rules({**entry, "scheduler": {"engine": "llama-cpp-python",
+                                                 "args": {"n_ctx": 4096, "interrupt_requests": False}}}, None)
+    assert (said["policy"], said["chunk"], said["max_running"], said["pool_tokens"]) == (PREFILL_FIRST, 512, 1, 4096)
+    assert said["notes"] == ["n_batch not set: llama-cpp-python's default 512"]
+    # one completion at a time: the second request, sent with the first, starts its prefill when the first has its
+    # last token, and its 1,300-token prompt is three passes of 512 (a, then s twice)
+    k = Costs(a=0.01, b=2e-5, c=1e-9, t0=0.004, beta=1e-7, s=0.004)
+    rules = Rules(**{f: said[f] for f in ("policy", "chunk", "max_running", "one_prefill", "pool_tokens")})
+    first, second = simulate(k, rules, [(0.0, 1300, 5), (0.0, 1300, 5)])[0]
+    alone = 0.01 + 2 * 0.004 + 2e-5 * 1300 + 1e-9 * 1300**2
+    assert first["ttft"] == pytest.approx(alone, rel=1e-12)
+    assert second["ttft"] == pytest.approx(first["e2e"] + alone, rel=1e-12)
+
+
+def test_only_an_external_configuration_names_its_scheduler():
+    from longctx import config as lcfg
+    from longctx.core.errors import ConfigError
+
+    base = {"model": {"name": "m"}, "lengths": [64]}
+    ok = lcfg.validate({**base, "configurations": {"x": {"engine": "external", "url": "http://127.0.0.1:1", "api": "openai",
+                                                          "scheduler": {"engine": "llama-cpp-python", "args": {"n_batch": 256}}}}})
+    assert lcfg.configuration_spec(ok, "x").scheduler == {"engine": "llama-cpp-python", "args": {"n_batch": 256}}
+    with pytest.raises(ConfigError, match=r"configurations\.x\.scheduler' is for external servers"):
+        lcfg.validate({**base, "configurations": {"x": {"engine": "reference", "scheduler": {"engine": "vllm"}}}})
+    with pytest.raises(ConfigError, match="llama-cpp-python"):
+        lcfg.validate({**base, "configurations": {"x": {"engine": "external", "url": "http://127.0.0.1:1", "api": "openai",
+                                                         "scheduler": {"engine": "tgi"}}}})

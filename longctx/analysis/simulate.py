@@ -39,7 +39,9 @@ The scheduler's rules (Rules: the adapter's scheduler_rules, never the engine's 
   goes to the front of the waiting queue and is prefilled again).
 
 Workloads: a list of requests with arrival times (open loop; the interference probe), or a closed loop of c
-clients each sending its next request when its last ends. Pure Python over plain numbers: the what-if grid of
+clients each sending its next request when its last ends, their first ones at given starts (a real client sends
+them a few milliseconds apart, and a server may prefill the first alone: vLLM's CPU server took the first of four
+256-token prompts alone, 148 ms, then the three others together, 516 ms). Pure Python over plain numbers: the what-if grid of
 a study config is simulated in seconds (bench/whatif_speed.py).
 """
 
@@ -53,6 +55,7 @@ PREFILL_FIRST, TOKEN_BUDGET = "prefill_first", "token_budget"
 POLICIES = (PREFILL_FIRST, TOKEN_BUDGET)
 RESERVE_DECAY_STEPS = 600  # SGLang's new_token_ratio decay
 CLIP_OUTPUT = 4096  # SGLang's CLIP_MAX_NEW_TOKENS: the most output tokens a reservation counts
+TURNAROUND = 1e-6  # a closed-loop client's next request reaches the server this long after the last token it answers
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ class Simulation:
     """One workload on one serving model and rule set; run() returns every request's result (Request.result)."""
 
     def __init__(self, costs: Costs, rules: Rules, requests: list[Request] | None = None,
-                 closed: tuple[int, int, int, int] | None = None, limit_s: float = 1e7):
+                 closed: tuple[int, int, int, int] | None = None, limit_s: float = 1e7, starts: list[float] | None = None):
         self.costs, self.rules, self.limit = costs, rules, limit_s
         self.now, self.events = 0.0, 0
         self.arrivals: list = []  # heap of (time, order, request)
@@ -156,10 +159,10 @@ class Simulation:
         self.idle_since = -math.inf  # when the server last had nothing to do (None: busy)
         for r in requests or []:
             self._arrive(r)
-        if closed:
+        if closed:  # each client's first request at its start (starts: as a client sent them; else all at 0)
             clients, n, prompt, output = closed
             for i in range(min(clients, n)):
-                self._send(0.0, prompt, output, i)
+                self._send(starts[i] if starts and i < len(starts) else 0.0, prompt, output, i)
 
     def _arrive(self, r: Request) -> None:
         heapq.heappush(self.arrivals, (r.arrival, self.order, r))
@@ -193,10 +196,13 @@ class Simulation:
             self._finish(r, t)
 
     def _finish(self, r: Request, t: float) -> None:
-        """A request done (or failed): its closed-loop client sends its next one."""
+        """A request done (or failed): its closed-loop client sends its next one, which reaches the server after the
+        step that follows has started (TURNAROUND): a server starts its next step as soon as the last ends, and a
+        request sent on a token of that step cannot be in it (vLLM's CPU server: a request sent as the one before
+        ended waited out the other stream's step, 48 ms, before its prefill)."""
         self.finished.append(r)
         if self.closed and r.client is not None and self.sent < self.closed[1]:
-            self._send(t, self.closed[2], self.closed[3], r.client)
+            self._send(t + TURNAROUND, self.closed[2], self.closed[3], r.client)
 
     def _admit_arrivals(self) -> None:
         while self.arrivals and self.arrivals[0][0] <= self.now:
@@ -391,8 +397,9 @@ class Simulation:
 
 
 def simulate(costs: Costs, rules: Rules, requests: list[tuple[float, int, int]] | None = None,
-             closed: tuple[int, int, int, int] | None = None) -> tuple[list[dict], int]:
+             closed: tuple[int, int, int, int] | None = None, starts: list[float] | None = None) -> tuple[list[dict], int]:
     """Every request's result (Request.result) and the events simulated (tokens emitted), for requests given as
-    (arrival, prompt, output) or a closed loop (clients, requests, prompt, output)."""
-    sim = Simulation(costs, rules, [Request(t, p, o) for t, p, o in requests or []], closed)
+    (arrival, prompt, output) or a closed loop (clients, requests, prompt, output), its clients' first requests at
+    `starts` (seconds; default all at 0)."""
+    sim = Simulation(costs, rules, [Request(t, p, o) for t, p, o in requests or []], closed, starts=starts)
     return sim.run(), sim.events

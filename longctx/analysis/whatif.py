@@ -81,10 +81,9 @@ def rules_of(entry: dict, load: dict | None) -> tuple[Rules | None, dict]:
     """A configuration's scheduler rules (its adapter's scheduler_rules, the pool the server allocated, the page it
     ran with: longctx.analysis.load.page_size), and the adapter's words on them."""
     pool = observed_pool(entry)[0] or (load or {}).get("pool_tokens")
-    said = adapter_of(entry).scheduler_rules(entry.get("args") or {}, entry.get("server_info") or {}, pool,
-                                             entry.get("device"))
-    if said is None:
-        return None, {}
+    said = adapter_of(entry).run_rules(entry, pool)
+    if said is None or said.get("not_simulated"):  # rules the simulation does not have, said why
+        return None, said or {}
     fields = {f.name for f in dataclasses.fields(Rules)}
     return Rules(**{k: v for k, v in said.items() if k in fields}, page=page_size(entry)), said
 
@@ -100,8 +99,32 @@ def _summary(results: list[dict]) -> dict:
     return {q: {"p50": _quantile([r[q] for r in ok], 0.5), "p90": _quantile([r[q] for r in ok], 0.9)} for q in QUANTITIES}
 
 
-def _closed(costs: Costs, rules: Rules, c: int, n: int, prompt: int, output: int) -> list[dict]:
-    return simulate(costs, rules, closed=(int(c), int(n), int(prompt), int(output)))[0]
+def _closed(costs: Costs, rules: Rules, c: int, n: int, prompt: int, output: int,
+            starts: list[float] | None = None) -> list[dict]:
+    return simulate(costs, rules, closed=(int(c), int(n), int(prompt), int(output)), starts=starts)[0]
+
+
+def _run_closed(costs: Costs, rules: Rules, p: dict) -> list[dict]:
+    """A measured closed-loop point simulated: its clients, requests, prompt and output, its first requests sent when
+    the client sent them (`starts`, from load_requests.csv: closed_starts)."""
+    return _closed(costs, rules, p["level"], p["n"], p["length"], _output(p), p.get("starts"))
+
+
+def closed_starts(requests: pd.DataFrame, p: dict) -> list[float] | None:
+    """When the closed loop's client sent each of its first `level` requests, from the first (load_requests.csv's
+    sent_s): a client sends them a few milliseconds apart, not at once."""
+    if requests is None or not len(requests) or "sent_s" not in requests:
+        return None
+    sel = requests[(requests["kind"] == "closed") & (requests["level"] == p["level"]) & (requests["length"] == p["length"])]
+    sent = sorted(float(x) for x in sel.sort_values("index")["sent_s"].head(int(p["level"])).dropna())
+    return [x - sent[0] for x in sent] if len(sent) == int(p["level"]) else None
+
+
+def client_stagger(points: list[dict]) -> float:
+    """The median gap between a closed loop's first sends over the measured points (0 where none): what the grid's
+    closed loops start with, client i at i times it."""
+    gaps = [b - a for p in points for a, b in zip(p.get("starts") or [], (p.get("starts") or [])[1:])]
+    return float(np.median(gaps)) if gaps else 0.0
 
 
 def _open(costs: Costs, rules: Rules, arrivals: list[float], prompt: int, output: int) -> list[dict]:
@@ -148,7 +171,7 @@ def calibrate_r(costs: Costs, rules: Rules, closed: list[dict]) -> tuple[float, 
         c = dataclasses.replace(costs, r=r)
         e = 0.0
         for p in pts:
-            pred = _summary(_closed(c, rules, p["level"], p["n"], p["length"], _output(p)))["tpot"]["p50"]
+            pred = _summary(_run_closed(c, rules, p))["tpot"]["p50"]
             e += (np.log(pred) - np.log(p["tpot"]["p50"]["value"])) ** 2 if pred else 1e9
         return e
 
@@ -232,7 +255,7 @@ def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: 
                 continue
             own, own_draws, r_source = loo.get(id(p), (costs, draws, None))
             if kind == "closed":
-                run = lambda c: _closed(c, rules, p["level"], p["n"], p["length"], _output(p))  # noqa: E731
+                run = lambda c: _run_closed(c, rules, p)  # noqa: E731
             else:
                 sel = requests[(requests["kind"] == "open") & (requests["level"] == p["level"])
                                & (requests["length"] == p["length"])]
@@ -270,13 +293,14 @@ def errors(rows: list[dict]) -> dict:
 
 
 def _grid_point(costs: Costs, rules: Rules, kind: str, level: float, L: int, g: dict, slo: dict,
-                conf: float) -> tuple[dict, int]:
+                conf: float, stagger: float = 0.0) -> tuple[dict, int]:
     """One predicted point of the grid, a closed loop of `level` clients or an open loop of `level` arrivals a
     second (the seeded schedule the load workloads use, longctx.measure.load.arrival_schedule): its p50 and p90,
     goodput against the SLOs, failures and retractions."""
     n, out = int(g["requests"]), int(g["output_tokens"])
     if kind == "concurrency":
-        res, events = simulate(costs, rules, closed=(int(level), max(n, int(level)), int(L), out))
+        res, events = simulate(costs, rules, closed=(int(level), max(n, int(level)), int(L), out),
+                               starts=[i * stagger for i in range(int(level))])
     else:
         arrivals = arrival_schedule(float(level), n, g["arrival"], g["burstiness"], g["seed"])
         res, events = simulate(costs, rules, [(t, int(L), out) for t in arrivals])
@@ -299,7 +323,7 @@ def _passes(p: dict, slo: dict) -> bool:
 
 
 def _frontier(costs: Costs, rules: Rules, kind: str, level: float, points: list[dict], g: dict, slo: dict,
-              conf: float) -> tuple[dict, int]:
+              conf: float, stagger: float = 0.0) -> tuple[dict, int]:
     """The longest length meeting the SLOs at a concurrency or an arrival rate (kind): the grid's longest pass before
     its first fail, then bisected (geometric means) between them to within FRONTIER_TOLERANCE; open_above where
     nothing in the grid failed."""
@@ -315,7 +339,7 @@ def _frontier(costs: Costs, rules: Rules, kind: str, level: float, points: list[
             mid = int(round((lo * hi) ** 0.5))
             if mid in (lo, hi):
                 break
-            p, ev = _grid_point(costs, rules, kind, level, mid, g, slo, conf)
+            p, ev = _grid_point(costs, rules, kind, level, mid, g, slo, conf, stagger)
             events += ev
             if _passes(p, slo):
                 lo, best = mid, p
@@ -325,7 +349,8 @@ def _frontier(costs: Costs, rules: Rules, kind: str, level: float, points: list[
             "goodput_rate_s": best["goodput_rate_s"] if best else None}, events
 
 
-def grid(costs: Costs, rules: Rules, mm: dict | None, g: dict, slo: dict, level: float) -> tuple[list[dict], int]:
+def grid(costs: Costs, rules: Rules, mm: dict | None, g: dict, slo: dict, level: float,
+         stagger: float = 0.0) -> tuple[list[dict], int]:
     """The what-if grid of one configuration: per setting, per concurrency (arrival rate) and length, the predicted
     closed (open) loop and its goodput; per setting and concurrency (rate) the predicted frontier (_frontier). Also
     the events simulated."""
@@ -349,11 +374,11 @@ def grid(costs: Costs, rules: Rules, mm: dict | None, g: dict, slo: dict, level:
         points, frontier = [], []
         for kind, levels in (("concurrency", g["concurrency"]), ("rate", g["rates"])):
             for x, L in itertools.product(levels, g["lengths"]):
-                p, ev = _grid_point(costs, r, kind, x, L, g, slo, level)
+                p, ev = _grid_point(costs, r, kind, x, L, g, slo, level, stagger)
                 points.append(p)
                 events += ev
             for x in levels:
-                f, ev = _frontier(costs, r, kind, x, points, g, slo, level)
+                f, ev = _frontier(costs, r, kind, x, points, g, slo, level, stagger)
                 frontier.append(f)
                 events += ev
         out.append({"max_running_requests": mr, "chunked_prefill_size": chunk, "mem_fraction_static": frac,
@@ -405,7 +430,9 @@ def whatif(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, int
         if adapter_of(entry).verify_width(entry.get("args") or {}) > 1:
             why = why or "speculative decoding (a step verifies several tokens) is not in the serving model"
         if rules is None:
-            why = why or f"the scheduler of {adapter_of(entry).title} is not known to longctx"
+            why = why or said.get("not_simulated") or (
+                f"the scheduler of {adapter_of(entry).title} is not known to longctx (a server someone else runs: "
+                f"configurations.{name}.scheduler can say which it runs)")
         if why:
             out["configurations"][name] = {"reason": why}
             continue
@@ -414,19 +441,23 @@ def whatif(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, int
         woke = tuple((x["idle_s"], x["extra_s"]) for x in ((ld or {}).get("wake") or {}).get("points") or [])
         costs = dataclasses.replace(costs, wake=woke)
         draws = [dataclasses.replace(c, wake=woke) for c in draws[:DRAWS]]
-        closed = (ld or {}).get("closed") or []
+        own = requests[requests["configuration"] == name]
+        # each closed loop's first requests as its client sent them (a few ms apart), and their median gap for the grid
+        closed = [{**p, "starts": closed_starts(own, p)} for p in (ld or {}).get("closed") or []]
+        stagger = client_stagger(closed)
         loo = left_out(costs, draws, rules, closed)
         costs, draws, r_source = with_r(costs, draws, rules, closed)
-        rows = check(costs, draws, rules, ld or {}, requests[requests["configuration"] == name],
+        rows = check(costs, draws, rules, {**(ld or {}), "closed": closed}, own,
                      inter[inter["configuration"] == name], icfg, loo) if ld else []
         try:
             mm = memory_model(entry)
         except Exception as e:  # noqa: BLE001 - a pool the planner cannot size leaves mem_fraction_static unanswered
             log.info("%s: no memory model (%s)", name, e)
             mm = None
-        settings, events = grid(costs, rules, mm, g, slo, level) if (g["concurrency"] or g["rates"]) and g["lengths"] else ([], 0)
+        settings, events = (grid(costs, rules, mm, g, slo, level, stagger) if (g["concurrency"] or g["rates"]) and g["lengths"]
+                            else ([], 0))
         out["configurations"][name] = {
-            "costs": dataclasses.asdict(costs), "r_source": r_source, "draws": len(draws),
+            "costs": dataclasses.asdict(costs), "r_source": r_source, "draws": len(draws), "client_stagger_s": stagger,
             "rules": dataclasses.asdict(rules), "rules_source": said.get("source"),
             "rules_notes": (said.get("notes") or []) + [f"the {k} fit failed its quality gate: the model stands on it"
                                                          for k in ("prefill", "decode")

@@ -317,6 +317,12 @@ class EngineAdapter(ABC):
         longctx does not know its scheduler (a server someone else runs)."""
         return None
 
+    def run_rules(self, entry: dict, pool_tokens: int | None) -> dict | None:
+        """The scheduler rules of a measured configuration, from its provenance entry: scheduler_rules of the flags it
+        ran with, what the server reported of itself and the device the run recorded."""
+        return self.scheduler_rules(entry.get("args") or {}, entry.get("server_info") or {}, pool_tokens,
+                                    entry.get("device"))
+
     def cpu_threads(self, args: dict[str, Any]) -> int | None:
         """The threads a server on the CPU computes with (None: the engine does not say)."""
         return None

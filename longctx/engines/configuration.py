@@ -71,6 +71,9 @@ class ConfigurationSpec:
     # external: where the server computes, cpu | gpu (of this machine) | remote; None: remote. Left out
     # of to_dict when None, so that the specs (and spec_hash) of configurations that do not set it stay as they were.
     device: str | None = field(default=None, metadata={"omit_if_none": True})
+    # external: the scheduler the server runs, {engine, args} (longctx.engines.external.SCHEDULERS), for the what-if
+    # simulation; None: not known, not simulated. Left out of to_dict() when None
+    scheduler: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
     # config key load, where this configuration measures the load workloads (longctx.measure.load); None
     # where it measures none, left out of to_dict then (the spec_hash of a configuration without load stays)
     load: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})

@@ -10,7 +10,15 @@ from .api import APIS
 from .base import SGLANG_KV_POOL_RE, EngineAdapter, last_match
 from .configuration import ConfigurationSpec
 from .sglang import SGLANG_METRICS
+from .llamacpp import RULES as LLAMACPP_RULES
+from .reference import ReferenceAdapter
+from .sglang import SGLangAdapter
 from .vllm import VLLM_METRICS, VLLMAdapter, read_spec_counters
+
+# the schedulers an external configuration may say its server runs (configurations.<name>.scheduler.engine): the
+# managed engines' adapters' rules and llama.cpp's servers'
+SCHEDULERS = {"sglang": SGLangAdapter().scheduler_rules, "vllm": VLLMAdapter().scheduler_rules,
+              "reference": ReferenceAdapter().scheduler_rules, **LLAMACPP_RULES}
 
 # What servers write of themselves at start-up, read from configurations.<name>.server_log (an external server's log
 # on this machine). llama.cpp (b6xxx, llama-cpp-python 0.3.x): its KV cache, cells (tokens) and each of K and V's
@@ -41,6 +49,20 @@ class ExternalAdapter(EngineAdapter):
 
     def api(self, spec: ConfigurationSpec):
         return APIS[spec.api]
+
+    def run_rules(self, entry: dict, pool_tokens: int | None) -> dict | None:
+        """The rules of the scheduler the configuration says its server runs (configurations.<name>.scheduler: an
+        engine of SCHEDULERS and its flags as the server was started with them), or None: someone else's server is
+        not simulated unless its configuration says what it runs ({"not_simulated": why} where those rules are not
+        the simulation's)."""
+        declared = entry.get("scheduler")
+        if not declared:
+            return None
+        said = SCHEDULERS[declared["engine"]](declared.get("args") or {}, entry.get("server_info") or {}, pool_tokens,
+                                              entry.get("device"))
+        if said is None or said.get("not_simulated"):
+            return said
+        return {**said, "source": f"{said['source']}; the server runs it, as its configuration's scheduler key says"}
 
     def spec_counters(self, client, base: str) -> dict | None:
         """vLLM's speculative counters, where the server's /metrics serves them (whatever the server is; vLLM serves

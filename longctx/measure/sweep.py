@@ -55,6 +55,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         "protocol": spec.protocol,
         **provenance.model_provenance(adapter, spec),
         "args": mask(spec.args),
+        **({"scheduler": mask(spec.scheduler)} if spec.scheduler else {}),  # an external server's, as its config says
         "settings": spec.settings(),  # what a later version must match to be compared with this one
         "git": provenance.git_info(),
         "packages": provenance.package_versions(),
