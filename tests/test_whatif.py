@@ -424,3 +424,22 @@ def test_only_an_external_configuration_names_its_scheduler():
     with pytest.raises(ConfigError, match="llama-cpp-python"):
         lcfg.validate({**base, "configurations": {"x": {"engine": "external", "url": "http://127.0.0.1:1", "api": "openai",
                                                          "scheduler": {"engine": "tgi"}}}})
+
+
+def test_settings_that_differ_only_in_a_chunk_that_changes_nothing_are_one_row():
+    """The report's grid table (longctx.report.whatif.view): two chunk sizes above every prompt of the grid predict the
+    same, and print as one row naming both; a chunk that changes the figures keeps its own row."""
+    from longctx.analysis.whatif import chunk_effect, grid
+    from longctx.report.whatif import view
+
+    k = dataclasses.replace(K, s=0.002)
+    g = {"max_running_requests": [], "chunked_prefill_size": [1024, 8192, 16384], "mem_fraction_static": [],
+         "concurrency": [1], "rates": [], "arrival": "poisson", "burstiness": 1.0, "seed": 0, "lengths": [4000],
+         "output_tokens": 8, "requests": 2}
+    rules = Rules(PREFILL_FIRST, chunk=8192, one_prefill=True)
+    out, _ = grid(k, rules, None, g, {"ttft_s": 1.0}, 0.95)
+    doc = {"configurations": {"x": {"costs": dataclasses.asdict(k), "rules": dataclasses.asdict(rules), "rules_source": "r",
+                                    "r_source": "0", "check": [], "errors": {}, "whatif": out, "draws": 0,
+                                    "chunk_effect": chunk_effect(out, rules, k)}}, "grid": g}
+    (c,) = view(doc, ["x"], {})["configurations"]
+    assert [s["chunk_words"] for s in c["settings"]] == ["1,024", "8,192, 16,384"]

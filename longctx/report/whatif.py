@@ -82,7 +82,14 @@ def view(doc: dict, order: list[str], load: dict) -> dict:
                 rate = f", {f['goodput_rate_s']:.3g} req/s" if f.get("goodput_rate_s") else ""
                 above = " or more" if f.get("open_above") else ""
                 words.append(f"{at}: {f['max_length']:,}{above}{rate}" if f["max_length"] else f"{at}: none")
-            settings.append({**s, "frontier_words": "; ".join(words), "trade": _trade(s["points"])})
+            same = next((x for x in settings if x.get("points") == s["points"] and x.get("frontier") == s["frontier"]
+                         and (x["max_running_requests"], x["mem_fraction_static"])
+                         == (s["max_running_requests"], s["mem_fraction_static"])), None)
+            if same is not None:  # only the chunk differs, and nothing it predicts: one row, its chunks listed
+                same["chunk_words"] += f", {s['chunked_prefill_size']:,}" if s["chunked_prefill_size"] else ", none"
+                continue
+            settings.append({**s, "frontier_words": "; ".join(words), "trade": _trade(s["points"]),
+                             "chunk_words": f"{s['chunked_prefill_size']:,}" if s["chunked_prefill_size"] else "none"})
         excluded = sorted({f"{r['workload']} at {r['length']:,} ({r['excluded']})" for r in rows if r.get("excluded")})
         out.append({"name": name, "model": _model_words(c), "rows": rows, "misses": misses, "excluded": excluded, "errors": c["errors"], "settings": settings,
                     "measured_frontier": "; ".join(f"c={k}: {v:,}" if v else f"c={k}: none" for k, v in sorted(measured.items())),
