@@ -14,7 +14,7 @@ from jsonschema import Draft202012Validator, validators
 
 from .core.errors import ConfigError
 from .core.net import is_loopback
-from .core.secrets import HIDDEN, mask, mask_argv
+from .core.secrets import redact_config
 from .engines import ConfigurationSpec, get_adapter
 from .engines.imported import IMPORTED_KEYS
 
@@ -263,18 +263,9 @@ CONFIG_SOURCES_VAR = "LONGCTX_CONFIG_SOURCES"
 
 
 def redacted(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with every configuration's env values hidden, but those report.env_shown names, and every
-    secret-named value elsewhere (an args key such as hf-token, a secret flag's word in extra_args;
-    longctx.core.secrets): what may reach a Snakemake param, a log or the report (the values stay in the
-    config file)."""
-    shown = set(config.get("report", {}).get("env_shown") or ())
-    out = mask(copy.deepcopy(config))
-    for name, conf in out.get("configurations", {}).items():
-        if conf.get("env"):
-            conf["env"] = {k: (v if k in shown else HIDDEN) for k, v in config["configurations"][name]["env"].items()}
-        if conf.get("extra_args"):
-            conf["extra_args"] = mask_argv(conf["extra_args"])
-    return out
+    """The config with every secret hidden (longctx.core.secrets.redact_config): what may reach a Snakemake param,
+    a log or the report (the values stay in the config file)."""
+    return redact_config(config)
 
 
 def report_baseline(config: dict[str, Any]) -> str:

@@ -63,11 +63,12 @@ class Seen(list):
 
 @contextlib.contextmanager
 def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | None = None, default: int = 404,
-                  broken: bool = False, refuse_ids_with: int = 422):
+                  broken: bool = False, refuse_ids_with: int = 422, basic: str | None = None):
     """The server of one behaviour on loopback, counting prompts with tokenizer_dir/tokenizer.json
     (encoded with special tokens: a BOS server's tokenizer adds one). With `codes`, GET answers
     codes[path] (else `default`) instead of the behaviour's health paths; `broken`, every POST is HTTP 500
-    with BROKEN; refuse_ids_with, the code a text-only server refuses token ids with. Yields (base URL, Seen)."""
+    with BROKEN; refuse_ids_with, the code a text-only server refuses token ids with; `basic`, the HTTP Basic
+    credential every request must carry (else 401). Yields (base URL, Seen)."""
     from tokenizers import Tokenizer
 
     b = BEHAVIOURS[behaviour]
@@ -86,13 +87,25 @@ def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | N
             self.end_headers()
             self.wfile.write(body)
 
+        def _refused(self) -> bool:
+            if basic is None or self.headers.get("Authorization") == f"Basic {basic}":
+                return False
+            if self.headers.get("Content-Length"):
+                self.rfile.read(int(self.headers["Content-Length"]))
+            self._json(401, {"detail": "Unauthorized"})
+            return True
+
         def do_GET(self):
             seen.hits[self.path] += 1
+            if self._refused():
+                return
             code = answers.get(self.path, default if codes is not None else 404)
             self._json(code, {"object": "list", "data": [{"id": "m", "max_model_len": 8192}]} if code == 200 else {"detail": "no"})
 
         def do_POST(self):
             seen.hits[self.path] += 1
+            if self._refused():
+                return
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append(req)
             if self.path != "/v1/completions":

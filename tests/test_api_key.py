@@ -115,3 +115,71 @@ def test_a_managed_server_with_a_key_is_measured_and_the_key_written_nowhere(key
     assert prov["server_info"]["api_key"] == HIDDEN and prov["launch_command"][-2:] == ["--api-key", HIDDEN]
     found = [str(p) for p in tmp_path.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     assert not found, found
+
+
+def test_a_password_in_the_url_is_sent_as_basic_auth_and_written_nowhere(tmp_path, caplog):
+    """Issue 46, item 1: `http://user:pass@host` for an external server. The server (a stub that answers 401
+    without the credential) measures every length, so the user and password went as HTTP Basic; the password is in
+    no file the bench wrote (raw files and their provenance, base_url included), none of its log lines, not the
+    config the workflow passes to `longctx render` and to every Snakemake param (config.redacted), and not the
+    error of a server that is not there. A token in the URL's query cannot ride on a base URL (longctx appends its
+    paths): a config error that hides it."""
+    import base64
+    import logging
+    import secrets as stdlib_secrets
+
+    from longctx.core.errors import ConfigError
+
+    from .openai_servers import openai_server
+    from .test_prompts import external
+
+    password = "pw-" + stdlib_secrets.token_hex(8)
+    cred = base64.b64encode(f"alice:{password}".encode()).decode()
+    with caplog.at_level(logging.INFO), openai_server("no-health", tmp_path, basic=cred) as (base, seen):
+        url = base.replace("http://", f"http://alice:{password}@")
+        config = external(url, str(tmp_path / "no-health"), lengths=(64,))
+        spec = lcfg.configuration_spec(config, "ext")
+        assert spec.base_url() == base and spec.auth_headers() == {"Authorization": f"Basic {cred}"}
+        assert run_configuration(spec, tmp_path / "raw", tmp_path / "x.log") == 0
+        assert len(seen) > 1
+    result = json.loads((tmp_path / "raw" / "64.json").read_text())
+    assert result["status"] == "ok" and result["provenance"]["base_url"] == base
+    # not there any more: the reason and every message
+    assert run_configuration(spec, tmp_path / "raw-down", tmp_path / "y.log") == 1
+    found = [str(p) for p in tmp_path.rglob("*") if p.is_file() and password.encode() in p.read_bytes()]
+    assert not found and password not in caplog.text, found
+    shown = json.dumps(lcfg.redacted(config))
+    assert password not in shown and f"http://(hidden)@{base.removeprefix('http://')}" in shown
+    with pytest.raises(ConfigError, match=r"carries a query") as e:
+        external(base + "/?token=" + password, str(tmp_path / "no-health"))
+    assert password not in str(e.value)
+
+
+def test_one_redaction_for_every_path_and_the_names_it_knows():
+    """Issue 46, item 3: the report's config listing reads a config given by `longctx render --configfile` as the
+    file says; it goes through the same redaction as the workflow's params (longctx.core.secrets.redact_config): an
+    env value under a name that does not look secret, a key in extra_args, a URL's password, each secret of a list.
+    And the names: ACCESS_KEY, PRIVATE_KEY, CREDENTIALS, SESSION, COOKIE."""
+    from longctx.core.secrets import redact_config
+    from longctx.report.context import context
+
+    from .report_data import config as report_config
+    from .report_data import inputs, write_data
+
+    for name in ("ACCESS_KEY", "aws_access_key_id", "PRIVATE_KEY", "private-key", "CREDENTIALS", "SESSION", "session_id",
+                 "COOKIE", "set-cookie", "secret_key", "bearer"):
+        assert secret_name(name), name
+    assert mask({"hf_token": ["t1", "t2"], "secret": "t3", "n": 4}) == {"hf_token": [HIDDEN, HIDDEN], "secret": HIDDEN, "n": 4}
+    c = report_config()
+    name = next(iter(c["configurations"]))
+    c["configurations"][name].update(env={"ENDPOINT_NOTE": "plain-value-77"}, extra_args=["--api-key", "xa-key-55"])
+    c["configurations"]["remote"] = {"engine": "external", "url": "http://bob:pw-url-99@10.0.0.1:8000", "api": "openai"}
+    assert redact_config(redact_config(c)) == redact_config(c)  # idempotent: a redacted config passes as it is
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        listing = "\n".join(context(inputs(write_data(Path(d)), config=c))["config_yaml"])
+    for value in ("plain-value-77", "xa-key-55", "pw-url-99", "bob"):
+        assert value not in listing, (value, listing)
+    assert "http://(hidden)@10.0.0.1:8000" in listing and "--api-key" in listing

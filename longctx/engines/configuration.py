@@ -10,14 +10,16 @@ computed over.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
+from urllib.parse import unquote
 
 from ..core.hashing import canonical_json, digest
-from ..core.secrets import mask, mask_argv
+from ..core.secrets import mask, mask_argv, url_parts
 
 # protocol keys that do not make two measurements unlike (ConfigurationSpec.settings)
 SETTINGS_PROTOCOL_LEFT_OUT = ("trials", "warmup", "request_timeout_s", "timeout_factor", "itl_depth", "needle", "concurrency")
@@ -101,9 +103,28 @@ class ConfigurationSpec:
         return key
 
     def auth_headers(self) -> dict[str, str]:
-        """What every request to the server carries: its API key as a Bearer token, where it has one."""
+        """What every request to the server carries: its API key as a Bearer token, where it has one, else the user
+        and password its URL carries (http://user:pass@host) as HTTP Basic; the URL is then used without them
+        (base_url), so that no URL written, shown or passed holds them."""
         key = self.api_key()
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        if key:
+            return {"Authorization": f"Bearer {key}"}
+        _, user, password = url_parts(self.url)
+        if user is None and password is None:
+            return {}
+        pair = f"{unquote(user or '')}:{unquote(password or '')}".encode()
+        return {"Authorization": "Basic " + base64.b64encode(pair).decode()}
+
+    def base_url(self) -> str | None:
+        """The server's URL without the user and password it may carry (auth_headers sends them)."""
+        return url_parts(self.url)[0]
+
+    def url_secrets(self) -> list[str]:
+        """What the URL carries that no text may show: its password, and the Basic credential made of it."""
+        _, user, password = url_parts(self.url)
+        if password is None:
+            return []
+        return [password, unquote(password), self.auth_headers().get("Authorization", "").removeprefix("Basic ")]
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a plain dictionary (a deep copy): what spec_hash and resume_key digest."""

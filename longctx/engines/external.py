@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import replace
+from urllib.parse import urlsplit
 
 from .api import APIS
+from ..core.secrets import mask_url
 from .base import SGLANG_KV_POOL_RE, EngineAdapter, last_match
 from .configuration import ConfigurationSpec
 from .sglang import SGLANG_METRICS
@@ -142,6 +144,14 @@ class ExternalAdapter(EngineAdapter):
             raise ConfigError(f"config key '{where}.api': {conf.get('api')!r} is not allowed; allowed values: {', '.join(APIS)}")
         if conf.get("args"):
             raise ConfigError(f"config key '{where}.args': an external server's flags are its owner's; remove them")
+        parts = urlsplit(conf["url"])
+        if parts.query or parts.fragment:
+            raise ConfigError(f"config key '{where}.url': {mask_url(conf['url'])} carries a query or fragment; longctx "
+                              "appends its paths to the URL, so it cannot carry one: send a token with api_key_env "
+                              "(the name of the environment variable that holds it)")
+        if (parts.username or parts.password) and conf.get("api_key_env"):
+            raise ConfigError(f"config key '{where}.url': {mask_url(conf['url'])} carries a user and password, and "
+                              f"'{where}.api_key_env' a key: a request carries one Authorization header; keep one")
 
     def launch_command(self, spec: ConfigurationSpec, host: str, port: int, version: str | None) -> list[str]:
         raise RuntimeError("an external server is not launched by longctx")

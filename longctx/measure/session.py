@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from ..core.errors import ConfigError
-from ..core.secrets import mask, mask_argv, scrub
+from ..core.secrets import mask, mask_argv, mask_url, scrub
 from ..engines import ConfigurationSpec, EngineAdapter
 from ..specs.pool import observed_pool
 from .health import ExternalServer, NoHealthPath, ServerError
@@ -134,7 +134,7 @@ class Session:
         while self.starts < limit:
             self.starts += 1
             progress.info("%s: %s%s", self.spec.name, "starting the server" if self.adapter.managed
-                          else f"connecting to the external server at {self.spec.url}",
+                          else f"connecting to the external server at {mask_url(self.spec.url)}",
                           f" (attempt {self.starts} of at most {limit})" if self.starts > 1 else "")
             try:
                 self._start()
@@ -148,7 +148,7 @@ class Session:
                 progress.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
                 self.down()
         raise ServerError((f"the server could not be (re)started after {self.starts} starts" if self.adapter.managed
-                           else f"the external server at {self.spec.url} failed {self.starts} times") + f"; last: {last}")
+                           else f"the external server at {mask_url(self.spec.url)} failed {self.starts} times") + f"; last: {last}")
 
     def _start(self) -> None:
         a, spec = self.adapter, self.spec
@@ -156,7 +156,7 @@ class Session:
         if a.managed:
             cmd, startup_s = self._start_managed(timeout)
         else:
-            cmd, self.base = None, spec.url.rstrip("/")
+            cmd, self.base = None, spec.base_url().rstrip("/")  # its user and password go in the headers only
             self.server = ExternalServer(self.base, self.headers)
             try:
                 self.health_path, startup_s = self.server.wait_ready(self.health_paths, timeout)
@@ -165,7 +165,7 @@ class Session:
                         f"holds it in configurations.{spec.name}.api_key_env"
                         if not self.api_key and _UNAUTHORIZED.search(str(exc)) else "")
                 raise FatalServerError(f"the external server of configuration {spec.name!r} (configurations."
-                                       f"{spec.name}.url: {spec.url}) is not ready: {exc}{hint}") from None
+                                       f"{spec.name}.url: {mask_url(spec.url)}) is not ready: {self.scrub(str(exc))}{hint}") from None
         progress.info("%s: server up in %.1f s (pid %s, %s), health on %s", spec.name, startup_s, self.server.pid,
                  self.log_path if a.managed else self.base, self.health_path)
         info = fetch_server_info(self.client, self.base, self.api)
@@ -328,8 +328,9 @@ class Session:
         return self.scrub(reason)
 
     def scrub(self, text: str) -> str:
-        """text without the API key (a server's log may print its own flags: SGLang's server_args line)."""
-        return scrub(text, self.api_key)
+        """text without the API key (a server's log may print its own flags: SGLang's server_args line) or what the
+        URL carries (its password)."""
+        return scrub(text, self.api_key, *self.spec.url_secrets())
 
     def down(self) -> None:
         if self.server is not None and self.adapter.managed:

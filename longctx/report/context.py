@@ -30,7 +30,7 @@ import yaml
 from ..core.errors import write_atomic
 from .. import __version__
 from ..core.net import is_loopback
-from ..core.secrets import mask, mask_argv
+from ..core.secrets import mask, mask_argv, redact_config
 from ..analysis import bands
 from ..analysis.tables import concurrency_table, length_cause, medians
 from ..measure.provenance import git_info, package_versions
@@ -466,7 +466,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "measured_at": datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if prov.get("configurations") else None,
         "source_date_epoch": epoch,
         # lists and maps of plain values on one line each (flow style): the appendix is read, not edited
-        "config_yaml": yaml.safe_dump(mask(config), sort_keys=False, width=100, default_flow_style=None).splitlines() if config else [],
+        # the one redaction (a config read by `longctx render --configfile` is the file as written)
+        "config_yaml": yaml.safe_dump(redact_config(config), sort_keys=False, width=100, default_flow_style=None).splitlines() if config else [],
         "measurements": versions.measurements(df, prov),
         "sections": sections(template_dir) if template_dir else {"front": [], "body": [], "appendix": []},
         "version": None,
