@@ -52,10 +52,11 @@ def test_secret_names_and_masks():
 
 
 def test_the_key_reaches_each_engine_its_own_way():
-    """SGLang and the reference engine by their --api-key flag; vLLM by VLLM_API_KEY, off its command line."""
+    """SGLang by its --api-key flag; vLLM by VLLM_API_KEY and the reference engine by REFENGINE_API_KEY, off their
+    command lines (everyone's process list)."""
     cmd, env = ["serve"], {"A": "1"}
     assert get_adapter("sglang").with_api_key(cmd, env, "K") == (["serve", "--api-key", "K"], env)
-    assert get_adapter("reference").with_api_key(cmd, env, "K") == (["serve", "--api-key", "K"], env)
+    assert get_adapter("reference").with_api_key(cmd, env, "K") == (cmd, {"A": "1", "REFENGINE_API_KEY": "K"})
     assert get_adapter("vllm").with_api_key(cmd, env, "K") == (cmd, {"A": "1", "VLLM_API_KEY": "K"})
     assert get_adapter("vllm").with_api_key(cmd, env, None) == (cmd, env)
 
@@ -112,9 +113,31 @@ def test_a_managed_server_with_a_key_is_measured_and_the_key_written_nowhere(key
     result = json.loads((tmp_path / "raw" / "64.json").read_text())
     assert [t["status"] for t in result["trials"]] == ["ok"]
     prov = result["provenance"]
-    assert prov["server_info"]["api_key"] == HIDDEN and prov["launch_command"][-2:] == ["--api-key", HIDDEN]
+    assert prov["server_info"]["api_key"] == HIDDEN and "--api-key" not in prov["launch_command"]
     found = [str(p) for p in tmp_path.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     assert not found, found
+
+
+def test_a_managed_servers_key_is_not_in_the_process_list(key, tmp_path):
+    """Issue 46, item 2: while the reference engine runs with a key, its command line (what every user of the
+    machine reads in the process list, /proc/<pid>/cmdline) does not hold it; the key is in its environment, which
+    only its owner can read, and the server requires it."""
+    from pathlib import Path
+
+    from longctx.engines import get_adapter as adapter
+    from longctx.measure.session import Session
+
+    spec = replace(tiny_spec(lengths=[64]), api_key_env=VAR)
+    session = Session(adapter("reference"), spec, tmp_path / "server.log", {})
+    try:
+        session.up()
+        pid = session.server.pid
+        assert key.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert f"REFENGINE_API_KEY={key}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        assert Path(f"/proc/{pid}/environ").stat().st_mode & 0o077 == 0  # its owner's alone
+        assert httpx.get(session.base + "/v1/models").status_code == 401
+    finally:
+        session.close()
 
 
 def test_a_password_in_the_url_is_sent_as_basic_auth_and_written_nowhere(tmp_path, caplog):

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ..refengine.args import DEFAULT_TORCH_DTYPE, build_parser
+from ..refengine.args import API_KEY_VAR, DEFAULT_TORCH_DTYPE, build_parser
 from ..specs.model import ModelSpec
 from .base import EngineAdapter, RaisingParser, arg_value, args_to_argv, sglang_scheduler
 from .configuration import ConfigurationSpec
@@ -20,6 +20,7 @@ class ReferenceAdapter(EngineAdapter):
     title = "the reference engine"
     prefill_absorbed = True  # it runs MLA prefill in the latent form, as decode
     managed_args = frozenset({"host", "port", "model-path", "json-model-override-args", "kernel-dir", "random-seed"})
+    api_key_var = API_KEY_VAR  # the key in its environment, not on its command line (everyone's process list)
 
     def parser(self):
         return build_parser(RaisingParser)

@@ -6,8 +6,10 @@ Kept free of heavy imports: the workflow checks configurations against this pars
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
+API_KEY_VAR = "REFENGINE_API_KEY"  # the key, where --api-key is not given: longctx passes it so (EngineAdapter.with_api_key)
 ALLOC_ORDERS = ("sequential", "random")
 ATTENTION_BACKENDS = ("torch", "native")
 SPECULATIVE_ALGORITHMS = ("NGRAM",)
@@ -54,9 +56,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                    help="report the cached prompt tokens in the OpenAI usage (prompt_tokens_details.cached_tokens), "
                         "as SGLang's flag does")
     p.add_argument("--random-seed", type=int, default=0)
-    p.add_argument("--api-key", default=None,
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_VAR) or None,
                    help="requests must carry it as a Bearer token, as SGLang's flag asks: every path but /health*, "
-                        "/ready* and /metrics* answers 401 without it")
+                        f"/ready* and /metrics* answers 401 without it (default: ${API_KEY_VAR}, which no other user "
+                        "of the machine can read, where a command line is in everyone's process list)")
     p.add_argument("--num-threads", type=int, default=None,
                    help="torch CPU threads (default: the usable CPUs but one, left to the client that times the requests)")
     p.add_argument("--device", default="cpu")
