@@ -206,3 +206,45 @@ def test_one_redaction_for_every_path_and_the_names_it_knows():
     for value in ("plain-value-77", "xa-key-55", "pw-url-99", "bob"):
         assert value not in listing, (value, listing)
     assert "http://(hidden)@10.0.0.1:8000" in listing and "--api-key" in listing
+
+
+def test_sglangs_key_goes_in_a_file_of_its_own_and_never_into_its_log(tmp_path):
+    """Issue 46, item 2 for SGLang, which reads no environment variable for its key: the key goes in a YAML file only
+    this user can read, named by SGLang's --config, and SGLang's own parser (the installed sglang's
+    prepare_server_args) takes the key from it, so the process list shows a path. SGLang logs its arguments
+    (`server_args=ServerArgs(... api_key='...')`): the server's output reaches its log through a filter that hides the
+    key as each line is written (ManagedServer's secrets), so the log does not hold it even after the server and its
+    bench are killed without a clean stop."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from longctx.measure.process import ManagedServer
+
+    key = "sk-" + secrets.token_hex(8)
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    cmd, env = get_adapter("sglang").with_api_key(["python", "-m", "sglang.launch_server", "--model-path", "m"], {}, key, private)
+    (i,) = [n for n, w in enumerate(cmd) if w == "--config"]
+    path = cmd[i + 1]
+    assert key not in " ".join(cmd) and env == {} and os.stat(path).st_mode & 0o777 == 0o600
+    # SGLang's own parser and its own repr of what it parsed, printed as its launch does
+    show = ("import sys, time; from sglang.srt.server_args import prepare_server_args; "
+            "print(f'server_args={prepare_server_args(sys.argv[1:])!r}', flush=True); time.sleep(60)")
+    probe = subprocess.run([sys.executable, "-c", "import sglang.srt.server_args"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("SGLang's argument parser is not installed (make test installs it)")
+    server = ManagedServer([sys.executable, "-c", show, *cmd[3:]], tmp_path / "server.log", secrets=(key,))
+    server.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "server_args=ServerArgs(" not in (tmp_path / "server.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = (tmp_path / "server.log").read_text()
+        assert "api_key='(hidden)'" in text and key not in text, text[-500:]
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)  # no clean stop: nothing scrubs the log afterwards
+        server.proc.wait()
+    assert key not in (tmp_path / "server.log").read_text()

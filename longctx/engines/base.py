@@ -7,6 +7,7 @@ import argparse
 import os
 import re
 import subprocess
+from pathlib import Path
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -136,8 +137,11 @@ class EngineAdapter(ABC):
     def python(self, spec: ConfigurationSpec) -> str:
         return spec.python or "python3"
 
-    def with_api_key(self, command: list[str], env: dict[str, str], key: str | None) -> tuple[list[str], dict[str, str]]:
-        """The command and environment that start the server requiring `key` (unchanged without one)."""
+    def with_api_key(self, command: list[str], env: dict[str, str], key: str | None,
+                     private: Path | None = None) -> tuple[list[str], dict[str, str]]:
+        """The command and environment that start the server requiring `key` (unchanged without one): in its
+        environment where the engine reads it there (api_key_var), else on its command line. `private`: a directory
+        only this user can read, for an engine that takes it from a file (SGLang's --config)."""
         if not key:
             return command, env
         if self.api_key_var:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import replace
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
@@ -69,6 +72,20 @@ class SGLangAdapter(EngineAdapter):
     # --tp-size and its alias (both in 0.5.9 and 0.5.23), and `tp`, which SGLang's argparse takes for
     # --tp-size (an unambiguous prefix in both: `--tp 8` runs TP8)
     tp_size_flags = ("tp-size", "tensor-parallel-size", "tp")
+
+    def with_api_key(self, command: list[str], env: dict[str, str], key: str | None,
+                     private: Path | None = None) -> tuple[list[str], dict[str, str]]:
+        """SGLang reads no environment variable for its key: it goes in a YAML file of this user's alone, given by
+        SGLang's --config (server_args_config_parser: its keys become flags), so that the process list shows the
+        file's path, not the key. Where a command already has a --config (SGLang takes one) or no private directory
+        is given, the --api-key flag."""
+        if not key or private is None or "--config" in command:
+            return super().with_api_key(command, env, key)
+        path = Path(private) / "sglang-api-key.yaml"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"api-key: {json.dumps(key)}\n")  # a JSON string is a YAML string
+        return [*command, "--config", str(path)], env
 
     def api(self, spec: ConfigurationSpec):
         # ready means able to generate: /health_generate first, the others for a build without it

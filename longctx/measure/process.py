@@ -18,12 +18,13 @@ import sys
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import psutil
 
-from ..core.secrets import mask_argv
+from ..core.secrets import mask_argv, scrub
 from .health import ServerError, wait_health
 
 log = logging.getLogger(__name__)
@@ -179,13 +180,17 @@ class ManagedServer:
     """Start ``command`` with stdout and stderr in ``log_path``; stop its whole process group."""
 
     def __init__(self, command: list[str], log_path: str | Path, env: dict[str, str] | None = None,
-                 stop_timeout_s: float = 20, unset: tuple[str, ...] = ()):
+                 stop_timeout_s: float = 20, unset: tuple[str, ...] = (), secrets: tuple[str, ...] = ()):
         self.command = command
         self.log_path = Path(log_path)
         self.env = {**{k: v for k, v in os.environ.items() if k not in unset}, **(env or {})}
         self.stop_timeout_s = stop_timeout_s
         self.proc: subprocess.Popen | None = None
         self.log_offset = 0  # where this start's lines begin in the (appended) log
+        # values the server may print (SGLang logs its API key in its server_args line): its output then goes to the log
+        # through a pipe, each line scrubbed as it is written, so the log never holds them, however the bench ends
+        self.secrets = tuple(v for v in secrets if v)
+        self._copier: threading.Thread | None = None
 
     def __enter__(self) -> "ManagedServer":
         self.start()
@@ -206,14 +211,23 @@ class ManagedServer:
             # (vLLM's CPU build on 2 cores: the client and a bare 1 ms sleeper waited up to 1 s, runnable; none
             # over 25 ms with the server in their session)
             self.proc = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, process_group=0, preexec_fn=_die_with(os.getpid()),
+                self.command, stdout=subprocess.PIPE if self.secrets else log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=self.env, process_group=0, preexec_fn=_die_with(os.getpid()),
             )
+        if self.secrets:
+            self._copier = threading.Thread(target=self._copy_scrubbed, name="server-log", daemon=True)
+            self._copier.start()
         try:
             created = psutil.Process(self.proc.pid).create_time()
             self.pid_file.write_text(json.dumps({"pid": self.proc.pid, "create_time": created, "command": mask_argv(self.command)}))
         except (OSError, psutil.Error):
             pass  # gone already: wait_ready says why
+
+    def _copy_scrubbed(self) -> None:
+        """The server's output into its log, line by line, without self.secrets."""
+        with open(self.log_path, "ab", buffering=0) as log:
+            for line in iter(self.proc.stdout.readline, b""):
+                log.write(scrub(line.decode(errors="replace"), *self.secrets).encode())
 
     @property
     def pid_file(self) -> Path:
@@ -296,17 +310,21 @@ class ManagedServer:
         """SIGTERM the process group, then SIGKILL what is left after stop_timeout_s."""
         if self.proc is None:
             return
-        for sig, wait in ((signal.SIGTERM, self.stop_timeout_s), (signal.SIGKILL, 5.0)):
-            if not self.group_alive():
-                self.pid_file.unlink(missing_ok=True)
-                return
-            try:
-                os.killpg(self.proc.pid, sig)  # the leader of its own process group: pgid == pid
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and self.group_alive():
-                time.sleep(0.05)
+        try:
+            for sig, wait in ((signal.SIGTERM, self.stop_timeout_s), (signal.SIGKILL, 5.0)):
+                if not self.group_alive():
+                    self.pid_file.unlink(missing_ok=True)
+                    return
+                try:
+                    os.killpg(self.proc.pid, sig)  # the leader of its own process group: pgid == pid
+                except ProcessLookupError:
+                    return
+                deadline = time.monotonic() + wait
+                while time.monotonic() < deadline and self.group_alive():
+                    time.sleep(0.05)
+        finally:
+            if self._copier is not None:  # its last lines into the log
+                self._copier.join(timeout=5)
 
     def group_alive(self) -> bool:
         """Whether any process of the server's group is left (the leader reaped first)."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -257,9 +259,11 @@ class Session:
                 if problem:
                     raise FatalServerError(problem)
                 self.preflight_done = True
-            keyed, env = a.with_api_key(cmd, server_env(spec), self.api_key)
-            self.server = ManagedServer(keyed, self.log_path, env=env,
-                                        stop_timeout_s=spec.server["stop_timeout_s"], unset=THREAD_LIMIT_VARS)
+            private = Path(tempfile.mkdtemp(prefix="longctx-key-")) if self.api_key else None  # 0700: this user's
+            keyed, env = a.with_api_key(cmd, server_env(spec), self.api_key, private)
+            # the key out of the server's log as it is written (SGLang prints its server_args)
+            self.server = ManagedServer(keyed, self.log_path, env=env, stop_timeout_s=spec.server["stop_timeout_s"],
+                                        unset=THREAD_LIMIT_VARS, secrets=(self.api_key,) if self.api_key else ())
             self.server.start()
             try:
                 self.health_path, startup_s = self.server.wait_ready(self.base, self.health_paths, timeout, port=port,
@@ -267,6 +271,9 @@ class Session:
                 return keyed, startup_s  # recorded masked
             except PortTaken as exc:
                 log.warning("%s: %s; launching on another port (%d of %d)", spec.name, exc, attempt, PORT_ATTEMPTS)
+            finally:  # read by now (SGLang parses its flags before it loads a model), or never to be
+                if private is not None:
+                    shutil.rmtree(private, ignore_errors=True)
         raise ServerError(f"every one of {PORT_ATTEMPTS} ports was taken by another process before the server bound it")
 
     def refuses(self, length: int, output_tokens: int) -> str | None:
