@@ -15,7 +15,8 @@ Per configuration:
 - `points`: per (L, h): the median TTFT with a bootstrap interval (trials resampled), the model's prediction
   with its interval and the deviation, the cold TTFT at L (the hit-rate axis' own h = 0 point, the cold control
   measured the same way, else the sweep's in results.csv, else the cold fit's prediction: `cold.basis` says which), the saving against cold measured
-  (cold / hit, the two medians bootstrapped apart) and predicted (model(L, 0) / model(L, P)), and the
+  (cold / hit medians, with Welch's interval on the logs of the two points' trials from
+  longctx.analysis.compare.MIN_TRIALS a side, none below) and predicted (model(L, 0) / model(L, P)), and the
   cached-count check (ok / mismatch / unreported, every mismatch with both numbers).
 - `conversations`: per turn the measured TTFT against the model's prediction (with its interval) at its
   context and cached count, with the cache and for the control (cache flushed before every turn).
@@ -35,6 +36,7 @@ import pandas as pd
 from ..core.errors import write_atomic
 from ..core.fitting import LEVEL, BasisFit, median_draws, percentile_interval
 from ..core.numbers import finite, is_number, json_plain, ratio
+from .compare import MIN_TRIALS, welch_log_interval
 from .fits import bootstrap_settings
 from .load_summary import median_estimate, rng_for
 from .prefix import CHECKS, COLUMNS
@@ -160,7 +162,7 @@ class _Cold:
         self.rows, self.zero, self.fit, self.st, self.name = cold_rows, zero, fit, st, name
 
     def at(self, L: int) -> tuple[dict | None, np.ndarray | None, str | None]:
-        """({value, low, high}, bootstrap draws of the median or None, basis)."""
+        """({value, low, high}, the measured values (None: from the cold fit), basis)."""
         st = self.st
         # the hit-rate axis' own h = 0 point first: the cold control measured the same way, on the same server
         # minutes apart, where the sweep's lengths were measured earlier (a machine that slowed or sped up
@@ -173,7 +175,7 @@ class _Cold:
         if values.size:
             draws = median_draws(values, st["bootstrap"], rng_for(st["seed"], self.name, "cold", L))
             lo, hi = percentile_interval(draws, st["confidence"]) or (None, None)
-            return {"value": float(np.median(values)), "low": lo, "high": hi}, draws, basis
+            return {"value": float(np.median(values)), "low": lo, "high": hi}, values, basis
         f = self.fit
         if f and all(is_number(f.get(k)) for k in NAMES):
             value = f["a_s"] + f["b_s_per_token"] * L + f["c_s_per_token2"] * L * L
@@ -204,18 +206,20 @@ def _point(g: pd.DataFrame, fit: PrefixFit | None, cold: _Cold, st: dict, key: t
         out["warm"] = {"status": w["status"], "reason": w["reason"] if isinstance(w["reason"], str) else None,
                        "ttft_s": finite(w["ttft_s"])}
     out["ttft"] = median_estimate(y, st, *key, "ttft")
-    draws = median_draws(y, st["bootstrap"], rng_for(st["seed"], *key, "ttft_draws"))
     out["predicted"] = fit.estimate(L, P) if fit else None
     out["deviation"] = ratio(out["ttft"]["value"], (out["predicted"] or {}).get("value"))
     out["deviation"] = out["deviation"] - 1 if out["deviation"] is not None else None
-    c, c_draws, basis = cold.at(L)
+    c, c_values, basis = cold.at(L)
     out["cold"] = {**c, "basis": basis} if c else None
     measured = ratio((c or {}).get("value"), out["ttft"]["value"])
+    # Welch's interval on the logs, as a speedup's (longctx.analysis.compare): from MIN_TRIALS a side, none below
+    # (a percentile bootstrap of 2 trials covered 70% where it said 95%)
     lo = hi = None
-    if measured is not None and draws is not None and c_draws is not None:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lo, hi = percentile_interval(c_draws / draws, st["confidence"]) or (None, None)
-    out["saving"] = {"ratio": measured, "low": lo, "high": hi,
+    n_cold = int(c_values.size) if c_values is not None else 0
+    if measured is not None and min(n_cold, y.size) >= MIN_TRIALS:
+        lo, hi = (float(x) for x in welch_log_interval(c_values, y, st["confidence"]))
+    out["saving"] = {"ratio": measured, "low": lo, "high": hi, "n": int(y.size), "n_cold": n_cold,
+                     "interval": "Welch" if lo is not None else f"none: fewer than {MIN_TRIALS} trials a side",
                      "seconds": c["value"] - out["ttft"]["value"] if measured is not None else None}
     if fit:
         d_hit, d_cold = fit.predict_draws(L, P), fit.predict_draws(L, 0.0)
