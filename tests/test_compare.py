@@ -200,3 +200,27 @@ def test_each_verdict_is_marked_in_both_dialects(dialect, same, faster, none):
     # an end that would print as 1.00 on the other side of 1 gets a third decimal
     assert cell(0.9, [0.8, 0.998], SLOWER).endswith(dialect.number("0.998") + "]" + ("}" if dialect is TEX else ""))
     assert f"[{dialect.number('1.003')}," in cell(1.2, [1.003, 1.4], FASTER)
+
+
+def test_trials_that_agree_to_the_timers_resolution_get_an_interval_floored_by_it():
+    """Issue 46, item 7: three 13 ms against three 12 ms read in whole milliseconds (as imported results give them)
+    cannot tell a ratio to better than the step allows: the truth lies anywhere in (12.5, 13.5) / (11.5, 12.5), so
+    the interval is floored by the step and includes 1 (no verdict), where it was [1.083, 1.083], 'faster'. On a
+    clock finer than every step, identical trials are an exact ratio, as before; trials with their own noise above
+    the step keep Welch's interval unchanged."""
+    from longctx.analysis.compare import timer_resolution
+
+    s = speedup([0.013] * 3, [0.012] * 3, True)
+    assert s["verdict"] == "no measurable difference" and s["ci"][0] < 1 < s["ci"][1] and s["ci"][1] < 1.25, s
+    assert timer_resolution([0.013] * 3, [0.012] * 3) == 1e-3 and timer_resolution([13.0, 12.0], [11.0]) == 1.0
+    fine = [0.0130000123, 0.0130000123, 0.0130000123]
+    assert timer_resolution(fine, [0.0120000456] * 3) == 0
+    assert welch_log_interval(fine, [0.0120000456] * 3, 0.95) == pytest.approx([0.0130000123 / 0.0120000456] * 2)
+    noisy = ([0.0131, 0.0127, 0.0133], [0.0118, 0.0122, 0.0121])
+    from scipy import stats
+
+    ln, ld = np.log(noisy[0]), np.log(noisy[1])
+    va, vb = ln.var(ddof=1) / 3, ld.var(ddof=1) / 3
+    half = stats.t.ppf(0.975, (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)) * np.sqrt(va + vb)
+    d = ln.mean() - ld.mean()
+    assert welch_log_interval(*noisy, 0.95) == pytest.approx(np.exp([d - half, d + half]), rel=1e-12)  # Welch's own

@@ -58,14 +58,36 @@ def verdict(ci) -> str:
     return FASTER if lo > 1 else SLOWER if hi < 1 else SAME
 
 
+RESOLUTIONS = (1.0, 0.1, 0.01, 1e-3, 1e-4, 1e-5, 1e-6)  # timer steps (s) a side's values may all be multiples of
+
+
+def timer_resolution(num, den) -> np.ndarray:
+    """Per comparison (the leading axes), the coarsest of RESOLUTIONS that every value of both sides is a whole
+    multiple of (imported results in whole milliseconds: 1e-3), else 0 (a clock finer than any of them)."""
+    v = np.concatenate([np.asarray(num, float), np.asarray(den, float)], axis=-1)
+    out = np.zeros(v.shape[:-1])
+    for r in reversed(RESOLUTIONS):  # finest first: a coarser step that also fits overrides it
+        q = v / r
+        whole = np.all(np.abs(q - np.round(q)) <= 1e-6 * np.maximum(1.0, np.abs(q)), axis=-1)
+        out = np.where(whole, r, out)
+    return out
+
+
 def welch_log_interval(num, den, level: float) -> np.ndarray:
     """The `level` interval [low, high] of the ratio of geometric means num / den: Welch's t interval of the
     difference of their mean logs, exponentiated. num, den: positive values along the last axis (at least 2 each);
-    leading axes are separate comparisons (an array of intervals, shape (..., 2)). Where every value on both sides
-    is the same the ratio is known exactly (low = high)."""
-    ln, ld = np.log(np.asarray(num, float)), np.log(np.asarray(den, float))
+    leading axes are separate comparisons (an array of intervals, shape (..., 2)). A side's variance is floored by
+    the timer's resolution (timer_resolution: r): values read to a step of r are off by up to r/2 each, the same way
+    in every trial where the truth does not move, so a side's mean log is uncertain by (r / its mean)^2 / 12 however
+    many trials agree (three 13 ms against three 12 ms read in whole milliseconds: [0.99, 1.18], not [1.083,
+    1.083]). Only on a clock finer than every step of RESOLUTIONS are identical values an exact ratio."""
+    num, den = np.asarray(num, float), np.asarray(den, float)
+    ln, ld = np.log(num), np.log(den)
     diff = ln.mean(axis=-1) - ld.mean(axis=-1)
     vn, vd = ln.var(axis=-1, ddof=1) / ln.shape[-1], ld.var(axis=-1, ddof=1) / ld.shape[-1]
+    r = timer_resolution(num, den)
+    vn = np.maximum(vn, (r / np.exp(ln.mean(axis=-1))) ** 2 / 12)
+    vd = np.maximum(vd, (r / np.exp(ld.mean(axis=-1))) ** 2 / 12)
     se = np.sqrt(vn + vd)
     with np.errstate(divide="ignore", invalid="ignore"):
         df = (vn + vd) ** 2 / (vn**2 / (ln.shape[-1] - 1) + vd**2 / (ld.shape[-1] - 1))
