@@ -3,6 +3,6 @@
 - aggregate: raw files -> results.csv, provenance.json, itl_depth.csv.
 - tables: single-request rows, medians per length, concurrency, step time.
 - fits: per configuration, the scaling models (longctx.core.fitting) against the model and the ceilings.
-- compare: each configuration's speedups against the baseline, with bootstrap intervals and verdicts.
+- compare: each configuration's speedups against the baseline, with Welch intervals on the logs and verdicts.
 - roofline, bands, memory (the KV memory planner), kernel_records (kernels timed alone).
 """

@@ -7,7 +7,7 @@
    (settings `usable`: TTFT at most ttft_s and decode at least decode_tok_s), or, where every length
    measured meets it, where the fits that may carry claims predict it stops;
 4. where a configuration falls off its model (regime changes) or lost lengths;
-5. which configuration wins where against the baseline, with the bootstrap interval of its speedup,
+5. which configuration wins where against the baseline, with the Welch interval of its speedup (analysis.compare),
    and "no measurable difference" where that interval spans 1 (the headline's verdicts).
 
 Where the load workloads were measured (data/load.json, longctx.report.load), two more findings are

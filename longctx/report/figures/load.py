@@ -1,7 +1,7 @@
 """Figures of the load workloads (issue 18), from data/load.json and data/load_metrics.csv, as PDF
 (for LaTeX) and PNG (for Markdown), in the style every figure shares (longctx.report.figures.style):
 
-- load_latency: TTFT p50 and p99 and ITL p99 (with their bootstrap intervals as bars) against the
+- load_latency: TTFT p50 and p99 and ITL p99 (with their order-statistic intervals as bars: load_summary) against the
   concurrency (closed loop) and the arrival rate (open loop), one line per configuration and length,
   the SLOs as horizontal lines where set;
 - interference: the victims' worst gap against the injected prompt length, medians with intervals,
