@@ -35,7 +35,7 @@ def point(level, length, ttft50, ttft99, itl50, itl99, n=8, failed=0, reasons=()
     share, lo, hi, met = goodput
     p = {"level": level, "length": length, "n": n, "ok": n - failed, "failed": failed, "reasons": list(reasons),
          "ttft": {"p50": ttft50, "p90": ttft99, "p99": ttft99, "n": n - failed},
-         "itl": {"p50": itl50, "p90": itl99, "p99": itl99, "n": n - failed},
+         "itl": {"p50": itl50, "p90": itl99, "p99": itl99, "n": 100 * (n - failed)},  # ITL: over every token gap
          "tpot": {"p50": est(0.021, 0.02, 0.023), "p90": None, "p99": None, "n": n - failed},
          "e2e": {"p50": est(2.5, 2.25, 2.75), "p90": None, "p99": None, "n": n - failed},
          "queue": {"p50": None, "p90": None, "p99": None, "n": 0},
@@ -56,10 +56,12 @@ LOAD = {
             # p99 of 8 requests: not a p99, their maximum (longctx.analysis.load_summary.min_samples)
             "closed": [point(1, 4096, est(1.234, 1.1, 1.4), {"value": None, "low": None, "high": None, "max": 2.5, "n": 8},
                              est(0.0123, 0.012, 0.0131), est(0.0456, 0.04, 0.05)),
-                       point(4, 4096, est(3.21, 2.9, 3.6), est(9.87, 8.5, 11.2), est(0.015, 0.014, 0.016), est(0.0789, 0.07, 0.09),
+                       point(4, 4096, est(3.21, 2.9, 3.6), {"value": None, "low": None, "high": None, "max": 9.87, "n": 7},
+                             est(0.015, 0.014, 0.016), est(0.0789, 0.07, 0.09),
                              failed=1, reasons=[TIMEOUT], goodput=(0.75, 0.375, 1.0, 6)) | {"held": HELD_BELOW}],
+            # 400 requests: enough for a p99 and its 95% interval (368 at least; fewer print none, whatever the input says)
             "open": [point(0.5, 4096, est(1.5, 1.4, 1.6), est(4.25, 3.5, 5.0), est(0.0125, 0.012, 0.013), est(0.0612, 0.05, 0.07),
-                           lag99=est(0.0014, 0.001, 0.002))],
+                           lag99=est(0.0014, 0.001, 0.002), n=400, goodput=(1.0, 0.99, 1.0, 400))],
             "interference": {"points": [
                 {"length": 8192, "n": 2, "background": 2, "worst_gap": est(0.9, 0.85, 1.0), "extra": est(0.8, 0.7, 0.9),
                  "steady_itl_s": 0.0205, "window_s": 1.1},
@@ -154,7 +156,7 @@ def built(tmp_path_factory):
 def test_the_closed_and_open_tables_print_the_percentiles_with_their_intervals(built):
     latency = md_rows(built["md"], "configuration | c | L (tokens) | n | TTFT p50 (s)")
     assert latency[:2] == [["chunked", "1", "4,096", "8", "1.23 [1.1, 1.4]", "max of 8: 2.5", "12.3 [12, 13.1]", "45.6 [40, 50]", "--"],
-                           ["chunked", "4", "4,096", "7", "3.21 [2.9, 3.6]", "9.87 [8.5, 11.2]", "15 [14, 16]", "78.9 [70, 90]", "41‡"]]
+                           ["chunked", "4", "4,096", "7", "3.21 [2.9, 3.6]", "max of 7: 9.87", "15 [14, 16]", "78.9 [70, 90]", "41‡"]]
     said = ("chunked: 4 in flight, 4,096 tokens held 41% of the time, 2.3 in flight on average (the server's running gauge: "
             "2.2), while this machine kept the client off its CPUs for up to 0.31 s (0.52 s in all), a slot it could not "
             "refill meanwhile.")
@@ -164,11 +166,11 @@ def test_the_closed_and_open_tables_print_the_percentiles_with_their_intervals(b
     # the timed-out request stays in goodput's denominator: 6 of the 8 sent met the SLOs
     assert counts[1] == ["chunked", "4", "4,096", "7/8", "6", "21 [20, 23]", "2.5 [2.25, 2.75]", "123", "0.5", "75 [37.5, 100]"]
     opened = md_rows(built["md"], "configuration | rate (req/s) | L (tokens)")
-    assert opened == [["chunked", "0.5", "4,096", "8", "1.5 [1.4, 1.6]", "4.25 [3.5, 5]", "12.5 [12, 13]", "61.2 [50, 70]", "1.4 [1, 2]"]]
+    assert opened == [["chunked", "0.5", "4,096", "400", "1.5 [1.4, 1.6]", "4.25 [3.5, 5]", "12.5 [12, 13]", "61.2 [50, 70]", "1.4 [1, 2]"]]
     # the PDF: the same cells (pdftotext reads siunitx's numbers as the twin prints them)
-    assert "chunked 4 4,096 7 3.21 [2.9, 3.6] 9.87 [8.5, 11.2] 15 [14, 16] 78.9 [70, 90] 41‡" in built["pdf"]
+    assert "chunked 4 4,096 7 3.21 [2.9, 3.6] max of 7: 9.87 15 [14, 16] 78.9 [70, 90] 41‡" in built["pdf"]
     assert "chunked 1 4,096 8 1.23 [1.1, 1.4] max of 8: 2.5" in built["pdf"]
-    assert "chunked 0.5 4,096 8 1.5 [1.4, 1.6] 4.25 [3.5, 5] 12.5 [12, 13] 61.2 [50, 70] 1.4 [1, 2]" in built["pdf"]
+    assert "chunked 0.5 4,096 400 1.5 [1.4, 1.6] 4.25 [3.5, 5] 12.5 [12, 13] 61.2 [50, 70] 1.4 [1, 2]" in built["pdf"]
     assert r"\num{3.21} [\num{2.9}, \num{3.6}]" in built["tex"]
 
 
@@ -320,3 +322,25 @@ def test_the_stall_curve_is_the_analysis_model_with_its_intercept():
     linear = {"basis": "linear", "chunk": None, "a_s": 0.05, "per_token_s": 1e-4, "per_chunk_s": None}
     value, _ = stall_curve([10000], linear)
     assert list(value) == pytest.approx([1.05])
+
+
+def test_the_renderer_gates_a_percentile_its_input_gives_without_the_requests_for_it():
+    """Issue 46, item 8: a load.json written before the gate (a p99 of 6 requests with an interval, a p90 of 6 with
+    one) is printed as the analysis would print it now: no p99 or p90 value below 100 or 10 requests (their maximum
+    instead) and no interval n cannot give; the p50 of 6 keeps its interval at 95%, which 5 cannot give. The words
+    follow the level the analysis used: 90% needs 5 requests for the median's interval, not 6."""
+    from longctx.report.load import gate, median_min_n, view
+
+    old = {"n": 6, "max": 0.09, "p50": {"value": 0.05, "low": 0.04, "high": 0.07, "n": 6},
+           "p90": {"value": 0.08, "low": 0.07, "high": 0.09, "n": 6}, "p99": {"value": 0.089, "low": 0.08, "high": 0.09, "n": 6}}
+    g = gate(old, 0.95)
+    assert g["p50"]["low"] == 0.04 and g["p90"]["value"] is None and g["p99"]["value"] is None
+    assert g["p99"]["max"] == 0.09 and g["p99"]["low"] is None and g["p90"]["high"] is None
+    five = gate({**old, "n": 5, "p50": {**old["p50"], "n": 5}}, 0.95)
+    assert five["p50"]["value"] == 0.05 and five["p50"]["low"] is None  # 5 requests: no median interval at 95%
+    assert (median_min_n(0.95), median_min_n(0.9)) == (6, 5)
+    doc = {"settings": {"confidence": 0.9}, "configurations": {"x": {"closed": [
+        {"level": 2, "length": 1024, "n": 6, "ok": 6, "ttft": old}]}}}
+    v = view(doc)
+    (p,) = v["configurations"][0]["closed"]
+    assert p["ttft"]["p99"]["value"] is None and (v["level_pct"], v["median_min_n"]) == ("90", 5)

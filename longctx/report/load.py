@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analysis.load_summary import HELD_MIN
+from ..analysis.load_summary import HELD_MIN, _orders, min_samples
 from ..core.numbers import is_number
 
 KINDS = ("closed", "open")
@@ -86,15 +86,44 @@ def _num(x) -> str:
     return f"{int(x)}" if is_number(x) and float(x) == int(float(x)) else f"{float(x):g}" if is_number(x) else str(x)
 
 
-def _point(kind: str, p: dict) -> dict:
-    """A closed or open point as the tables print it (the percentile records as load.json has them)."""
+QUANTILE_OF = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+
+
+def gate(record: dict, level: float) -> dict:
+    """A percentile record as it may be printed, whatever wrote it (an older load.json printed a p99 of 6 requests
+    with an interval): no value below min_samples (their maximum instead, said so), and no interval where the n
+    allows none at `level` (longctx.analysis.load_summary: the same rules as it applies)."""
+    out = dict(record)
+    for name, q in QUANTILE_OF.items():
+        r = out.get(name)
+        if not isinstance(r, dict):
+            continue
+        n = r.get("n") if is_number(r.get("n")) else out.get("n")
+        if not is_number(n):
+            continue
+        r = dict(r)
+        if int(n) < min_samples(q) and r.get("value") is not None:
+            r.update(value=None, low=None, high=None, coverage=None, max=r.get("max", out.get("max")), min_n=min_samples(q))
+        if r.get("low") is not None and _orders(int(n), q, level) is None:
+            r.update(low=None, high=None, coverage=None)
+        out[name] = r
+    return out
+
+
+def median_min_n(level: float) -> int:
+    """The fewest requests whose median has an order-statistic interval at `level` (6 at 95%)."""
+    return next(n for n in range(2, 200) if _orders(n, 0.5, level) is not None)
+
+
+def _point(kind: str, p: dict, level: float = 0.95) -> dict:
+    """A closed or open point as the tables print it (the percentile records as load.json has them, gated)."""
     n = p.get("n")
     ok = p.get("ok")
     failed = p.get("failed")
     if failed is None and is_number(n) and is_number(ok):
         failed = int(n) - int(ok)
     reasons = [str(r) for r in p.get("reasons") or [] if r]
-    stats = {k: {"p50": None, "p90": None, "p99": None, "n": None, **(p.get(k) or {})}
+    stats = {k: gate({"p50": None, "p90": None, "p99": None, "n": None, **(p.get(k) or {})}, level)
              for k in ("ttft", "itl", "tpot", "e2e", "queue", "schedule_lag")}
     g = {"share": None, "low": None, "high": None, "rate_s": None, "met": None, "n": None, "by": [], **(p.get("goodput") or {})}
     return {"kind": kind, "level": p.get("level"), "level_text": _level_words(kind, p.get("level")), "length": p.get("length"),
@@ -203,12 +232,13 @@ def view(load: dict, metrics: pd.DataFrame | None = None, order: list[str] | Non
     configurations' order (the config's), the rest by name."""
     metrics = metrics if metrics is not None else read_metrics(None)
     confs = (load or {}).get("configurations") or {}
+    level = float(((load or {}).get("settings") or {}).get("confidence") or 0.95)
     names = [n for n in (order or []) if n in confs] + sorted(n for n in confs if n not in (order or []))
     out = []
     for name in names:
         c = confs[name] or {}
-        points = {kind: sorted((_point(kind, p) for p in c.get(kind) or []), key=lambda p: (p["length"] or 0, p["level"] or 0))
-                  for kind in KINDS}
+        points = {kind: sorted((_point(kind, p, level) for p in c.get(kind) or []),
+                               key=lambda p: (p["length"] or 0, p["level"] or 0)) for kind in KINDS}
         inter = _interference(c.get("interference"))
         failures = [p for kind in KINDS for p in points[kind] if p["failed"]]
         failures += [{"kind": "interference", "level": None, "level_text": "injected", "length": p.get("length"), "n": p.get("n"),
@@ -227,6 +257,7 @@ def view(load: dict, metrics: pd.DataFrame | None = None, order: list[str] | Non
     attainment = slo.get("attainment")
     return {"any": any(has.values()) or any(c["reason"] for c in out), "configurations": out, "has": has, "slo": slo,
             "slo_words": slo_words(slo), "attainment": attainment if is_number(attainment) else None, "held_min": HELD_MIN,
+            "level_pct": f"{level * 100:.0f}", "median_min_n": median_min_n(level),
             "failures": [{"configuration": c["name"], **f} for c in out for f in c["failures"]],
             "unmeasured": [{"name": c["name"], "reason": c["reason"]} for c in out if c["reason"] and not (
                 c["closed"] or c["open"] or c["interference"]["any"])]}
