@@ -59,3 +59,31 @@ def test_the_contended_trials_stay_out_of_the_fits():
     p = kept["prefill"]
     assert p["a_s"] == pytest.approx(A, rel=0.2) and p["c_s_per_token2"] == pytest.approx(C, rel=0.2)
     assert abs(taken["prefill"]["a_s"] - A) > 3 * abs(p["a_s"] - A)  # the defect: the slow trials fitted in
+
+
+def test_contended_trials_stay_out_of_the_medians_and_speedups_where_others_were_measured():
+    """Issue 46, item 6: a contended trial is left out of what page one prints too (the medians, the speedups and
+    their verdicts: tables.ok_rows), where its length has uncontended trials; where every trial of a length was
+    contended they stand (nothing else was measured), and the report says so. A configuration whose telemetry cannot
+    show contention (the whole machine's CPU, no GPU clock) is said not to have been checked."""
+    from longctx.analysis.tables import medians, ok_rows
+
+    df = results(slow_length=None)
+    one = df.index[(df["length"] == 1024) & (df["trial"] == 0)][0]
+    df.at[one, "ttft_s"] = df.at[one, "ttft_s"] * 3
+    df.at[one, "prefill_cpu_util_pct_mean"] = 90.0
+    prov = {"configurations": {"cpu": {"telemetry_scope": {"over": "process"}}}}
+    flagged = flag_contended(df, prov)
+    assert flagged.loc[one, "contended"] and prov["configurations"]["cpu"]["contention"]["checked"]
+    kept = ok_rows(flagged)
+    assert one not in kept.index and len(kept) == len(df) - 1 and len(ok_rows(flagged, contended=True)) == len(df)
+    clean = [t for t in flagged[(flagged["length"] == 1024)].index if t != one]
+    m = medians(flagged).set_index(["configuration", "length"])
+    assert m.loc[("cpu", 1024), "ttft_s"] == pytest.approx(float(np.median(df.loc[clean, "ttft_s"])))
+    # every trial of a length contended: they stand
+    all512 = flag_contended(results(), PROCESS)
+    assert (ok_rows(all512)["length"] == 512).sum() == 3
+    machine = {"configurations": {"cpu": {"telemetry_scope": {"over": "machine"}}}}
+    flag_contended(results(), machine)
+    said = " ".join(trial_flags(results()[results()["status"].eq("ok")], machine["configurations"]["cpu"]))
+    assert "could not be checked (no telemetry of the server's own process, and no GPU clock)" in said

@@ -148,8 +148,10 @@ def flag_contended(df: pd.DataFrame, prov: dict) -> pd.DataFrame:
     df["contended"] = False
     df["contended_reason"] = None
     for name, g in df.groupby("configuration", sort=False):
-        scope = (((prov.get("configurations") or {}).get(name) or {}).get("telemetry_scope") or {}).get("over")
+        entry = (prov.get("configurations") or {}).setdefault(name, {})
+        scope = (entry.get("telemetry_scope") or {}).get("over")
         ok = g[g["status"].eq("ok") & pd.to_numeric(g["concurrency"], errors="coerce").eq(1)]
+        checked = []
         for column, (what, unit, needs) in CONDITIONS.items():
             if needs and scope != needs:
                 continue
@@ -159,11 +161,16 @@ def flag_contended(df: pd.DataFrame, prov: dict) -> pd.DataFrame:
             values = values[values > 0]
             if len(values) < MIN_TRIALS_COMPARED:
                 continue
+            checked.append(what)
             median = float(values.median())
             for i, v in values[values < CONTENDED_SHARE * median].items():
                 if not df.at[i, "contended"]:
                     df.at[i, "contended"] = True
                     df.at[i, "contended_reason"] = f"{what} {v:,.0f}{unit} against the configuration's median {median:,.0f}{unit}"
+        # what the check could read, or why it could not: the report says so rather than imply it looked
+        entry["contention"] = {"checked": checked} if checked else {"checked": [], "why_not": (
+            "no telemetry of the server's own process, and no GPU clock" if scope != "process" else
+            f"fewer than {MIN_TRIALS_COMPARED} trials with {MIN_WINDOW_SAMPLES} telemetry samples or more in a window")}
     return df
 
 

@@ -278,7 +278,7 @@ def fit_all(df: pd.DataFrame, provenance: dict | None = None, calibration: dict 
     for group in ("bounds", "fit_quality"):  # groups of thresholds: a setting given replaces only its own default
         st[group] = {**SETTINGS[group], **((settings or {}).get(group) or {})}
     out: dict = {"settings": st, "configurations": {}}
-    ok = ok_rows(df).copy()
+    ok = ok_rows(df, contended=True).copy()  # the contended trials weighed below (_analyse_configuration)
     ok["step_s"] = step_seconds(ok) if "tpot_s" in ok else np.nan
     entries = (provenance or {}).get("configurations", {})
     partial = partial_lengths(df, provenance)

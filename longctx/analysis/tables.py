@@ -11,9 +11,19 @@ def single(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["concurrency"].fillna(1) == 1] if "concurrency" in df else df
 
 
-def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+def ok_rows(df: pd.DataFrame, contended: bool = False) -> pd.DataFrame:
+    """The successful single-request trials: what the medians, the speedups and their verdicts take. A trial whose
+    server got markedly less of its device (`contended`: longctx.analysis.aggregate.flag_contended) is left out where
+    its configuration has an uncontended one at that length (else it stands, and the report says so); contended=True
+    keeps every one (the fits weigh them themselves)."""
     df = single(df)
-    return df[(df["status"] == "ok") & df["ttft_s"].notna()]
+    ok = df[(df["status"] == "ok") & df["ttft_s"].notna()]
+    if contended or "contended" not in ok or not ok["contended"].eq(True).any():
+        return ok
+    flagged = ok["contended"].eq(True)
+    clean = set(map(tuple, ok.loc[~flagged, ["configuration", "length"]].itertuples(index=False)))
+    at = pd.Series([tuple(x) in clean for x in ok[["configuration", "length"]].itertuples(index=False)], index=ok.index)
+    return ok[~(flagged & at)]
 
 
 def failure_reasons(rows: pd.DataFrame) -> list[str]:

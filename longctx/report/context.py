@@ -353,7 +353,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "telemetry": wording.telemetry(p.get("telemetry", "off")),
             "prompts": wording.prompt_probe(p.get("prompt_probe")),
             "probe_answers": list((p.get("prompt_probe") or {}).get("answers") or []),
-            "flags": wording.trial_flags(df[df["configuration"] == name]),
+            "flags": wording.trial_flags(df[df["configuration"] == name], p),
             "stray_server": p.get("stray_server"),
             "recovered": p.get("recovered") or [],
             "served": wording.model_served(fit, plans.get(name), (p.get("model") or {}).get("name")),

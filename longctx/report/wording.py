@@ -306,10 +306,15 @@ def prompt_probe(plan: dict | None) -> list[str]:
     return out
 
 
-def trial_flags(rows) -> list[str]:
+def trial_flags(rows, entry: dict | None = None) -> list[str]:
     """What a configuration's trials that succeeded were flagged with (results.csv rows), in sentences: a failed
-    trial is counted with the failures, never here."""
+    trial is counted with the failures, never here; and, from its provenance entry, whether another job's
+    contention could be checked at all (longctx.analysis.aggregate.flag_contended)."""
     out = []
+    why_not = ((entry or {}).get("contention") or {}).get("why_not")
+    if why_not:
+        out.append(f"Whether another job took the server's device during its trials could not be checked ({why_not}): "
+                   "its figures are taken as measured")
     rows = rows[rows["status"].eq("ok")] if "status" in rows else rows
     n = len(rows)
 
@@ -333,7 +338,8 @@ def trial_flags(rows) -> list[str]:
                           for r in contended.head(4).to_dict("records"))
         more = f"; and {len(contended) - 4} more" if len(contended) > 4 else ""
         out.append(f"{len(contended)} of {n} trials ran while the server got markedly less of its device than in its "
-                   f"other trials ({named}{more}); they are left out of the fits unless nothing else was measured")
+                   f"other trials ({named}{more}); they are left out of the fits, the medians, the speedups and their "
+                   "verdicts, unless nothing else was measured at their length")
     return out
 
 
