@@ -378,3 +378,18 @@ def held_level_mean(reqs):
 
     rows = pd.DataFrame([{"sent_s": r["sent_s"], "e2e_s": r["e2e_s"]} for r in reqs])
     return held_level(rows, 2)["mean_in_flight"]
+
+
+def test_the_victims_of_one_probe_are_one_observation_and_get_no_interval():
+    """Issue 46, item 5: two victims of one injected prefill stall together; their median is reported, with no
+    interval (the bootstrap over them treated them as independent). Six probes of two victims each give the
+    order-statistic interval of the probes' medians at 95%."""
+    from longctx.analysis.load_summary import probe_median
+
+    one = pd.DataFrame({"trial": [0, 0], "worst_gap_s": [0.9, 1.0]})
+    assert probe_median(one, "worst_gap_s", 0.95) == {"value": pytest.approx(0.95), "low": None, "high": None, "probes": 1}
+    six = pd.DataFrame({"trial": [t for t in range(6) for _ in range(2)],
+                        "worst_gap_s": [0.9 + 0.01 * t + 0.001 * v for t in range(6) for v in range(2)]})
+    m = probe_median(six, "worst_gap_s", 0.95)
+    per = sorted(0.9 + 0.01 * t + 0.0005 for t in range(6))
+    assert m["probes"] == 6 and (m["low"], m["high"]) == (pytest.approx(per[0]), pytest.approx(per[-1]))

@@ -132,6 +132,20 @@ def median_estimate(values, st: dict, *key) -> dict:
     return percentiles(values, st["bootstrap"], st["confidence"], rng_for(st["seed"], *key), MEDIAN)["p50"]
 
 
+def probe_median(victims: pd.DataFrame, column: str, level: float) -> dict:
+    """{value, low, high, probes}: the median over an interference point's victims, with an interval only over
+    independent probes. The victims of one probe share its injected prefill (their stalls move together), so they
+    are one observation: the interval is the distribution-free order-statistic interval of the median of the probes'
+    own medians, where there are enough probes for one at `level` (6 at 95%), else none."""
+    v = pd.to_numeric(victims[column], errors="coerce")
+    keep = v.notna()
+    value = float(v[keep].median()) if keep.any() else None
+    trials = victims["trial"] if "trial" in victims else pd.Series(0, index=victims.index)
+    per_probe = v[keep].groupby(trials[keep].fillna(0)).median()
+    ci = order_statistic_interval(per_probe.to_numpy(float), 0.5, level) if len(per_probe) else None
+    return {"value": value, "low": ci[0] if ci else None, "high": ci[1] if ci else None, "probes": int(len(per_probe))}
+
+
 HELD_MIN = 0.9  # a closed-loop point that keeps its level in flight less than this share of its time is flagged
 
 
@@ -224,8 +238,8 @@ def interference(df: pd.DataFrame, st: dict, name: str) -> dict:
     points = []
     for length, g in df.groupby("length", sort=True):
         o = g[g["status"].eq("ok")]
-        wg = median_estimate(o["worst_gap_s"], st, name, length, "worst_gap")
-        ex = median_estimate(o["extra_s"], st, name, length, "extra")
+        wg = probe_median(o, "worst_gap_s", level)
+        ex = probe_median(o, "extra_s", level)
         background = pd.to_numeric(g["background"], errors="coerce").dropna()
         points.append({"length": int(length), "n": len(o), "failed": len(g) - len(o), "reasons": failure_reasons(g),
                        "background": int(background.iloc[0]) if len(background) else None,
