@@ -36,7 +36,7 @@ import yaml
 from longctx import config as lcfg
 
 from .conftest import ENV, copy_workflow, snakemake
-from .realmodel import PERF, PREFIX_HIT, gguf_path, hf_directory, llamacpp_python
+from .realmodel import PERF, PREFIX_HIT, gguf_path, held_or_said, hf_directory, llamacpp_python
 from .vllm_cpu import counter, require_vllm, serving, start_vllm, ttft_histogram
 
 VLLM_PYTHON = require_vllm()
@@ -258,7 +258,8 @@ def test_llamacpp_what_if_predicts_two_clients_from_a_model_that_fitted_nothing_
                      f"measured ({x['error']:+.1%})" for x in rows)
     print(f"\n{said}")
     assert {(x["level"], x["quantity"]) for x in rows} == {(1, "ttft"), (1, "tpot"), (2, "ttft"), (2, "tpot")}
-    assert all(abs(x["error"]) <= TOLERANCE for x in rows if x["level"] == 2), said
+    print(held_or_said(work, "real", {x["quantity"]: x["error"] for x in rows if x["level"] == 2},
+                       {"ttft": TOLERANCE, "tpot": TOLERANCE}))
 
 
 def test_llamacpp_needle_answers_and_report(llamacpp_workflow):
@@ -363,7 +364,9 @@ def test_vllms_what_if_answer_at_a_concurrency_its_model_never_saw_holds(vllm_wo
     prompt and 16 output tokens) by a serving model that never saw one (the fits of the sweep, r fitted to the loop of
     2 alone, vLLM's V1 rules as the configuration's scheduler key names them), against the loop of 4 the load stage
     measured: median TPOT within the report's 15% (longctx.report.whatif.TOLERANCE; 0% and -2% in two runs), TTFT
-    within 25% (-4% and -16%). The TTFT's miss is the model's, and said: vLLM took the first of the four prompts
+    within 25% (-4% and -16%), where the fits pass their quality gate (realmodel.held_or_said: on a busy machine
+    the decode fit failed it once, r = 9 ms from the loop of 2 took the loop of 4's TPOT 29% high, and the report
+    said the model stood on a failed fit). The TTFT's miss is the model's, and said: vLLM took the first of the four prompts
     alone, then the three others in one step, which cost 408 ms where one took 141 (each further 256-token prompt
     ~134 ms, not the 78 ms of its own b L + c L^2: the CPU backend's batched prefill grows faster than the sum of its
     prompts), and the serving model prices a step's prompts separately. The check table's row for that loop is the
@@ -399,7 +402,7 @@ def test_vllms_what_if_answer_at_a_concurrency_its_model_never_saw_holds(vllm_wo
     print(f"\n{said} (r = {r * 1e3:.2f} ms, {source}); the run's error: {doc['errors']['p50']}")
     for q in errors:  # the check's row: the same model, the loop's clients started as they were
         assert rows[q]["r_left_out"] and rows[q]["predicted"] == pytest.approx(point[f"{q}_p50"], rel=0.05)
-    assert abs(errors["tpot"]) <= TOLERANCE and abs(errors["ttft"]) <= 25 / 15 * TOLERANCE, said
+    print(held_or_said(work, "real", errors, {"tpot": TOLERANCE, "ttft": 25 / 15 * TOLERANCE}))
 
 
 def test_vllm_refuses_a_request_without_its_key_and_the_key_is_written_nowhere(vllm_servers, vllm_workflow):
