@@ -168,9 +168,12 @@ def flag_contended(df: pd.DataFrame, prov: dict) -> pd.DataFrame:
                     df.at[i, "contended"] = True
                     df.at[i, "contended_reason"] = f"{what} {v:,.0f}{unit} against the configuration's median {median:,.0f}{unit}"
         # what the check could read, or why it could not: the report says so rather than imply it looked
-        entry["contention"] = {"checked": checked} if checked else {"checked": [], "why_not": (
-            "no telemetry of the server's own process, and no GPU clock" if scope != "process" else
-            f"fewer than {MIN_TRIALS_COMPARED} trials with {MIN_WINDOW_SAMPLES} telemetry samples or more in a window")}
+        device = entry.get("device")
+        why = (f"fewer than {MIN_TRIALS_COMPARED} trials with {MIN_WINDOW_SAMPLES} telemetry samples or more in a window"
+               if scope == "process" or device == "gpu" else
+               "the telemetry does not watch the server's own process" if device == "cpu" else
+               "no telemetry of the server: it runs elsewhere, or telemetry is off")
+        entry["contention"] = {"checked": checked} if checked else {"checked": [], "why_not": why}
     return df
 
 

@@ -77,6 +77,11 @@ def order_statistic_interval(values, q: float, level: float) -> tuple[float, flo
 
 
 @functools.lru_cache(maxsize=4096)
+def has_interval(n: int, q: float, level: float) -> bool:
+    """Whether n values give the q quantile an order-statistic interval at `level` (order_statistic_interval)."""
+    return _orders(int(n), float(q), float(level)) is not None
+
+
 def _orders(n: int, q: float, level: float) -> tuple[int, int, float] | None:
     """The orders (1-based) j < k of order_statistic_interval and its coverage, which depend on n, q and level only."""
     if n < 2:

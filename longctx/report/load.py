@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analysis.load_summary import HELD_MIN, _orders, min_samples
+from ..analysis.load_summary import HELD_MIN, has_interval, min_samples
 from ..core.numbers import is_number
 
 KINDS = ("closed", "open")
@@ -104,7 +104,7 @@ def gate(record: dict, level: float) -> dict:
         r = dict(r)
         if int(n) < min_samples(q) and r.get("value") is not None:
             r.update(value=None, low=None, high=None, coverage=None, max=r.get("max", out.get("max")), min_n=min_samples(q))
-        if r.get("low") is not None and _orders(int(n), q, level) is None:
+        if r.get("low") is not None and not has_interval(int(n), q, level):
             r.update(low=None, high=None, coverage=None)
         out[name] = r
     return out
@@ -112,7 +112,7 @@ def gate(record: dict, level: float) -> dict:
 
 def median_min_n(level: float) -> int:
     """The fewest requests whose median has an order-statistic interval at `level` (6 at 95%)."""
-    return next(n for n in range(2, 200) if _orders(n, 0.5, level) is not None)
+    return next(n for n in range(2, 200) if has_interval(n, 0.5, level))
 
 
 def _point(kind: str, p: dict, level: float = 0.95) -> dict:
