@@ -87,3 +87,17 @@ def test_contended_trials_stay_out_of_the_medians_and_speedups_where_others_were
     flag_contended(results(), machine)
     said = " ".join(trial_flags(results()[results()["status"].eq("ok")], machine["configurations"]["cpu"]))
     assert "could not be checked (the telemetry does not watch the server's own process)" in said
+
+
+def test_a_trial_while_another_process_took_the_gpu_is_contended():
+    """NVML's per-process utilisation (telemetry's others_sm_util_pct): a decode window in which other processes took
+    35% of the server's GPUs' SMs flags the trial, whatever the clock said."""
+    df = results(slow_length=None)
+    df["decode_others_sm_util_pct_mean"] = 0.0
+    one = df.index[(df["length"] == 2048) & (df["trial"] == 1)][0]
+    df.at[one, "decode_others_sm_util_pct_mean"] = 35.0
+    prov = {"configurations": {"cpu": {"telemetry_scope": {"over": "gpus"}, "device": "gpu"}}}
+    flagged = flag_contended(df, prov)
+    assert list(flagged.index[flagged["contended"]]) == [one]
+    assert flagged.at[one, "contended_reason"] == "other processes' SM utilisation on its GPUs during decode 35%"
+    assert "other processes' SM utilisation on its GPUs during decode" in prov["configurations"]["cpu"]["contention"]["checked"]

@@ -311,3 +311,33 @@ def test_a_managed_server_on_the_cpu_is_not_watched_through_the_gpus_of_its_mach
                          None, nvml=FakeNvml(gpus))
     assert t.gpus == ["GPU-bbbb"] and "the server's CUDA_VISIBLE_DEVICES" in t.description
     assert t.source.sample()["sm_util_pct"] == 10
+
+
+class ProcessNvml(FakeNvml):
+    """FakeNvml with NVML's per-process samples (nvmlDeviceGetProcessUtilization): each GPU's `procs`, (pid, SM %)
+    samples stamped 1, 2, ... Stands in for pynvml: this machine has no GPU."""
+
+    class NVMLError_NotFound(Exception):
+        pass
+
+    def nvmlDeviceGetProcessUtilization(self, h, since):
+        samples = [SimpleNamespace(pid=pid, smUtil=sm, timeStamp=t) for t, (pid, sm) in enumerate(h.get("procs", ()), 1)
+                   if t > since]
+        if not samples:
+            raise self.NVMLError_NotFound("Not Found")
+        return samples
+
+
+def test_nvml_reads_what_other_processes_take_of_the_servers_gpus():
+    """Issue 46, item 6: another process time-slicing the GPU does not lower its clock; NVML's per-process samples
+    show it. The SM utilisation of processes other than the server's, averaged over its GPUs, each sample read once;
+    none without the server's processes known, and none where NVML's samples show none of them (a container whose
+    process ids NVML does not share: everything would read as another's)."""
+    gpus = [dict(sm=100, mem=40, mw=300_000, sm_mhz=2400, mem_mhz=14000, used=90e9, procs=[(101, 60), (999, 30)]),
+            dict(sm=50, mem=20, mw=200_000, sm_mhz=2400, mem_mhz=14000, used=80e9, procs=[(102, 40), (998, 10)])]
+    source = NvmlSource(ProcessNvml(gpus), [0, 1], server_pids=lambda: {101, 102})
+    assert source.sample()["others_sm_util_pct"] == 20.0  # (30 + 10) / 2
+    assert source.sample()["others_sm_util_pct"] == 0.0  # nothing new since: NVML's NotFound
+    assert "others_sm_util_pct" not in NvmlSource(ProcessNvml(gpus), [0, 1]).sample()
+    assert "others_sm_util_pct" not in NvmlSource(ProcessNvml(gpus), [0, 1], server_pids=lambda: {5}).sample()
+    assert "others_sm_util_pct" not in NvmlSource(FakeNvml(gpus), [0, 1], server_pids=lambda: {101}).sample()

@@ -36,6 +36,11 @@ COLUMNS = [
 CONTENDED_SHARE = 0.7
 MIN_WINDOW_SAMPLES = 3
 MIN_TRIALS_COMPARED = 4
+# Another process's work on the server's GPUs (NVML's per-process utilisation, telemetry's others_sm_util_pct), which
+# a clock does not show: a trial during which others took OTHERS_SM_PCT of the SMs or more is contended
+OTHERS_SM_PCT = 10.0
+OTHERS = {"prefill_others_sm_util_pct_mean": "other processes' SM utilisation on its GPUs during prefill",
+          "decode_others_sm_util_pct_mean": "other processes' SM utilisation on its GPUs during decode"}
 CONDITIONS = {
     "prefill_cpu_util_pct_mean": ("the server's CPU share during prefill", "% of a core", "process"),
     "decode_cpu_util_pct_mean": ("the server's CPU share during decode", "% of a core", "process"),
@@ -167,6 +172,15 @@ def flag_contended(df: pd.DataFrame, prov: dict) -> pd.DataFrame:
                 if not df.at[i, "contended"]:
                     df.at[i, "contended"] = True
                     df.at[i, "contended_reason"] = f"{what} {v:,.0f}{unit} against the configuration's median {median:,.0f}{unit}"
+        for column, what in OTHERS.items():  # another process's share of the GPUs, where NVML attributes it
+            values = pd.to_numeric(ok[column], errors="coerce").dropna() if column in ok else pd.Series(dtype=float)
+            if not len(values):
+                continue
+            checked.append(what)
+            for i, v in values[values >= OTHERS_SM_PCT].items():
+                if not df.at[i, "contended"]:
+                    df.at[i, "contended"] = True
+                    df.at[i, "contended_reason"] = f"{what} {v:,.0f}%"
         # what the check could read, or why it could not: the report says so rather than imply it looked
         device = entry.get("device")
         why = (f"fewer than {MIN_TRIALS_COMPARED} trials with {MIN_WINDOW_SAMPLES} telemetry samples or more in a window"

@@ -11,7 +11,9 @@ clock as the client (time.perf_counter), so a trial's samples can be split into 
 window (request sent to first token) and its decode window (first to last token).
 
 NVML: per GPU, SM and memory utilisation (%), power (W), SM and memory clocks (MHz), memory used
-(GB); the summary averages over the GPUs. psutil: CPU utilisation (% of one core) and resident memory
+(GB); the summary averages over the GPUs. With the server's process known, also the SM utilisation NVML attributes
+to other processes (others_sm_util_pct, nvmlDeviceGetProcessUtilization): another job time-slicing the GPU, which
+does not lower its clock; left out where NVML does not say it, or cannot see the server's processes (a container). psutil: CPU utilisation (% of one core) and resident memory
 (RSS) of the server's process tree; over the whole machine, the CPU utilisation of all processes and the
 memory in use (its `rss_gb`), which is not the server's.
 """
@@ -32,7 +34,8 @@ import psutil
 
 from .process import listening_process
 
-NVML_METRICS = ("sm_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz", "mem_clock_mhz", "mem_used_gb")
+NVML_METRICS = ("sm_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz", "mem_clock_mhz", "mem_used_gb", "others_sm_util_pct")
+DEVICE_METRICS = NVML_METRICS[:6]  # every GPU has them; others_sm_util_pct only where NVML attributes its work
 PSUTIL_METRICS = ("cpu_util_pct", "rss_gb")
 
 
@@ -40,11 +43,15 @@ class NvmlSource:
     kind = "nvml"
     metrics = NVML_METRICS
 
-    def __init__(self, nvml, gpu_indices: list[int | str] | None = None, which: str | None = None):
+    def __init__(self, nvml, gpu_indices: list[int | str] | None = None, which: str | None = None,
+                 server_pids=None):
         """gpu_indices: NVML indices, or GPU UUIDs as CUDA_VISIBLE_DEVICES may give them (None: all);
-        which: how they were chosen, for the description."""
+        which: how they were chosen, for the description; server_pids: a callable giving the server's process ids
+        (None: not known, and others_sm_util_pct not read)."""
         self.nvml = nvml
         self.which = which
+        self.server_pids = server_pids
+        self._since: dict[int, int] = {}  # per GPU, the newest process sample read (NVML's microseconds)
         nvml.nvmlInit()
         count = nvml.nvmlDeviceGetCount()
         if count == 0 or gpu_indices == []:
@@ -62,7 +69,35 @@ class NvmlSource:
             rows.append((util.gpu, util.memory, n.nvmlDeviceGetPowerUsage(h) / 1000.0,
                          n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM), n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
                          n.nvmlDeviceGetMemoryInfo(h).used / 1e9))
-        return {m: statistics.fmean(r[i] for r in rows) for i, m in enumerate(NVML_METRICS)}
+        out = {m: statistics.fmean(r[i] for r in rows) for i, m in enumerate(DEVICE_METRICS)}
+        others = self._others()
+        if others is not None:
+            out["others_sm_util_pct"] = others
+        return out
+
+    def _others(self) -> float | None:
+        """The SM utilisation NVML attributes to processes other than the server's since the last sample, averaged
+        over the GPUs; None where the server's processes are not known, NVML does not keep per-process samples, or
+        its samples show none of the server's processes though the server computes there (NVML in a container
+        does not share its process ids: everything would read as another's)."""
+        if self.server_pids is None or not hasattr(self.nvml, "nvmlDeviceGetProcessUtilization"):
+            return None
+        mine = self.server_pids()
+        per_gpu = []
+        for k, h in enumerate(self.handles):
+            try:
+                samples = list(self.nvml.nvmlDeviceGetProcessUtilization(h, self._since.get(k, 0)) or [])
+            except Exception as exc:  # noqa: BLE001 - pynvml's NVMLError_NotFound: no sample since; others: unsupported
+                if "NotFound" in type(exc).__name__ or "Not Found" in str(exc):
+                    per_gpu.append(0.0)
+                    continue
+                return None
+            if samples:
+                self._since[k] = max(int(x.timeStamp) for x in samples)
+                if not any(x.pid in mine for x in samples) and any(x.smUtil for x in samples):
+                    return None  # cannot tell the server's work from another's here
+            per_gpu.append(float(sum(x.smUtil for x in samples if x.pid not in mine)))
+        return statistics.fmean(per_gpu) if per_gpu else None
 
     def describe(self) -> str:
         gpus = ", ".join(map(str, self.indices))
@@ -275,7 +310,7 @@ def telemetry_source(adapter, spec, pid: int | None, base_url: str | None, nvml=
                     if gpus is None:
                         which = "every GPU of this machine: which ones the server uses is not known"
             try:
-                src = NvmlSource(nvml, gpus, which)
+                src = NvmlSource(nvml, gpus, which, (lambda p=pid: tree_pids(p)) if pid else None)
                 return Telemetry(device, src, src.describe(), "gpus", pid, src.indices)
             except Exception as exc:  # pynvml.NVMLError_LibraryNotFound without a driver, no GPU, none given
                 problem = f"NVML: {exc}" if str(exc) else f"NVML: {type(exc).__name__}"
