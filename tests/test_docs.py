@@ -232,3 +232,21 @@ def test_the_configuration_page_keeps_its_markers():
     page = (ROOT / "docs" / "configuration.md").read_text()
     filled = hooks.fill_reference(page, "THE TABLE")
     assert "THE TABLE" in filled and "outside the\nsite" not in filled and filled.startswith("# Configuration")
+
+
+def test_no_word_of_a_retired_interval_method_stays():
+    """Issue 46, item 9: speedups' and savings' intervals are Welch's on the logs, the load latencies' order
+    statistics', the fits' and their bands' bootstrap. The words that said bootstrap where the interval is another's
+    are gone, and the reports' legends name each interval as what it is."""
+    retired = {"longctx/report/summary.py": "bootstrap interval of its speedup",
+               "longctx/analysis/__init__.py": "with bootstrap intervals and verdicts",
+               "longctx/report/figures/load.py": "bootstrap intervals as bars",
+               "templates/sections/diagnosis.tex.j2": r"\% bootstrap percentile intervals)",
+               "templates/markdown/summary.md.j2": "% bootstrap percentile intervals.)"}
+    for path, words in retired.items():
+        assert words not in (ROOT / path).read_text(), (path, words)
+    for path in ("templates/sections/diagnosis.tex.j2", "templates/markdown/summary.md.j2"):
+        assert "a speedup's Welch interval on the logs" in (ROOT / path).read_text(), path
+    for path in ("templates/sections/prefix.tex.j2", "templates/markdown/prefix.md.j2"):
+        assert "a saving's Welch interval on the logs" in (ROOT / path).read_text(), path
+    assert "bootstrap" in (ROOT / "longctx/analysis/bands.py").read_text()  # the fits' bands are what the legend says
