@@ -117,7 +117,7 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
         if "device" in conf and adapter.managed:
             raise ConfigError(f"config key 'configurations.{name}.device' is for external servers; a {conf['engine']} "
                               "server's device comes from its flags and installation (remove the key)")
-        if conf.get("scheduler") and adapter.name != "external":
+        if conf.get("scheduler") and (adapter.managed or not adapter.measures):  # a server measured, not started
             raise ConfigError(f"config key 'configurations.{name}.scheduler' is for external servers; a {conf['engine']} "
                               "server's scheduler is its adapter's, from its flags (remove the key)")
         if conf.get("server_log") and adapter.managed:

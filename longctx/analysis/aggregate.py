@@ -146,6 +146,12 @@ def itl_depth_rows(path: Path) -> list[dict]:
     return [{**base, "token": i + 1, "depth": d, "itl_s": t} for i, (d, t) in enumerate(zip(raw["depth"], raw["itl_s"]))]
 
 
+def _flag(df: pd.DataFrame, i, reason: str) -> None:
+    """Row i contended, for the first reason found."""
+    if not df.at[i, "contended"]:
+        df.at[i, "contended"], df.at[i, "contended_reason"] = True, reason
+
+
 def flag_contended(df: pd.DataFrame, prov: dict) -> pd.DataFrame:
     """results.csv's rows with `contended` and `contended_reason` (CONDITIONS: the figure that flagged it, against the
     configuration's median), from the telemetry the trials already carry."""
@@ -169,18 +175,14 @@ def flag_contended(df: pd.DataFrame, prov: dict) -> pd.DataFrame:
             checked.append(what)
             median = float(values.median())
             for i, v in values[values < CONTENDED_SHARE * median].items():
-                if not df.at[i, "contended"]:
-                    df.at[i, "contended"] = True
-                    df.at[i, "contended_reason"] = f"{what} {v:,.0f}{unit} against the configuration's median {median:,.0f}{unit}"
+                _flag(df, i, f"{what} {v:,.0f}{unit} against the configuration's median {median:,.0f}{unit}")
         for column, what in OTHERS.items():  # another process's share of the GPUs, where NVML attributes it
             values = pd.to_numeric(ok[column], errors="coerce").dropna() if column in ok else pd.Series(dtype=float)
             if not len(values):
                 continue
             checked.append(what)
             for i, v in values[values >= OTHERS_SM_PCT].items():
-                if not df.at[i, "contended"]:
-                    df.at[i, "contended"] = True
-                    df.at[i, "contended_reason"] = f"{what} {v:,.0f}%"
+                _flag(df, i, f"{what} {v:,.0f}%")
         # what the check could read, or why it could not: the report says so rather than imply it looked
         device = entry.get("device")
         why = (f"fewer than {MIN_TRIALS_COMPARED} trials with {MIN_WINDOW_SAMPLES} telemetry samples or more in a window"

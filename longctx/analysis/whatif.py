@@ -110,12 +110,17 @@ def _run_closed(costs: Costs, rules: Rules, p: dict) -> list[dict]:
     return _closed(costs, rules, p["level"], p["n"], p["length"], _output(p), p.get("starts"))
 
 
+def _requests_of(requests: pd.DataFrame, kind: str, p: dict) -> pd.DataFrame:
+    """load_requests.csv's rows of one measured point."""
+    return requests[(requests["kind"] == kind) & (requests["level"] == p["level"]) & (requests["length"] == p["length"])]
+
+
 def closed_starts(requests: pd.DataFrame, p: dict) -> list[float] | None:
     """When the closed loop's client sent each of its first `level` requests, from the first (load_requests.csv's
     sent_s): a client sends them a few milliseconds apart, not at once."""
     if requests is None or not len(requests) or "sent_s" not in requests:
         return None
-    sel = requests[(requests["kind"] == "closed") & (requests["level"] == p["level"]) & (requests["length"] == p["length"])]
+    sel = _requests_of(requests, "closed", p)
     sent = sorted(float(x) for x in sel.sort_values("index")["sent_s"].head(int(p["level"])).dropna())
     return [x - sent[0] for x in sent] if len(sent) == int(p["level"]) else None
 
@@ -161,12 +166,13 @@ def r_points(closed: list[dict]) -> list[dict]:
             and finite(((p.get("tpot") or {}).get("p50") or {}).get("value"))]
 
 
-def calibrate_r(costs: Costs, rules: Rules, closed: list[dict]) -> tuple[float, str]:
+def calibrate_r(costs: Costs, rules: Rules, closed: list[dict], other: str = "") -> tuple[float, str]:
     """r, the decode batch's cost per request beyond the first, fitted to the closed-loop points with more than one
-    request in flight (r_points: their measured median TPOT, in log), and how it was set."""
+    request in flight (r_points: their measured median TPOT, in log), and how it was set (`other`: "other " where
+    the points are the others of one left out)."""
     pts = r_points(closed)
     if not pts:
-        return 0.0, "0: no closed-loop point held more than one request in flight"
+        return 0.0, f"0: no {other}closed-loop point held more than one request in flight"
     def err(r: float) -> float:
         c = dataclasses.replace(costs, r=r)
         e = 0.0
@@ -185,13 +191,15 @@ def calibrate_r(costs: Costs, rules: Rules, closed: list[dict]) -> tuple[float, 
         best = float(grid_r[i])
         step = (hi - lo) / (R_GRID - 1)
         lo, hi = max(0.0, best - step), best + step
-    return best, f"fitted to the median TPOT of {len(pts)} closed-loop point{'s' if len(pts) != 1 else ''} with more than one request in flight"
+    return best, (f"fitted to the median TPOT of {'the ' + other if other else ''}{len(pts)} closed-loop "
+                  f"point{'s' if len(pts) != 1 else ''} with more than one request in flight")
 
 
-def with_r(costs: Costs, draws: list[Costs], rules: Rules, closed: list[dict]) -> tuple[Costs, list[Costs], str]:
+def with_r(costs: Costs, draws: list[Costs], rules: Rules, closed: list[dict],
+           other: str = "") -> tuple[Costs, list[Costs], str]:
     """The serving model and its bootstrap draws with r fitted to `closed` (calibrate_r), each draw's r refitted on
     the draw's own fits (so that the intervals carry r's uncertainty), and how r was set."""
-    r, source = calibrate_r(costs, rules, closed)
+    r, source = calibrate_r(costs, rules, closed, other)
     return (dataclasses.replace(costs, r=r), [dataclasses.replace(d, r=calibrate_r(d, rules, closed)[0]) for d in draws],
             source)
 
@@ -200,13 +208,7 @@ def left_out(costs: Costs, draws: list[Costs], rules: Rules, closed: list[dict])
     """Per point r is fitted to (by id), the model with r fitted to the other points only (with_r): the check
     predicts each point out of sample, by a model that never saw it."""
     pts = r_points(closed)
-    out = {}
-    for p in pts:
-        others = [q for q in pts if q is not p]
-        c, d, source = with_r(costs, draws, rules, others)
-        out[id(p)] = (c, d, source.replace("the median TPOT of", "the median TPOT of the other") if others else
-                      "0: no other closed-loop point held more than one request in flight")
-    return out
+    return {id(p): with_r(costs, draws, rules, [q for q in pts if q is not p], "other ") for p in pts}
 
 
 def _output(point: dict) -> int:
@@ -257,9 +259,7 @@ def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: 
             if kind == "closed":
                 run = lambda c: _run_closed(c, rules, p)  # noqa: E731
             else:
-                sel = requests[(requests["kind"] == "open") & (requests["level"] == p["level"])
-                               & (requests["length"] == p["length"])]
-                arrivals = sorted(float(x) for x in sel["scheduled_s"].dropna())
+                arrivals = sorted(float(x) for x in _requests_of(requests, "open", p)["scheduled_s"].dropna())
                 if not arrivals:
                     continue
                 run = lambda c, a=arrivals: _open(c, rules, a, p["length"], _output(p))  # noqa: E731

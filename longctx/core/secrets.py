@@ -117,10 +117,9 @@ def mask_url(url: str | None) -> str | None:
     parameter named like a secret (``?token=…``, ``?api_key=…``)."""
     if not url:
         return url
-    parts = urlsplit(url)
     clean, user, password = url_parts(url)
+    parts = urlsplit(clean)
     if user is not None or password is not None:
-        parts = urlsplit(clean)
         parts = parts._replace(netloc=f"{HIDDEN}@{parts.netloc}")
     if parts.query:
         query = [(k, HIDDEN if secret_name(k) or k.lower() in ("key", "sig", "signature") else v)
