@@ -40,12 +40,35 @@ rule all:
     default_target: True
 
 
-# A run in which no configuration measured anything exits non-zero, once the report that says what failed
-# is written (a run where some measured exits 0: page one names what was not measured).
-onsuccess:
-    from longctx.analysis.aggregate import nothing_measured
+# The exit status is the truth: a run that leaves a configured length with no successful measurement exits 1 once
+# the report that says why is written, naming what is missing in one line (allow_missing: true lets a partial report
+# pass); one that measured nothing, always. So does a rerun that has nothing to do, which Snakemake ends before
+# onsuccess: the check then runs where it says "Nothing to be done" (its lock released on the way out).
+def _verdict():
+    from longctx.analysis.aggregate import run_verdict
 
-    _nothing = nothing_measured("data/results.csv")
-    if _nothing:
-        print(f"longctx: {_nothing}", file=sys.stderr)
+    return run_verdict("data/results.csv", CFG["allow_missing"])
+
+
+onsuccess:
+    _problem = _verdict()
+    if _problem:
+        print(f"longctx: {_problem}", file=sys.stderr)
         sys.exit(1)
+
+
+if workflow.is_main_process:
+    import logging
+
+    from snakemake.common import NOTHING_TO_BE_DONE_MSG
+
+    class _NothingToDo(logging.Filter):
+        def filter(self, record):
+            if record.getMessage() == NOTHING_TO_BE_DONE_MSG and not workflow.dryrun:
+                problem = _verdict()
+                if problem:
+                    print(f"{NOTHING_TO_BE_DONE_MSG}\nlongctx: {problem}", file=sys.stderr)
+                    raise SystemExit(1)
+            return True
+
+    logging.getLogger("snakemake.logging").addFilter(_NothingToDo())

@@ -4,9 +4,11 @@
 rule bench_configuration:
     input:
         kernel=kernel_build,
-        # a run that lost lengths to a server death or a timeout writes data/partial/<configuration>/retry-<n>.json:
-        # the same command, run again, reruns this job, which remeasures those lengths and reuses the others
-        retry=lambda w: retry_files(f"{PARTIAL}/{w.configuration}"),
+        # where the last run lost something that may pass (a length failed by a timeout, a refused connection, a
+        # server error or death; a raw file that cannot be read), the next data/partial/<configuration>/retry-<n>.json
+        # (rule note_retry): the same command, run again, reruns this job, which measures those again and reuses the rest
+        retry=lambda w: retry_input(f"data/raw/{w.configuration}", f"{PARTIAL}/{w.configuration}",
+                                    raw_names(w.configuration)),
     output:
         raw_files("{configuration}"),
     log:
@@ -28,6 +30,21 @@ rule bench_configuration:
     shell:
         "longctx bench --configuration {wildcards.configuration} --spec-hash {params.spec_hash} "
         "--outdir {params.outdir} --server-log {log.server} --resume-dir {params.resume} --log {log.bench}"
+
+
+# What the last run of a configuration lost, noted (and said) where the same command measures it again.
+rule note_retry:
+    output:
+        f"{PARTIAL}/{{configuration}}/retry-{{generation}}.json",
+    params:
+        raw=lambda w: f"data/raw/{w.configuration}",
+        names=lambda w: raw_names(w.configuration),
+    wildcard_constraints:
+        configuration="|".join(re.escape(c) for c in MEASURED) or "(?!)",
+        generation="[0-9]+",
+    localrule: True
+    run:
+        print(write_retry_note(output[0], params.raw, params.names), file=sys.stderr)
 
 
 # An imported configuration's result files (another tool's, longctx.measure.imports) as raw files, one per

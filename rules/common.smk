@@ -11,7 +11,7 @@ from longctx.measure.calibration import plan as calibration_plan
 from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, LOAD_FIGURES, PREFIX_FIGURES
 from longctx.measure.resources import bench_resources
 from longctx.measure import imports
-from longctx.measure.rawfiles import retry_files
+from longctx.measure.rawfiles import retry_input, write_retry_note
 from longctx.engines import get_adapter
 
 CFG = lcfg.validate(config)
@@ -40,7 +40,8 @@ MARKDOWN_PARTIALS = sorted(glob.glob("templates/markdown/*.md.j2"))
 BASELINE = lcfg.report_baseline(CFG)
 # What the report prints as its configuration (and hashes into its version): env values hidden
 # (longctx.config.redacted), as in every param, so that none reaches .snakemake/ or a log.
-REPORT_CONFIG = json.dumps(lcfg.redacted(CFG))  # in the config file's order
+# (allow_missing is how the run's exit status is judged, not what was measured: it makes no new version)
+REPORT_CONFIG = json.dumps({k: v for k, v in lcfg.redacted(CFG).items() if k != "allow_missing"})  # the file's order
 # What a bench job reads its configuration from: the config files Snakemake merged, in order, and
 # its --config values, handed to `longctx bench` in its environment (LONGCTX_CONFIG_SOURCES; a job step
 # on a cluster node parses the workflow again and sets it there too). Neither a param nor part of the
@@ -96,16 +97,21 @@ wildcard_constraints:
 ITL_DEPTH = bool(CFG["protocol"]["itl_depth"]["length"])
 
 
+def raw_names(configuration, load=True):
+    """The names of the files a bench (or import) job writes in data/raw/<configuration>/: a file per length (an
+    imported configuration's own lengths), the ITL-against-depth request when configured, an adaptive sweep's path,
+    and (with load) load.json and prefix.json: the load and the reused-context workloads, or a record that the
+    configuration measures none."""
+    c = configuration
+    names = [str(n) for n in CONFIGURATION_LENGTHS.get(c, LENGTHS)] + (["itl_depth"] if ITL_DEPTH else [])
+    names += ["sweep"] if ADAPTIVE and c not in IMPORTED else []
+    return names + (["load", "prefix"] if load else [])
+
+
 def raw_files(configurations=CONFIGURATIONS, load=True):
-    """What a bench (or import) job writes: a file per length (an imported configuration's own lengths), the
-    ITL-against-depth request when configured, and (with load) load.json and prefix.json: the load and the
-    reused-context workloads, or a record that the configuration measures none."""
-    out = []
-    for c in [configurations] if isinstance(configurations, str) else configurations:
-        names = [str(n) for n in CONFIGURATION_LENGTHS.get(c, LENGTHS)] + (["itl_depth"] if ITL_DEPTH else [])
-        names += ["sweep"] if ADAPTIVE and c not in IMPORTED else []
-        out += [f"data/raw/{c}/{n}.json" for n in names + (["load", "prefix"] if load else [])]
-    return out
+    """What a bench (or import) job writes (raw_names), as paths."""
+    return [f"data/raw/{c}/{n}.json" for c in ([configurations] if isinstance(configurations, str) else configurations)
+            for n in raw_names(c, load)]
 
 
 def load_files():

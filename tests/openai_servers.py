@@ -63,12 +63,13 @@ class Seen(list):
 
 @contextlib.contextmanager
 def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | None = None, default: int = 404,
-                  broken: bool = False, refuse_ids_with: int = 422, basic: str | None = None):
+                  broken: bool = False, refuse_ids_with: int = 422, basic: str | None = None, port: int = 0):
     """The server of one behaviour on loopback, counting prompts with tokenizer_dir/tokenizer.json
     (encoded with special tokens: a BOS server's tokenizer adds one). With `codes`, GET answers
     codes[path] (else `default`) instead of the behaviour's health paths; `broken`, every POST is HTTP 500
     with BROKEN; refuse_ids_with, the code a text-only server refuses token ids with; `basic`, the HTTP Basic
-    credential every request must carry (else 401). Yields (base URL, Seen)."""
+    credential every request must carry (else 401); `port`, the port to listen on (0: any free one). Yields (base
+    URL, Seen)."""
     from tokenizers import Tokenizer
 
     b = BEHAVIOURS[behaviour]
@@ -146,7 +147,7 @@ def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | N
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

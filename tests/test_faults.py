@@ -4,6 +4,7 @@ configuration, length and log, keeps every measurement taken before it, and leav
 import http.server
 import json
 import os
+import re
 import signal
 import socket
 import threading
@@ -12,6 +13,7 @@ import pytest
 
 import longctx.measure.protocol as protocol
 import longctx.measure.session as lsession
+from longctx.measure.rawfiles import lost
 from longctx.measure.sweep import run_configuration
 from longctx.measure.process import ManagedServer
 
@@ -74,10 +76,11 @@ def test_a_length_lost_to_a_server_death_is_measured_again_on_the_restarted_serv
     again = raws[64]["remeasured"]
     assert again["how"] == "again on the restarted server"
     assert "the server died while measuring length 64" in again["why"] and str(tmp_path / "server.log") in again["why"]
-    assert again["first_attempt"]["status"] == "failed" and again["first_attempt"]["trials"][0]["status"] == "failed"
+    # the dead server's flush failed and nothing more was sent to it (issue 47): no trial of it counted as succeeded
+    assert again["first_attempt"]["status"] == "failed" and again["first_attempt"]["trials"] == []
     assert len(servers) == 2 and raws[128]["provenance"]["starts"] == 2
     assert all(gone(s) for s in servers)
-    assert not list((tmp_path / "partial").glob("retry-*.json"))  # nothing left for a rerun
+    assert not lost(tmp_path / "raw", tmp_path / "partial", ["32", "64", "128"])  # nothing left for a rerun
     # the report's failures name the death and the remeasurement, not the transport errors of the requests it cut off
     import pandas as pd
 
@@ -95,16 +98,25 @@ def test_a_length_lost_to_a_server_death_is_measured_again_on_the_restarted_serv
 
 def test_a_length_lost_with_no_restart_left_is_measured_by_the_same_command_run_again(tmp_path, monkeypatch, servers):
     """Issue 34: with no restart left the length stays lost in this run (a failed raw file with the death's reason),
-    and the run notes it (data/partial/<configuration>/retry-1.json, the bench rule's input: Snakemake reruns the
-    job); the same sweep run again measures that length, and only it: the others are reused."""
-    from longctx.measure.rawfiles import retry_generation
+    and the workflow finds it lost (rawfiles.lost): the bench rule's input becomes a new note,
+    data/partial/<configuration>/retry-1.json, so that Snakemake reruns the job; the same sweep run again measures
+    that length, and only it: the others are reused; after it the input is the same note (no third run)."""
+    from longctx.measure.rawfiles import retry_input, write_retry_note
+
+    names = ["32", "64", "128", "load", "prefix"]
+    partial, note = tmp_path / "partial", str(tmp_path / "partial" / "retry-1.json")
 
     inject_at(monkeypatch, 128, lambda: os.killpg(servers[-1].pid, signal.SIGKILL))
     no_restart = {"max_restarts": 0}
     failed, raws = sweep(tmp_path, server=no_restart)
     assert failed == 1 and raws[128]["status"] == "failed" and "the server died while measuring length 128" in raws[128]["reason"]
     assert [raws[n]["status"] for n in (32, 64)] == ["ok", "ok"] and "remeasured" not in raws[128]
-    assert retry_generation(tmp_path / "partial") == 1
+    # the length, and the workloads after it, which no server was left to measure
+    found = lost(tmp_path / "raw", partial, names)
+    assert list(found) == ["128", "load", "prefix"] and "the server could not be (re)started" in found["load"]
+    assert retry_input(tmp_path / "raw", partial, names) == [note]
+    said = write_retry_note(note, tmp_path / "raw", names)  # what rule note_retry does, and says
+    assert said.startswith("longctx: raw: measuring again what the last run lost: L=128 (the server died while measuring")
     # the death's line is one line, with the server log's path; the log's tail is in this process's log, not in it
     assert "\n" not in raws[128]["reason"] and f"server log: {tmp_path / 'server.log'}" in raws[128]["reason"]
     # the report agrees with itself: the diagnosis, the failures section and the flags take one cause for the length
@@ -131,7 +143,8 @@ def test_a_length_lost_with_no_restart_left_is_measured_by_the_same_command_run_
     failed, raws = sweep(tmp_path, server=no_restart)
     assert failed == 0 and raws[128]["status"] == "ok" and raws[128]["remeasured"]["how"] == "by a rerun of the same command"
     assert {n: raws[n]["run_id"] for n in (32, 64)} == first_runs and raws[32].get("resumed")
-    assert retry_generation(tmp_path / "partial") == 1  # unchanged: the rerun lost nothing, so a third run is not one
+    # the rerun lost nothing: the input is the note it ran for, unchanged, so a third run has nothing to do
+    assert lost(tmp_path / "raw", partial, names) == {} and retry_input(tmp_path / "raw", partial, names) == [note]
 
 
 def test_a_hung_server_is_replaced_and_the_length_measured_again(tmp_path, monkeypatch, servers):
@@ -144,6 +157,43 @@ def test_a_hung_server_is_replaced_and_the_length_measured_again(tmp_path, monke
     assert "timed out" in first["trials"][0]["reason"]
     assert "the server stopped answering /health while measuring length 64" in raws[64]["remeasured"]["why"]
     assert len(servers) == 2 and all(gone(s) for s in servers)  # the stopped one was killed
+
+
+def test_a_server_stopped_mid_stream_costs_its_stall_bound_not_the_request_timeout(tmp_path, monkeypatch, servers):
+    """Issue 47, item 3: the server SIGSTOPped after a trial's third token. The open stream is ended by its stall bound
+    (no byte for 1 s here), the server found not answering, and nothing more is sent to it: no second trial, no
+    batch; the length is measured again on a new server. Before, the stream waited out its 60 s request timeout and
+    the next trial another 60 s."""
+    import time
+
+    from longctx.measure import prompts
+    from longctx.measure.stream import StreamRecord
+
+    monkeypatch.setattr(lsession, "HEALTH_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(protocol, "STALL_MIN_S", 1.0, raising=False)  # (raising: the test runs, and fails, before it)
+    real, stopped = prompts.Prompter.generate, []
+
+    def generate(self, client, url, body, timeout_s, length, record=None, stall_s=None):
+        if length == 128 and stall_s and not stopped:  # a trial (the prime before the sweep has no stall bound)
+            record = StreamRecord()
+            record.arm = (3, lambda: (stopped.append(time.monotonic()), os.killpg(servers[-1].pid, signal.SIGSTOP)))
+        return real(self, client, url, body, timeout_s, length, record=record, stall_s=stall_s)
+
+    monkeypatch.setattr(prompts.Prompter, "generate", generate)
+    failed, raws = sweep(tmp_path, request_timeout_s=60, timeout_factor=1, output_tokens=32, trials=2, concurrency=[2])
+    assert failed == 0 and [raws[n]["status"] for n in (32, 64, 128)] == ["ok", "ok", "ok"]
+    first = raws[128]["remeasured"]["first_attempt"]
+    [trial] = first["trials"]  # the second was not sent to the stopped server, nor the batch
+    said = re.fullmatch(r"the stream stalled: no byte for 1 s after (\d+) token\(s\) \(the stall bound, from the decode "
+                        r"steps measured so far\)", trial["reason"])
+    assert said and 3 <= int(said.group(1)) < 32, trial["reason"]  # (tokens already on their way arrive after the stop)
+    assert "the server stopped answering /health while measuring length 128" in raws[128]["remeasured"]["why"]
+    started_again = raws[128]["provenance"]["primed"][-1]  # the new server's first request
+    assert len(servers) == 2 and all(gone(s) for s in servers)
+    # from the stop to the end of the length: 1 s stall, 1 s health check, the restart and the length again
+    finished = time.monotonic()
+    assert finished - stopped[0] < 30, finished - stopped[0]
+    assert started_again["start"] == 2
 
 
 def taken_ports_first(monkeypatch, *taken: int) -> None:
@@ -255,6 +305,29 @@ def test_a_truncated_raw_file_is_recovered_from_its_intact_copy_and_said(tmp_pat
     df = aggregate(files, tmp_path / "r.csv", tmp_path / "p.json", partial_dir=partial)
     reason = df.loc[df["length"] == 64, "reason"].item()
     assert df.loc[df["length"] == 64, "status"].item() == "failed" and str(path) in reason and "its copy" in reason
+
+
+def test_a_truncated_raw_file_with_no_intact_copy_is_measured_again_by_the_same_command(tmp_path):
+    """Issue 47, item 1: a raw file cut short, and its copy too: the workflow finds the length lost (the bench rule's
+    input becomes a new note), and the bench run again measures it, says why, and reuses the other length."""
+    from longctx.measure.rawfiles import retry_input, write_retry_note
+
+    failed, raws = sweep(tmp_path, lengths=(32, 64))
+    assert failed == 0
+    for where in ("raw", "partial"):  # a disk that filled up
+        path = tmp_path / where / "64.json"
+        path.write_text(path.read_text()[:200])
+    names = ["32", "64"]
+    found = lost(tmp_path / "raw", tmp_path / "partial", names)
+    assert list(found) == ["64"] and found["64"].startswith(f"its raw file {tmp_path / 'raw' / '64.json'} cannot be "
+                                                           "read (JSONDecodeError: ") and "no intact copy" in found["64"]
+    [note] = retry_input(tmp_path / "raw", tmp_path / "partial", names)
+    write_retry_note(note, tmp_path / "raw", names)
+    failed, again = sweep(tmp_path, lengths=(32, 64))
+    assert failed == 0 and again[64]["status"] == "ok" and again[64]["run_id"] != raws[64]["run_id"]
+    assert again[64]["remeasured"] == {"why": found["64"], "how": "by a rerun of the same command"}
+    assert again[32]["resumed"] and again[32]["run_id"] == raws[32]["run_id"]
+    assert lost(tmp_path / "raw", tmp_path / "partial", names) == {}
 
 
 def test_an_output_directory_that_cannot_be_written_is_said_before_any_server_starts(tmp_path):

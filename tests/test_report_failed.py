@@ -174,7 +174,7 @@ def test_a_real_sweep_with_a_trial_lost_marks_that_length_and_leaves_it_out_of_t
     lengths, lost_at = (32, 64, 128, 256), 256
     real, calls = prompts.Prompter.generate, []
 
-    def generate(self, client, url, body, timeout_s, length):
+    def generate(self, client, url, body, timeout_s, length, **kwargs):
         calls.append(length)
         if length == lost_at and calls.count(lost_at) >= 2:  # the second and third trial of that length
             timeout_s = 1e-4

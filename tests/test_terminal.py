@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -31,27 +33,43 @@ def longctx(*args, timeout=120) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def broken_run(tmp_path_factory):
     """The README's command on a config whose one configuration is an external server that answers its health
-    path and fails every generation with HTTP 500 (the model described by model.architecture)."""
+    path and fails every generation with HTTP 500 (the model described by model.architecture), and another where
+    nothing listens yet; then (issue 47, item 1) both servers up and working, and the same command run again, and a
+    third time. """
     tmp = tmp_path_factory.mktemp("broken")
     (tmp / "wf").mkdir()
     work = copy_workflow(tmp / "wf")
+    gone_port = free_port()
+
+    def readme_command(*extra):
+        return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report/longctx.pdf",
+                               "report/longctx.md", "--configfile", "broken.yaml", *extra],
+                              cwd=work, env=ENV, capture_output=True, text=True, timeout=600)
+
     with openai_server("no-health", tmp / "tok", broken=True) as (base, seen):
-        config = {"lengths": [64, 128], "protocol": {"warmup": 0, "trials": 1, "output_tokens": 4, "token_id_range": [3, 300]},
+        # 9000: longer than the servers' context (max_model_len 8192), never sent: a length that stays missing
+        config = {"lengths": [64, 128, 9000], "protocol": {"warmup": 0, "trials": 1, "output_tokens": 4, "token_id_range": [3, 300]},
                   "model": {"name": "tiny-mla", "architecture": TINY_ARCH},
                   "configurations": {"ext": {"engine": "external", "url": base, "api": "openai"},
                                      # and one where nothing listens: it never answers, so nothing of it is recorded
-                                     "gone": {"engine": "external", "url": f"http://127.0.0.1:{free_port()}", "api": "openai"}}}
+                                     "gone": {"engine": "external", "url": f"http://127.0.0.1:{gone_port}", "api": "openai"}}}
         (work / "broken.yaml").write_text(yaml.safe_dump(config))
-        run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report/longctx.pdf", "report/longctx.md",
-                              "--configfile", "broken.yaml"], cwd=work, env=ENV, capture_output=True, text=True, timeout=600)
-    return work, run, seen
+        run = readme_command()
+    first = shutil.copytree(work / "report", tmp / "first-report")  # what the first run wrote
+    shutil.copytree(work / "data" / "raw", first / "raw")
+    ext_port = int(base.rsplit(":", 1)[1])
+    with openai_server("no-health", tmp / "tok", port=ext_port), openai_server("no-health", tmp / "tok", port=gone_port):
+        rerun = readme_command()
+        third = readme_command()
+        allowed = readme_command("--config", "allow_missing=true")
+    return SimpleNamespace(work=work, run=run, seen=seen, rerun=rerun, third=third, allowed=allowed, first=first)
 
 
 def test_a_server_error_is_said_as_one_with_its_body_not_as_a_prompt_it_refuses(broken_run):
-    work, run, seen = broken_run
+    run, seen = broken_run.run, broken_run.seen
     assert seen, "the server was never asked"
     for n in (64, 128):
-        reason = json.loads((work / "data" / "raw" / "ext" / f"{n}.json").read_text())["reason"]
+        reason = json.loads((broken_run.first / "raw" / "ext" / f"{n}.json").read_text())["reason"]
         assert "with a server error (HTTP 500: " in reason and BROKEN in reason, reason
         assert "takes no token-id prompt" not in reason and "model.tokenizer" not in reason, reason
     assert "with a server error (HTTP 500: " in run.stderr and BROKEN in run.stderr
@@ -61,20 +79,46 @@ def test_a_server_error_is_said_as_one_with_its_body_not_as_a_prompt_it_refuses(
 
 
 def test_a_run_that_measured_nothing_exits_non_zero_after_writing_its_report(broken_run):
-    work, run, _ = broken_run
+    run, report = broken_run.run, broken_run.first
     assert run.returncode == 1, run.stderr[-3000:]
     assert "longctx: nothing was measured: every length of ext, gone failed" in run.stderr
-    assert (work / "report" / "longctx.pdf").stat().st_size > 0 and (work / "report" / "longctx.md").exists()
-    text = " ".join(pdftotext(work / "report" / "longctx.pdf").split())
+    assert (report / "longctx.pdf").stat().st_size > 0 and (report / "longctx.md").exists()
+    text = " ".join(pdftotext(report / "longctx.pdf").split())
     assert "with a server error (HTTP 500: " in text
+
+
+def test_the_same_command_run_again_measures_what_failed_for_a_reason_that_may_pass(broken_run):
+    """Issue 47, items 1 and 2: a server error (HTTP 500) and a server not up yet may pass; once both servers work,
+    the same command measures those lengths again and says what and why. The length longer than the servers'
+    context stays missing, and is not sent again: every run exits 1 with one line naming it (the run that has
+    nothing left to do too), unless allow_missing lets the partial report pass."""
+    work, run, rerun, third = broken_run.work, broken_run.run, broken_run.rerun, broken_run.third
+    assert run.returncode == 1
+    for conf in ("ext", "gone"):
+        for n in (64, 128):
+            raw = json.loads((work / "data" / "raw" / conf / f"{n}.json").read_text())
+            assert raw["status"] == "ok" and raw["remeasured"]["how"] == "by a rerun of the same command", (conf, n)
+        raw = json.loads((work / "data" / "raw" / conf / "9000.json").read_text())
+        assert raw["status"] == "failed" and raw["reason"].startswith("not sent: 9000 prompt and 4 output tokens exceed")
+    out = rerun.stdout + rerun.stderr
+    assert "ext: measuring again what the last run lost: L=64 (" in out and "HTTP 500" in out and "L=9000" not in out
+    assert "gone: measuring again what the last run lost: L=64 (" in out and "is not ready" in out
+    assert "gone L=128: measuring it again, lost by the last run: the external server" in out
+    missing = ("longctx: 2 configured length(s) have no successful measurement: ext L=9000 (not sent: 9000 prompt and 4 "
+               "output tokens exceed the context length of 8192 tokens the server reports); gone L=9000 (not sent: ")
+    assert rerun.returncode == 1 and missing in rerun.stderr and (work / "report" / "longctx.pdf").exists()
+    assert "--config allow_missing=true counts a partial report as success" in rerun.stderr
+    assert "Nothing to be done" in third.stdout + third.stderr and third.returncode == 1 and missing in third.stderr
+    assert broken_run.allowed.returncode == 0, broken_run.allowed.stderr[-3000:]
+    assert "Nothing to be done" in broken_run.allowed.stdout + broken_run.allowed.stderr  # the same report: no new version
 
 
 def test_the_report_of_a_server_never_measured_says_what_the_config_said_of_it(broken_run):
     """An external server is remote unless its configuration says otherwise, and the config described its model:
     the report says neither 'on GPU' nor 'no architecture' of a server it never measured."""
-    work, _, _ = broken_run
-    md = (work / "report" / "longctx.md").read_text()
-    text = " ".join(pdftotext(work / "report" / "longctx.pdf").split()) + md
+    report = broken_run.first
+    md = (report / "longctx.md").read_text()
+    text = " ".join(pdftotext(report / "longctx.pdf").split()) + md
     assert "on GPU" not in text and "no architecture" not in text
     assert "external (OpenAI API), version not reported, on a remote machine (every configuration)" in text
     assert "tiny-mla, MLA, 96 KV bytes per token" in text

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import write_atomic
+from ..measure.rawfiles import read_raw
 from ..measure.telemetry import NVML_METRICS, PSUTIL_METRICS
 from ..specs.pool import observed_pool
 
@@ -49,15 +50,6 @@ CONDITIONS = {
 }
 
 
-def read_raw(path: Path) -> tuple[dict | None, str | None]:
-    """A raw file as a JSON object, or None and why it cannot be read."""
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    return (raw, None) if isinstance(raw, dict) else (None, "not a JSON object")
-
-
 # how the sweep words a length lost to its server (a raw file from before `fault` was recorded)
 SERVER_FAULTS = ("the server died while measuring", "the server stopped answering")
 
@@ -94,8 +86,8 @@ def _rows(path: Path, partial_dir: Path | None = None) -> tuple[list[dict], dict
         kept, copy_problem = read_raw(copy) if copy else (None, None)
         if kept is None or kept.get("length", length) != length:
             also = f"; its copy {copy}: {copy_problem or 'another length'}" if copy else ""
-            terminal.warning("%s is unreadable (%s)%s: length %d of %s is reported as failed", path, problem,
-                             also or "; no copy was kept", length, configuration)
+            terminal.warning("%s is unreadable (%s)%s: length %d of %s is reported as failed; the same command, run "
+                             "again, measures it again", path, problem, also or "; no copy was kept", length, configuration)
             return [{"configuration": configuration, "length": length, "status": "failed",
                      "reason": f"unreadable raw file {path} ({problem}){also}"}], None
         raw = {**kept, "recovered_from": str(copy), "recovered_because": f"{path}: {problem}"}
@@ -237,16 +229,44 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
     return df
 
 
-def nothing_measured(results_csv: str | Path) -> str | None:
-    """Why the run measured nothing, where it did not (no configuration has a trial that succeeded in
-    results.csv), for the workflow to exit non-zero once the report that says what failed is written;
-    None where something was measured or results.csv was not made."""
+def missing(df: pd.DataFrame) -> dict[str, list[tuple[int, str]]]:
+    """The configured lengths with no successful measurement, per configuration: [(length, why)] (a length the
+    adaptive sweep did not choose is not in results.csv, so not missing)."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    for (conf, length), rows in df.groupby(["configuration", "length"], sort=True):
+        if not (rows["status"] == "ok").any():
+            reasons = rows["reason"].dropna().astype(str)
+            out.setdefault(str(conf), []).append((int(length), reasons.iloc[0] if len(reasons) else "no reason recorded"))
+    return out
+
+
+ALLOW_MISSING = "--config allow_missing=true"
+
+
+def run_verdict(results_csv: str | Path, allow_missing: bool = False) -> str | None:
+    """Why the run is not a success, in one line, for the workflow's exit status: nothing was measured (always), or
+    (unless allow_missing) a configured length has no successful measurement; None where every length was measured
+    or results.csv was not made."""
     try:
         df = pd.read_csv(results_csv)
     except (OSError, ValueError):
         return None
-    if df.empty or (df["status"] == "ok").any():
+    if df.empty:
         return None
-    names = sorted(df["configuration"].astype(str).unique())
-    return (f"nothing was measured: every length of {', '.join(names)} failed; the report says why each did "
-            "(its Failures section)")
+    if not (df["status"] == "ok").any():
+        names = sorted(df["configuration"].astype(str).unique())
+        return (f"nothing was measured: every length of {', '.join(names)} failed; the report says why each did "
+                "(its Failures section)")
+    lost = missing(df)
+    if not lost or allow_missing:
+        return None
+    n = sum(len(v) for v in lost.values())
+    parts = []
+    for conf, lengths in lost.items():
+        by_why: dict[str, list[int]] = {}
+        for length, why in lengths:
+            by_why.setdefault(why.split(";")[0][:150], []).append(length)
+        parts.append(f"{conf} " + ", ".join(f"L={'/'.join(map(str, ls))} ({why})" for why, ls in by_why.items()))
+    return (f"{n} configured length(s) have no successful measurement: {'; '.join(parts)}. The report is written and "
+            "says why; the same command, run again, measures again those lost to a fault that may pass; "
+            f"{ALLOW_MISSING} counts a partial report as success")

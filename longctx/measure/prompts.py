@@ -240,12 +240,13 @@ class Prompter:
         return request_body(self.api, self.prompt(length, unique_key), output_tokens, self.model)
 
     def generate(self, client: httpx.Client, url: str, body: bytes, timeout_s: float, length: int,
-                 record: StreamRecord | None = None) -> dict:
+                 record: StreamRecord | None = None, stall_s: float | None = None) -> dict:
         """One timed request of `length` tokens: its summary, the counts completed where the server gave
         none (the prompt as built plus the tokens the server adds, the events as counted), with their
         source (usage_source "server" or "client"); event counts the probe could not check are estimated.
-        `record` (a StreamRecord) is filled where given: what was generated stays on it."""
-        rec = stream_generate(client, url, body, timeout_s, self.api, self.plan.events, record=record)
+        `record` (a StreamRecord) is filled where given: what was generated stays on it; stall_s, the stream's
+        stall bound (stream.stream_generate)."""
+        rec = stream_generate(client, url, body, timeout_s, self.api, self.plan.events, record=record, stall_s=stall_s)
         return self.completed(rec, length)
 
     # --- prompts that share a head (longctx.measure.prefix) ---

@@ -17,6 +17,7 @@ from ..engines import ConfigurationSpec
 from .needle import probe as needle_probe
 from .progress import Progress, fitted
 from .prompts import check_counts
+from .rawfiles import transient
 from .session import Session
 from .telemetry import Sampler, summarize
 
@@ -42,16 +43,16 @@ def _spec_from_counters(before: dict | None, after: dict | None) -> dict:
 
 
 def measure_length(session: "Session", spec: ConfigurationSpec, length: int, run_id: str,
-                   timeout_s: float | None = None, tracker: Progress | None = None) -> dict:
+                   timeout_s: float | None = None, tracker: Progress | None = None, stall_s: float | None = None) -> dict:
     """Warm-up and trials of one length; with the session's telemetry source, its samples over all
     of them and, per trial, their summaries over the prefill and the decode window. Each warm-up and
-    trial done is told to tracker (a progress line)."""
+    trial done is told to tracker (a progress line); stall_s, each lone request's stall bound."""
     timeout_s = timeout_s or spec.protocol["request_timeout_s"]
     telemetry = session.source
     if telemetry is None:
-        return _requests(session, spec, length, run_id, timeout_s, tracker)
+        return _requests(session, spec, length, run_id, timeout_s, tracker, stall_s)
     with Sampler(telemetry, spec.telemetry["interval_s"]) as sampler:
-        result = _requests(session, spec, length, run_id, timeout_s, tracker)
+        result = _requests(session, spec, length, run_id, timeout_s, tracker, stall_s)
     for t in result["trials"]:
         t["telemetry"] = {
             "prefill": summarize(sampler.samples, t.get("t_sent"), t.get("t_first_token"), telemetry.metrics),
@@ -63,38 +64,66 @@ def measure_length(session: "Session", spec: ConfigurationSpec, length: int, run
     return result
 
 
+def _predicted(history: list[tuple[int, float, float | None]], length: int) -> tuple[float, float]:
+    """(TTFT, TPOT) at `length` from (length, TTFT, TPOT) of the trials measured so far: the fits of progress.fitted
+    from three lengths on, as the progress lines' time left; before, the longest length's TTFT scaled quadratically
+    and its TPOT linearly (TPOT 0 where none was measured)."""
+    predicted = fitted(history, [length])
+    if predicted is not None:
+        return float(predicted[0][0]), float(predicted[1][0])
+    longest = max(h[0] for h in history)
+    ttft = max(h[1] for h in history if h[0] == longest) * (length / longest) ** 2
+    tpots = [h[2] for h in history if h[2]]
+    return ttft, max(tpots) * max(1.0, length / longest) if tpots else 0.0
+
+
 def request_timeout(proto: dict, history: list[tuple[int, float, float | None]], length: int) -> float:
-    """Timeout for a request of `length` tokens: timeout_factor x its expected duration, predicted from
-    (length, TTFT, TPOT) of the trials measured so far (the fits of progress.fitted from three lengths
-    on, as the progress lines' time left; before, the longest length's TTFT scaled quadratically and
-    its TPOT linearly), never less than request_timeout_s."""
+    """Timeout for a request of `length` tokens: timeout_factor x its expected duration (_predicted), never less
+    than request_timeout_s."""
     floor = proto["request_timeout_s"]
     if not history:
         return floor
-    predicted = fitted(history, [length])
-    if predicted is not None:
-        ttft, tpot = float(predicted[0][0]), float(predicted[1][0])
-    else:
-        longest = max(h[0] for h in history)
-        ttft = max(h[1] for h in history if h[0] == longest) * (length / longest) ** 2
-        tpots = [h[2] for h in history if h[2]]
-        tpot = max(tpots) * max(1.0, length / longest) if tpots else 0.0
+    ttft, tpot = _predicted(history, length)
     return max(floor, proto["timeout_factor"] * (ttft + proto["output_tokens"] * tpot))
 
 
+# A lone stream that goes this long without a byte once its first token is in has stalled (its server stopped, or
+# a network path dropped it): STALL_STEPS decode steps as predicted at its length (a speculative step carries
+# several tokens; a pause of the server's, a garbage collection, is a few steps), never less than STALL_MIN_S.
+STALL_STEPS = 50
+STALL_MIN_S = 5.0
+
+
+def stall_timeout(history: list[tuple[int, float, float | None]], length: int, timeout_s: float) -> float | None:
+    """The stall bound of a lone request of `length` tokens (STALL_STEPS, STALL_MIN_S), at most its timeout; None
+    before any decode step was measured (the request's timeout is then the only bound)."""
+    tpot = _predicted(history, length)[1] if history else 0.0
+    return min(timeout_s, max(STALL_MIN_S, STALL_STEPS * tpot)) if tpot > 0 else None
+
+
+def _gone_quiet(session: "Session", failure: str | None) -> bool:
+    """Whether a request that failed so (a timeout, a stall, a lost connection) left a server that no longer answers
+    its health path: then no further request is sent to it (the sweep replaces it)."""
+    return bool(failure) and transient({"status": "failed", "reason": failure}) is not None and not session.healthy()
+
+
 def _requests(session: "Session", spec: ConfigurationSpec, length: int, run_id: str, timeout_s: float,
-              tracker: Progress | None) -> dict:
+              tracker: Progress | None, stall_s: float | None = None) -> dict:
     proto = spec.protocol
     name = spec.name
     client, base, adapter, api, prompter = session.client, session.base, session.adapter, session.api, session.prompter
     warmup, trials = [], []
     total = proto["warmup"] + proto["trials"]
+    quiet = False  # the server stopped answering: nothing more is sent to it
     for i in range(total):
         is_warmup = i < proto["warmup"]
         body = prompter.body(length, f"{run_id}/{name}/{length}/{i}", proto["output_tokens"])
         flush_error = session.flush(timeout_s) if proto["flush_cache"] else None
+        if _gone_quiet(session, flush_error):
+            quiet = True
+            break
         counters = adapter.spec_counters(client, base)
-        summary = prompter.generate(client, base + api.generate_path, body, timeout_s, length)
+        summary = prompter.generate(client, base + api.generate_path, body, timeout_s, length, stall_s=stall_s)
         summary["timeout_s"] = timeout_s
         if counters is not None and summary["spec_verify_ct"] is None:
             summary.update(_spec_from_counters(counters, adapter.spec_counters(client, base)))
@@ -109,18 +138,24 @@ def _requests(session: "Session", spec: ConfigurationSpec, length: int, run_id: 
         if tracker is not None:
             tracker.request(is_warmup, len(warmup) if is_warmup else len(trials),
                             proto["warmup"] if is_warmup else proto["trials"], summary)
-    batches = [_batch(session, spec, length, run_id, timeout_s, c, b)
-               for c in proto["concurrency"] for b in range(proto["trials"])]
+        if summary["status"] != "ok" and _gone_quiet(session, summary.get("reason")):
+            quiet = True
+            break
+    batches = [] if quiet else [_batch(session, spec, length, run_id, timeout_s, c, b)
+                                for c in proto["concurrency"] for b in range(proto["trials"])]
     every = trials + [r for batch in batches for r in batch["requests"]]
     ok = [t for t in every if t["status"] == "ok"]
-    status = "ok" if len(ok) == len(every) else ("partial" if ok else "failed")
+    status = "ok" if len(ok) == len(every) and not quiet else ("partial" if ok else "failed")
     reasons = sorted({t["reason"] for t in every if t["status"] != "ok"})
     failed_warmups = [w for w in warmup if w["status"] != "ok"]
     if failed_warmups:  # said beside the trials' reasons: a length measured after a failed warm-up is not cold-start clean
         reasons.append(f"{len(failed_warmups)} of {len(warmup)} warm-up request(s) failed: {failed_warmups[0]['reason']}")
+    if quiet and not reasons:
+        reasons.append(f"the server stopped answering before trial {len(trials) + 1} of {proto['trials']}")
     return {
         "status": status,
         "reason": "; ".join(reasons) or None,
+        "quiet": quiet,
         "warmup_failed": len(failed_warmups),
         "warmup": warmup,
         "trials": trials,
@@ -213,7 +248,8 @@ def measure_at(session: "Session", spec: ConfigurationSpec, length: int, run_id:
     try:
         if too_long:  # nothing is sent: the server would refuse it, or evict to serve it
             raise LengthRefused(too_long)
-        result = measure_length(session, spec, length, run_id, timeout_s, tracker)
+        result = measure_length(session, spec, length, run_id, timeout_s, tracker,
+                                stall_timeout(history, length, timeout_s))
         result["needle"] = _needle(session, spec, length, timeout_s) if needle else None
         history += samples(length, result)
     except LengthRefused as exc:
@@ -222,7 +258,8 @@ def measure_at(session: "Session", spec: ConfigurationSpec, length: int, run_id:
     except Exception as exc:  # a bug or a surprise must not cost the lengths already measured
         log.exception("%s L=%d: measurement failed", name, length)
         result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}", "warmup": [], "trials": []}
-    if result["status"] != "ok" and not too_long and not session.healthy():
+    quiet = result.pop("quiet", False)  # the health check that found it so is not asked twice
+    if result["status"] != "ok" and not too_long and (quiet or not session.healthy()):
         reason = session.fault(f"while measuring length {length}", "the next length")
         # the fault is what the report names for the length, not the transport errors it caused
         result.update(status="failed", fault=reason, reason="; ".join(filter(None, [reason, result.get("reason")])))

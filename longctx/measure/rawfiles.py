@@ -13,6 +13,7 @@ import copy
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -76,33 +77,76 @@ def resumable_any(resume_dir: Path | None, length: int, key: str) -> dict | None
     return kept if kept and kept.get("resume_key") == key else None
 
 
-# a failure another attempt may not repeat: the server died or hung (the sweep's `fault`), or the requests timed out
-# or lost their connection; anything else (too long for the server, refused by its validation, HTTP 4xx) would repeat
-TRANSIENT_WORDS = ("timed out", "ConnectError", "ConnectTimeout", "ReadError", "WriteError", "RemoteProtocolError",
-                   "Connection refused", "Connection reset", "server disconnected")
+def read_raw(path: Path) -> tuple[dict | None, str | None]:
+    """A raw file as a JSON object, or None and why it cannot be read."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return (raw, None) if isinstance(raw, dict) else (None, "not a JSON object")
+
+
+# a failure another attempt may not repeat: the server died or hung (the sweep's `fault`), or the requests timed out,
+# stalled, lost their connection or met a server error (HTTP 5xx); anything else (too long for the server, refused by
+# its validation or its key check, HTTP 4xx) would repeat
+TRANSIENT_WORDS = ("timed out", "stalled", "ConnectError", "ConnectTimeout", "ReadError", "WriteError",
+                   "RemoteProtocolError", "Connection refused", "Connection reset", "server disconnected")
+SERVER_ERROR = re.compile(r"\bHTTP 5\d\d\b")
 
 
 def transient(record: dict | None) -> str | None:
     """Why a length that did not succeed may succeed if measured again, or None (it succeeded, or failed for a reason
     that would repeat)."""
-    if not record or record.get("status") == "ok":
+    if not record or record.get("status") in ("ok", "not chosen", "not configured"):
         return None
     if record.get("fault"):
         return record["fault"]
     reason = record.get("reason") or ""
     if "HTTP 4" in reason:
         return None
-    return reason if any(w.lower() in reason.lower() for w in TRANSIENT_WORDS) else None
+    return reason if SERVER_ERROR.search(reason) or any(w.lower() in reason.lower() for w in TRANSIENT_WORDS) else None
+
+
+def lost(raw_dir: str | Path, partial_dir: str | Path, names: list[str]) -> dict[str, str]:
+    """What the same command, run again, measures again of a configuration's last run ({file name: why}): a length
+    that failed for a reason that may pass (`transient`), a raw file that cannot be read with no intact copy in
+    partial_dir (aggregation recovers one that has), and a workload (load, prefix, the ITL-depth request) the run
+    never reached for a reason that may pass. A file that is not there is Snakemake's to rerun; a length that
+    failed for a reason that would repeat is not measured again until its cause changes (its configuration, and
+    with it the job's spec hash)."""
+    raw_dir, partial_dir = Path(raw_dir), Path(partial_dir)
+    out: dict[str, str] = {}
+    for name in names:
+        path = raw_dir / f"{name}.json"
+        if not path.exists():
+            continue
+        raw, problem = read_raw(path)
+        if raw is None:  # what aggregation reads in its place: its copy
+            raw, _ = read_raw(partial_dir / f"{name}.json")
+            if raw is None:
+                out[name] = f"its raw file {path} cannot be read ({problem}) and no intact copy was kept"
+                continue
+        why = transient(raw) if name.isdigit() else raw.get("fault")
+        if why:
+            out[name] = why
+    return out
 
 
 def retry_files(resume_dir: str | Path) -> list[str]:
-    """The note of the latest run of this configuration that lost lengths to a transient fault
-    (resume_dir/retry-<n>.json, n counting such runs), as the bench rule's input: a run that loses lengths writes
-    the next one, so that the input changes and the same command, run again, reruns the job (which remeasures those
-    lengths and reuses the others); a rerun that loses nothing leaves it, and the job is not run again. [] where
-    no run lost one."""
+    """The note of the latest rerun of this configuration that measured again what an earlier run lost
+    (resume_dir/retry-<n>.json, n counting such reruns): the bench rule's input, [] where there was none."""
     found = sorted(Path(resume_dir).glob("retry-*.json"), key=lambda f: _generation(f.name))
     return [str(found[-1])] if found else []
+
+
+def retry_input(raw_dir: str | Path, resume_dir: str | Path, names: list[str]) -> list[str]:
+    """The bench rule's retry input: where the last run lost something that may pass (`lost`), the next note,
+    resume_dir/retry-<n+1>.json, which rule note_retry writes: a new input, so the same command, run again, reruns the
+    job (which measures again what was lost and reuses the rest); else the latest note (the input set unchanged, so
+    a run that lost nothing is not run again)."""
+    if lost(raw_dir, resume_dir, names):
+        return [str(Path(resume_dir) / f"retry-{retry_generation(resume_dir) + 1}.json")]
+    return retry_files(resume_dir)
 
 
 def _generation(name: str) -> int:
@@ -113,20 +157,30 @@ def _generation(name: str) -> int:
 
 
 def retry_generation(resume_dir: str | Path) -> int:
-    """How many runs of this configuration lost lengths to a transient fault (0: none)."""
+    """How many reruns of this configuration measured again what an earlier run lost (0: none)."""
     files = retry_files(resume_dir)
     return _generation(Path(files[0]).name) if files else 0
 
 
-def note_retry(resume_dir: Path | None, lost: dict[int, str]) -> None:
-    """Lengths this run lost to a transient fault ({length: why}): the next run of the same command remeasures them."""
-    if resume_dir is None or not lost:
-        return
-    n = retry_generation(resume_dir) + 1
-    write_json(resume_dir / f"retry-{n}.json", {"generation": n, "lengths": {str(k): v for k, v in sorted(lost.items())}})
-    for old in resume_dir.glob("retry-*.json"):
-        if _generation(old.name) < n:
+def write_retry_note(path: str | Path, raw_dir: str | Path, names: list[str]) -> str:
+    """Note what the last run lost (`lost`) in path (resume_dir/retry-<n>.json; earlier notes removed), and say it
+    in one line: what is measured again, and why."""
+    path = Path(path)
+    found = lost(raw_dir, path.parent, names)
+    write_json(path, {"generation": _generation(path.name), "lost": found})
+    for old in path.parent.glob("retry-*.json"):
+        if _generation(old.name) < _generation(path.name):
             old.unlink(missing_ok=True)
+    what = "; ".join(f"{'L=' + n if n.isdigit() else n} ({why.split(';')[0][:160]})" for n, why in found.items())
+    return f"longctx: {Path(raw_dir).name}: measuring again what the last run lost: {what or 'nothing'}"
+
+
+def retry_reasons(resume_dir: Path | None) -> dict[str, str]:
+    """What the latest note says the run before lost ({file name: why}), for the bench to say why it measures each
+    again; {} where there is none."""
+    files = retry_files(resume_dir) if resume_dir else []
+    note = read_kept(Path(files[0]).parent, Path(files[0]).stem) if files else None
+    return (note or {}).get("lost") or {}
 
 
 def workloads_file(what: str, settings: dict, key: str, common: dict, prov: dict, outdir: Path,
@@ -162,13 +216,17 @@ def describe_key(point: dict) -> str:
     return f"L={point['length']}" + (f" h={point['hit_rate']:g}" if point["kind"] == "hit_rate" else "")
 
 
-def write_absent(spec: ConfigurationSpec, outdir: Path, common: dict, statuses: dict[int, str], failure: str | None) -> None:
+def write_absent(spec: ConfigurationSpec, outdir: Path, common: dict, statuses: dict[int, str], failure: str | None,
+                 may_pass: bool = False) -> None:
     """After a run: every file the workflow expects that the run did not write, saying why (`failure`, the
     server error that stopped it, or nothing): the ITL-depth request, the workloads (not configured, or not
     measured), an adaptive sweep's lengths it did not choose and its sweep.json, every length not measured
-    (a failed length, told on the progress log too). `statuses` gains the lengths written."""
+    (a failed length, told on the progress log too). `statuses` gains the lengths written. Where the failure
+    may pass (may_pass: a server that could not be reached or started, not one that rejects its command line),
+    each file not measured records it as its `fault`: the same command, run again, measures it (`lost`)."""
+    fault = {"fault": failure} if may_pass and failure else {}
     if spec.protocol["itl_depth"]["length"] and not (outdir / "itl_depth.json").exists():
-        write_json(outdir / "itl_depth.json", {**common, "status": "failed", "reason": f"not measured: {failure}",
+        write_json(outdir / "itl_depth.json", {**common, "status": "failed", "reason": f"not measured: {failure}", **fault,
                                                "length": spec.protocol["itl_depth"]["length"], "itl_s": [], "depth": []})
     # the analysis reads that there is nothing, or why not
     for what, settings in (("load", spec.load), ("prefix", spec.prefix)):
@@ -178,7 +236,7 @@ def write_absent(spec: ConfigurationSpec, outdir: Path, common: dict, statuses: 
                                                  "reason": None, **empty})
         elif not (outdir / f"{what}.json").exists():
             write_json(outdir / f"{what}.json", {**common, "format": FORMATS[what], "status": "failed",
-                                                 "reason": f"not measured: {failure}", **empty})
+                                                 "reason": f"not measured: {failure}", **fault, **empty})
     if spec.adaptive and failure is None:  # the grid's other lengths: files the workflow expects, with no trial
         for length in spec.lengths:
             if length not in statuses:
@@ -193,5 +251,5 @@ def write_absent(spec: ConfigurationSpec, outdir: Path, common: dict, statuses: 
             reason = f"not measured: {failure}"
             progress.error("%s L=%d %s", spec.name, length, reason)
             write_json(outdir / f"{length}.json", {**common, "length": length, "status": "failed", "reason": reason,
-                                                   "warmup": [], "trials": [], "finished_at": provenance.now_iso()})
+                                                   **fault, "warmup": [], "trials": [], "finished_at": provenance.now_iso()})
             statuses[length] = "failed"

@@ -13,6 +13,7 @@ import logging
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -24,6 +25,7 @@ from ..specs.pool import observed_pool
 from .health import ExternalServer, NoHealthPath, ServerError
 from .process import ManagedServer, PortTaken, free_port, pid_file, reap_stray
 from .provenance import model_provenance
+from .rawfiles import transient
 from .probe import NO_TOKENIZER
 from .probe import probe as prompt_probe
 from .prompts import Prompter, PromptError, tokenizer_path
@@ -38,6 +40,7 @@ progress = logging.getLogger("longctx.progress")
 _UNAUTHORIZED = re.compile(r"\b40[13]\b")
 PORT_ATTEMPTS = 5  # launches on fresh ports when another process took the chosen one
 HEALTH_TIMEOUT_S = 10.0  # what a server answering its health path after a failed length must answer within
+EXIT_GRACE_S = 1.0  # how long a server that stopped answering is given to be seen dead (died, not hung)
 # Thread limits a workflow job inherits (Snakemake sets them to the job's threads). The server's
 # threading belongs to its configuration (engine flags or `env`), so they are not passed on.
 THREAD_LIMIT_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -85,7 +88,14 @@ def longest_prompt(spec: ConfigurationSpec) -> int:
 
 
 class FatalServerError(ServerError):
-    """A server that no restart can bring up (its engine rejects the command line)."""
+    """A server that no restart within this run can bring up: its engine rejects the command line, its prompts
+    cannot be built, or an external server is not ready. may_pass: whether a later run may find it otherwise (an
+    external server not up yet, a server error), so that the same command, run again, tries again
+    (measure.rawfiles.lost); a command line, a key or a tokenizer that is wrong stays wrong."""
+
+    def __init__(self, message: str, may_pass: bool = False):
+        super().__init__(message)
+        self.may_pass = may_pass
 
 
 class Session:
@@ -167,7 +177,8 @@ class Session:
                         f"holds it in configurations.{spec.name}.api_key_env"
                         if not self.api_key and _UNAUTHORIZED.search(str(exc)) else "")
                 raise FatalServerError(f"the external server of configuration {spec.name!r} (configurations."
-                                       f"{spec.name}.url: {mask_url(spec.url)}) is not ready: {self.scrub(str(exc))}{hint}") from None
+                                       f"{spec.name}.url: {mask_url(spec.url)}) is not ready: {self.scrub(str(exc))}{hint}",
+                                       may_pass=not _UNAUTHORIZED.search(str(exc))) from None
         progress.info("%s: server up in %.1f s (pid %s, %s), health on %s", spec.name, startup_s, self.server.pid,
                  self.log_path if a.managed else self.base, self.health_path)
         info = fetch_server_info(self.client, self.base, self.api)
@@ -215,7 +226,8 @@ class Session:
                 self.prompter.source.body(max(0, longest - HEAD_TOKENS), seed)
                 plan.text_source.update(self.prompter.source.describe(longest, seed))  # how much of it that prompt reads
         except (PromptError, TextSourceError) as exc:  # the same server would answer the same: no restart helps
-            raise FatalServerError(f"the prompt probe of configuration {spec.name!r} failed: {exc}") from None
+            raise FatalServerError(f"the prompt probe of configuration {spec.name!r} failed: {exc}",
+                                   may_pass=transient({"status": "failed", "reason": str(exc)}) is not None) from None
         self.prov["prompt_probe"] = plan.to_dict()
         progress.info("%s: prompt probe: %s", spec.name, plan.describe())
 
@@ -326,6 +338,9 @@ class Session:
         """Why a server that failed its health check `during` something failed (it died, or it stopped
         answering its health path), in words with its log's path; the server is stopped, so that `then`
         (the next length, the next point) starts it again."""
+        deadline = time.monotonic() + EXIT_GRACE_S  # a killed server's exit may not be seen yet when its socket is gone
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
         if self.alive():
             reason = (f"the server stopped answering {self.health_path} {during}; it is restarted for {then}; "
                       f"server log: {self.log_path}")

@@ -23,7 +23,7 @@ import httpx
 
 from .bodies import JSON_HEADERS
 from .direct import body_decoder, read_direct
-from .wire import AsyncWireStream, Stamped
+from .wire import AsyncWireStream, Stamped, WireStream
 
 # SGLang 0.5.23's speculative fields in the final meta_info
 SPEC_FIELDS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts")
@@ -276,10 +276,14 @@ def _failure(exc: Exception, timeout_s: float) -> str:
 
 
 def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: float, api: str = "sglang",
-                    events: str = "every", record: StreamRecord | None = None) -> StreamRecord:
+                    events: str = "every", record: StreamRecord | None = None,
+                    stall_s: float | None = None) -> StreamRecord:
     """POST a streaming request (SGLang /generate or OpenAI /v1/completions) and time every event;
-    `events` says which OpenAI events are tokens (EVENT_RULES); `record` is filled where given."""
+    `events` says which OpenAI events are tokens (EVENT_RULES); `record` is filled where given. With stall_s
+    (and a timed client's connection), once the first token is in, a wait of stall_s with no byte ends the
+    request as stalled: a server that stopped mid-stream costs stall_s, not what is left of timeout_s."""
     rec = record if record is not None else StreamRecord()
+    wire = None
     try:
         parser, timeout = _begin(rec, timeout_s, api, events)
         with client.stream("POST", url, content=body, headers=JSON_HEADERS, timeout=timeout) as resp:
@@ -291,9 +295,16 @@ def stream_generate(client: httpx.Client, url: str, body: bytes, timeout_s: floa
                 seen = time.perf_counter()
                 if not parser.feed(raw, wire.read_at if wire is not None else seen, seen):
                     return rec
+                if stall_s and rec.event_times and isinstance(wire, WireStream) and wire.stall_s is None:
+                    wire.stall_s = stall_s
         parser.finish()
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        rec.error = _failure(exc, timeout_s)
+        stalled = isinstance(exc, httpx.ReadTimeout) and isinstance(wire, WireStream) and wire.stall_s is not None
+        rec.error = (f"the stream stalled: no byte for {stall_s:.3g} s after {sum(rec.event_tokens)} token(s) (the "
+                     "stall bound, from the decode steps measured so far)" if stalled else _failure(exc, timeout_s))
+    finally:
+        if isinstance(wire, WireStream):
+            wire.stall_s = None  # the connection may serve another request
     return rec
 
 

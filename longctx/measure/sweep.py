@@ -25,7 +25,7 @@ from .prefix import cache_facts, run_prefix
 from .health import ServerError
 from .progress import EVERY_S, Progress, fitted
 from .protocol import length_line, measure_at, measure_itl_depth, request_timeout, samples
-from .rawfiles import (RAW_FORMAT, note_retry, resumable_any, resume_key, transient, workloads_file, writable,
+from .rawfiles import (RAW_FORMAT, resumable_any, resume_key, retry_reasons, transient, workloads_file, writable,
                        write_absent, write_json, write_kept)
 from .session import Session
 
@@ -65,8 +65,8 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     common = {"format": RAW_FORMAT, "configuration": name, "engine": adapter.name, "run_id": run_id,
               "spec_hash": digest(spec.to_dict()), "provenance": prov}
     statuses: dict[int, str] = {}
-    transients: dict[int, str] = {}  # lengths lost to a transient fault: the next run of the same command remeasures them
     failure: str | None = None
+    may_pass = False  # whether the failure that stopped the run may pass: the next run of the same command tries again
 
     def on_sigterm(signum, frame):  # Snakemake cancels jobs with SIGTERM: stop the server on the way out
         raise KeyboardInterrupt(f"signal {signum}")
@@ -83,6 +83,10 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         # repeat; a length it lost to a transient fault is measured again (rawfiles.transient says why)
         earlier = {i: kept for i, length in enumerate(spec.lengths) if (kept := resumable_any(resume_dir, length, key))}
         lost_before = {i: why for i, kept in earlier.items() if (why := transient(kept))}
+        # what the workflow found lost when it reran this job (a raw file that cannot be read, a length the run never
+        # reached): said as the reason each is measured again
+        noted = retry_reasons(resume_dir)
+        lost_before.update({i: noted[str(n)] for i, n in enumerate(spec.lengths) if str(n) in noted and i not in earlier})
         kept_before = {i: kept for i, kept in earlier.items() if i not in lost_before}
         for i, kept in kept_before.items():
             tracker.known(i, samples(spec.lengths[i], kept))
@@ -96,19 +100,19 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                 tracker.end(f"measured before (run {kept['run_id']}), reused", session.alive())
                 continue
             started = provenance.now_iso()
+            if i in lost_before:
+                progress.warning("%s L=%d: measuring it again, lost by the last run: %s", name, length,
+                                 lost_before[i].split(";")[0][:300])
             result = measure_at(session, spec, length, run_id, history, tracker)
-            lost = transient(result)
             if result.get("fault") and session.restarts_left():  # lost to its server: measured again, once, on a new one
+                lost = transient(result)
                 progress.warning("%s L=%d: measuring it again on the restarted server (%s)", name, length, lost.split(";")[0])
                 first = result
                 result = measure_at(session, spec, length, run_id, history, tracker)
                 result["remeasured"] = {"why": lost, "how": "again on the restarted server", "first_attempt": {
                     "status": first["status"], "reason": first.get("reason"), "trials": first.get("trials") or []}}
-                lost = transient(result)
             elif i in lost_before:
                 result["remeasured"] = {"why": lost_before[i], "how": "by a rerun of the same command"}
-            if lost:
-                transients[length] = lost
             record = {**common, "provenance": copy.deepcopy(prov), "length": length, **result, "resume_key": key,
                       "started_at": started, "finished_at": provenance.now_iso()}
             write_kept(str(length), record, outdir, resume_dir)
@@ -127,14 +131,13 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
             _measure_prefix(session, spec, run_id, history, common, prov, key, outdir, resume_dir)
         tracker.finish()
     except ServerError as exc:
-        failure = str(exc)
+        failure, may_pass = str(exc), getattr(exc, "may_pass", True)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if session is not None:
             session.close()
-    write_absent(spec, outdir, common, statuses, failure)
-    note_retry(resume_dir, transients)
+    write_absent(spec, outdir, common, statuses, failure, may_pass)
     return sum(status == "failed" for status in statuses.values())
 
 

@@ -133,6 +133,9 @@ class WireStream(Stamped, httpcore.NetworkStream):
     ``read_stamped`` says whether the latest read had one.
     """
 
+    # the most a read may wait while set (a stream's stall bound, measure.stream), whatever the request's read timeout
+    stall_s: float | None = None
+
     def __init__(self, inner: httpcore.NetworkStream):
         self._inner = inner
         self._start_stamps(inner.get_extra_info("socket"))
@@ -142,6 +145,8 @@ class WireStream(Stamped, httpcore.NetworkStream):
         self._inner.write(buffer, timeout)
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self.stall_s is not None:
+            timeout = self.stall_s if timeout is None else min(timeout, self.stall_s)
         if self.arrival_clock != "kernel":
             data = self._inner.read(max_bytes, timeout)
             self._stamp(None)
