@@ -105,7 +105,8 @@ def test_the_same_command_run_again_measures_what_failed_for_a_reason_that_may_p
     assert "gone: measuring again what the last run lost: L=64 (" in out and "is not ready" in out
     assert "gone L=128: measuring it again, lost by the last run: the external server" in out
     missing = ("longctx: 2 configured length(s) have no successful measurement: ext L=9000 (not sent: 9000 prompt and 4 "
-               "output tokens exceed the context length of 8192 tokens the server reports); gone L=9000 (not sent: ")
+               "output tokens exceed the context length of 8192 tokens the server reports; fix: a server with a longer "
+               "context, or a shorter `lengths`); gone L=9000 (not sent: ")
     assert rerun.returncode == 1 and missing in rerun.stderr and (work / "report" / "longctx.pdf").exists()
     assert "--config allow_missing=true counts a partial report as success" in rerun.stderr
     assert "Nothing to be done" in third.stdout + third.stderr and third.returncode == 1 and missing in third.stderr
@@ -186,3 +187,26 @@ def test_a_recovered_raw_file_is_said_on_the_terminal(tmp_path):
     assert f"recovered from its intact copy {kept / '64.json'}" in run.stderr
     assert f"longctx aggregate: {raw / '128.json'} is unreadable (" in run.stderr
     assert "length 128 of page1 is reported as failed" in run.stderr
+
+
+def test_the_exit_verdict_names_each_missing_length_with_its_fix_and_allow_missing_passes(tmp_path):
+    """Issue 47, item 2, on a results.csv written by hand: a length with one trial that succeeded is measured; every
+    length with none is named once, with its reason, and the fix where the reason will not pass by itself."""
+    import pandas as pd
+
+    from longctx.analysis.aggregate import run_verdict
+
+    refused = "not sent: 9000 prompt and 4 output tokens exceed the context length of 8192 tokens the server reports"
+    rows = [("a", 64, "ok", None), ("a", 64, "ok", None), ("a", 128, "ok", None), ("a", 128, "failed", "timed out"),
+            ("b", 64, "failed", "timed out after 600 s (ReadTimeout)"), ("b", 64, "failed", "timed out after 600 s (ReadTimeout)"),
+            ("b", 9000, "failed", refused), ("b", 128, "failed", "HTTP 401: Unauthorized")]
+    csv = tmp_path / "results.csv"
+    pd.DataFrame(rows, columns=["configuration", "length", "status", "reason"]).to_csv(csv, index=False)
+    said = run_verdict(csv)
+    assert said.startswith("3 configured length(s) have no successful measurement: b L=64 (timed out after 600 s "
+                           "(ReadTimeout)), L=128 (HTTP 401: Unauthorized; fix: the key, configurations.b.api_key_env), "
+                           f"L=9000 ({refused}; fix: a server with a longer context, or a shorter `lengths`). "), said
+    assert " a L=" not in said and run_verdict(csv, allow_missing=True) is None
+    pd.DataFrame(rows[4:], columns=["configuration", "length", "status", "reason"]).to_csv(csv, index=False)
+    assert run_verdict(csv, allow_missing=True).startswith("nothing was measured: every length of b failed")
+    assert run_verdict(tmp_path / "absent.csv") is None

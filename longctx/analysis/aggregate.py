@@ -241,6 +241,17 @@ def missing(df: pd.DataFrame) -> dict[str, list[tuple[int, str]]]:
 
 
 ALLOW_MISSING = "--config allow_missing=true"
+# what a missing length's reason needs done before it can be measured: the reasons that do not pass by themselves
+# (measure.rawfiles.transient), so that the same command does not send it again
+FIXES = (("exceed the context length", "fix: a server with a longer context, or a shorter `lengths`"),
+         ("of the KV pool", "fix: more KV memory for the server (its memory fraction), or a shorter `lengths`"),
+         ("HTTP 401", "fix: the key, configurations.{conf}.api_key_env"),
+         ("HTTP 403", "fix: the key, configurations.{conf}.api_key_env"))
+
+
+def _with_fix(why: str, conf: str) -> str:
+    fix = next((f for words, f in FIXES if words in why), None)
+    return f"{why}; {fix.format(conf=conf)}" if fix else why
 
 
 def run_verdict(results_csv: str | Path, allow_missing: bool = False) -> str | None:
@@ -265,7 +276,7 @@ def run_verdict(results_csv: str | Path, allow_missing: bool = False) -> str | N
     for conf, lengths in lost.items():
         by_why: dict[str, list[int]] = {}
         for length, why in lengths:
-            by_why.setdefault(why.split(";")[0][:150], []).append(length)
+            by_why.setdefault(_with_fix(why.split(";")[0][:150], conf), []).append(length)
         parts.append(f"{conf} " + ", ".join(f"L={'/'.join(map(str, ls))} ({why})" for why, ls in by_why.items()))
     return (f"{n} configured length(s) have no successful measurement: {'; '.join(parts)}. The report is written and "
             "says why; the same command, run again, measures again those lost to a fault that may pass; "
