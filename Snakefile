@@ -4,6 +4,8 @@ import sys
 
 from snakemake.utils import min_version
 
+from longctx.config import ConfigError, config_error_lines
+
 min_version("9.0")
 
 
@@ -24,11 +26,18 @@ if not workflow.overwrite_configfiles:
     configfile: "config/longctx.yaml"
 
 
-include: "rules/common.smk"
-include: "rules/kernels.smk"
-include: "rules/bench.smk"
-include: "rules/analyze.smk"
-include: "rules/report.smk"
+# A config error is its one line (its message names the key and the allowed values), exit status 1: not
+# Snakemake's report of an exception in rules/common.smk, with a fragment of its traceback.
+try:
+
+    include: "rules/common.smk"
+    include: "rules/kernels.smk"
+    include: "rules/bench.smk"
+    include: "rules/analyze.smk"
+    include: "rules/report.smk"
+
+except ConfigError as _error:
+    sys.exit(config_error_lines(_error))
 
 
 rule all:
