@@ -10,13 +10,19 @@ min_version("9.0")
 
 
 # A lock left by an interrupted run (Ctrl-C, SIGHUP, a crash) is cleared when no other snakemake runs
-# here, so that the README's command works again as written; a job step never clears one.
+# here, so that the README's command works again as written; a job step never clears one. A lock that a
+# live run holds stands, and Snakemake's refusal names that run and says to wait for it (not to --unlock).
+# Snakemake locks per file, and that is kept: a second run whose files do not overlap the first's (another
+# kernel's build, a --configfile of other configurations) goes ahead. Refusing it too would take a lock of
+# our own around every run and stop the harmless ones (a report rendered while a kernel builds); a bench
+# that shares the machine with another is what the contention flags in results.csv catch.
 if workflow.is_main_process:
-    from longctx.measure.rerun import clear_stale_locks
+    from longctx.measure.rerun import clear_stale_locks, name_lock_holders
 
     _cleared = clear_stale_locks(os.getcwd())
     if _cleared:
         print(_cleared, file=sys.stderr)
+    name_lock_holders(os.getcwd())
 
 
 # The default config, unless others are given with --configfile (Snakemake would otherwise merge
@@ -58,3 +64,4 @@ onsuccess:
     if _nothing:
         print(f"longctx: {_nothing}", file=sys.stderr)
         sys.exit(1)
+
