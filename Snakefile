@@ -16,13 +16,15 @@ min_version("9.0")
 # kernel's build, a --configfile of other configurations) goes ahead. Refusing it too would take a lock of
 # our own around every run and stop the harmless ones (a report rendered while a kernel builds); a bench
 # that shares the machine with another is what the contention flags in results.csv catch.
+# Ctrl-C exits 130 (the onerror below), once Snakemake has cancelled its jobs.
 if workflow.is_main_process:
-    from longctx.measure.rerun import clear_stale_locks, name_lock_holders
+    from longctx.measure.rerun import clear_stale_locks, name_lock_holders, watch_interrupt
 
     _cleared = clear_stale_locks(os.getcwd())
     if _cleared:
         print(_cleared, file=sys.stderr)
     name_lock_holders(os.getcwd())
+    watch_interrupt()
 
 
 # The default config, unless others are given with --configfile (Snakemake would otherwise merge
@@ -65,3 +67,12 @@ onsuccess:
         print(f"longctx: {_nothing}", file=sys.stderr)
         sys.exit(1)
 
+
+# Ctrl-C: Snakemake has cancelled its jobs (each bench kept what it measured and stopped its server); the run
+# exits 130, the shell's convention for an interrupted command, not 1.
+onerror:
+    from longctx.measure.rerun import interrupted, interrupted_message
+
+    if interrupted():
+        print(interrupted_message(log), file=sys.stderr)
+        sys.exit(130)

@@ -8,13 +8,15 @@ stands, since a job step never clears a lock; see stale_locks' caller in the Sna
 
 A lock that a live run holds is not stale: Snakemake refuses the second run, and its stock words say to
 `--unlock` if no other run is alive, which here would let two runs write the same files. name_lock_holders
-makes that refusal one line that names the run holding the lock and says to wait for it.
+makes that refusal one line that names the run holding the lock and says to wait for it. And a run that
+Ctrl-C stopped exits 130, the shell's convention, rather than Snakemake's 1 (watch_interrupt, interrupted).
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import signal
 import time
 from pathlib import Path
 
@@ -146,3 +148,39 @@ def name_lock_holders(workdir: str | Path = ".") -> bool:
     sx.LockException = HeldLock
     return True
 
+
+_INTERRUPTED: list[int] = []
+
+
+def watch_interrupt() -> bool:
+    """Note a SIGINT (Ctrl-C) before Python's own handler raises KeyboardInterrupt, as before: Snakemake catches
+    that, cancels its jobs and fails the run with exit status 1; the Snakefile's onerror then makes it 130
+    (interrupted). Main thread only (False elsewhere, or where SIGINT is not Python's to handle)."""
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous) or getattr(previous, "longctx_watch", False):
+        return getattr(previous, "longctx_watch", False)
+
+    def noted(signum, frame):
+        _INTERRUPTED.append(signum)
+        previous(signum, frame)
+
+    noted.longctx_watch = True
+    try:
+        signal.signal(signal.SIGINT, noted)
+    except ValueError:  # not the main thread
+        return False
+    return True
+
+
+def interrupted() -> bool:
+    """Whether this process got SIGINT since watch_interrupt."""
+    return bool(_INTERRUPTED)
+
+
+def interrupted_message(logs) -> str:
+    """The run's last line after Ctrl-C: its jobs were cancelled, and the same command resumes. logs: the
+    Snakefile's onerror `log` (Snakemake's log files, a list or one path)."""
+    logs = [logs] if isinstance(logs, (str, Path)) else list(logs or [])
+    where = f" (Snakemake's log: {logs[-1]})" if logs else ""
+    return ("longctx: interrupted; the jobs were stopped, what they measured is kept, and the same command "
+            f"resumes{where}")
