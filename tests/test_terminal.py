@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -184,3 +185,24 @@ def test_a_second_run_while_another_holds_the_lock_names_it_and_says_to_wait(tmp
         os.killpg(holder.pid, signal.SIGTERM)
         holder.wait(30)
 
+
+def test_a_server_listening_beyond_loopback_is_said_on_the_terminal(tmp_path):
+    """Issue 47, item 5: a server longctx starts on an address other than loopback (server.host 0.0.0.0, with
+    server.allow_remote) is named on the terminal when it comes up, in the bench's own lines (those that reach the
+    terminal when the workflow runs it with --log), with whether it asks for a key."""
+    from dataclasses import replace
+
+    from .conftest import tiny_spec
+
+    spec = tiny_spec(lengths=[64])
+    spec = replace(spec, server={**spec.server, "host": "0.0.0.0", "allow_remote": True},
+                   protocol={**spec.protocol, "warmup": 0, "trials": 1, "output_tokens": 2, "concurrency": [],
+                             "itl_depth": {"length": None}}, load=None, prefix=None)
+    run = longctx("bench", "--spec", spec.to_json(), "--outdir", tmp_path / "raw", "--server-log", tmp_path / "server.log",
+                  "--log", tmp_path / "bench.log")
+    assert run.returncode == 0, run.stderr
+    said = [ln for ln in run.stderr.splitlines() if "reachable from the network" in ln]
+    assert len(said) == 1, run.stderr
+    assert re.fullmatch(r"longctx bench: page1: the server listens on 0\.0\.0\.0 \(every address of this machine\), port "
+                        r"\d+: reachable from the network while it runs \(server\.allow_remote: true\); with no API key, "
+                        r"whoever reaches it can send it requests", said[0]), said[0]
