@@ -134,6 +134,15 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def config_error_lines(error: ConfigError) -> str:
+    """How the workflow says a config error on the terminal: `longctx: config error: <message>`, a line per
+    problem (the schema's several, each naming its key), and no traceback."""
+    lines = str(error).splitlines()
+    if len(lines) > 1 and lines[0] == "invalid configuration:":
+        lines = lines[1:]
+    return "\n".join(f"longctx: config error: {line.strip()}" for line in lines if line.strip())
+
+
 def adaptive_of(config: dict[str, Any]) -> dict[str, Any] | None:
     """The adaptive sweep's settings (config key lengths.adaptive), or None for a fixed sweep."""
     lengths = config["lengths"]

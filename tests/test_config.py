@@ -72,14 +72,28 @@ def test_bad_config_names_key_and_allowed_values(mutate, expected):
 
 
 def test_workflow_stops_on_a_bad_config_with_the_message(tmp_path):
+    """Issue 47, item 5: the workflow says a config error in its one line, exit status 1, and no traceback (not
+    Snakemake's "ConfigError in file rules/common.smk" with a fragment of one); a line per problem where the
+    schema finds several."""
     bad = base()
     bad["protocol"] = {"warmpu": 1}
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "'protocol.warmpu' is unknown; allowed keys:" in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("longctx: config error: config key 'protocol.warmpu' is unknown; allowed keys: "), out
+    assert [ln for ln in out.splitlines() if "warmpu" in ln] == [last], out
+    assert "Traceback" not in out and "File " not in out and "common.smk" not in out and "ConfigError" not in out, out
+    with pytest.raises(lcfg.ConfigError) as err:
+        lcfg.validate({"protocol": {"warmpu": 1}})
+    assert lcfg.config_error_lines(err.value).splitlines() == [
+        "longctx: config error: config key '(top level)': 'lengths' is a required property",
+        "longctx: config error: config key '(top level)': 'configurations' is a required property",
+        "longctx: config error: config key 'protocol.warmpu' is unknown; allowed keys: " + ", ".join(
+            sorted(yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["properties"]["protocol"]["properties"]))]
 
 
 def test_a_native_kernel_needs_the_native_attention_backend():

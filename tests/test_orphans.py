@@ -115,8 +115,8 @@ def test_a_server_left_behind_is_stopped_at_the_next_start(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT], ids=["SIGHUP", "Ctrl-C"])
 def test_an_interrupted_workflow_leaves_no_server_and_the_same_command_resumes_it(tmp_path, sig):
     """A closed terminal (SIGHUP) or Ctrl-C (SIGINT) to snakemake's whole process group, after the
-    first length was measured: no server is left (by pid), and the same command then runs to the end
-    (no --unlock, no --rerun-incomplete), reusing the length measured before."""
+    first length was measured: no server is left (by pid), Ctrl-C exits 130, and the same command then runs to
+    the end (no --unlock, no --rerun-incomplete), reusing the length measured before."""
     work = copy_workflow(tmp_path)
     config = yaml.safe_load(TINY.read_text())
     # 12 trials of 96 tokens: a length takes about a second here, so that the signal, sent once the first is kept,
@@ -155,6 +155,11 @@ def test_an_interrupted_workflow_leaves_no_server_and_the_same_command_resumes_i
         if sig == signal.SIGINT:
             assert "longctx bench: interrupted; the lengths measured so far are kept, and the same command resumes" in said, \
                 f"{when}\n{said}"
+            # and the run exits 130, the shell's convention for Ctrl-C, once Snakemake cancelled its jobs (issue 47, item 5)
+            assert snake.returncode == 130, f"{when}\n{said}"
+            assert said.strip().splitlines()[-1].startswith(
+                "longctx: interrupted; the jobs were stopped, what they measured is kept, and the same command resumes "
+                f"(Snakemake's log: {work / '.snakemake' / 'log'}/"), said
         assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
         assert list((work / ".snakemake" / "locks").glob("*.lock")) or sig == signal.SIGINT  # SIGHUP leaves the lock
         again = subprocess.run(command, cwd=work, env=ENV, capture_output=True, text=True, timeout=300)

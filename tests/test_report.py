@@ -368,7 +368,8 @@ def served(tmp_path_factory):
         out[case] = {"pdf": " ".join(pdftotext(paths["pdf"]).replace("\u2019", "'").split()),
                      "md": " ".join(re.sub(r"\\(.)", r"\1", paths["md"].read_text()).split()),
                      "sections": section_lists(paths["pdf"].with_suffix(".tex"), paths["md"]),
-                     "page_one_words": page_one_words(paths["pdf"])}
+                     "page_one_words": page_one_words(paths["pdf"]),
+                     "page_one": " ".join(page_one(paths["pdf"]).replace("\u2019", "'").split())}
     return out
 
 
@@ -544,10 +545,15 @@ def test_with_partial_lengths_included_page_one_says_they_are_fitted(tmp_path):
 PAGE_ONE_WORDS = 450
 
 
+def page_one(pdf: Path) -> str:
+    """Page one's text as pdftotext reads it."""
+    return subprocess.run(["pdftotext", "-f", "1", "-l", "1", str(pdf), "-"], capture_output=True, text=True,
+                          check=True).stdout
+
+
 def page_one_words(pdf: Path) -> int:
     """The words on page one as pdftotext reads them (the title block, the sentences, the figure's text, the table)."""
-    return len(subprocess.run(["pdftotext", "-f", "1", "-l", "1", str(pdf), "-"], capture_output=True, text=True,
-                              check=True).stdout.split())
+    return len(page_one(pdf).split())
 
 
 def test_page_one_holds_at_most_450_words_with_its_figure_and_compact_table(built, served):
@@ -567,6 +573,17 @@ def test_a_server_listening_beyond_loopback_is_named(served):
     for text in (served["reference"]["pdf"], served["reference"]["md"]):
         assert "listening on 0.0.0.0: reachable from the network (server.allow_remote)" in text.replace("`", "")
     assert "reachable from the network" not in served["external"]["pdf"]
+
+
+def test_a_server_listening_beyond_loopback_is_named_on_page_one(served):
+    """Issue 47, item 5: not only in the appendix: page one of the PDF and the twin's summary say that a server
+    longctx started listened beyond loopback (server.allow_remote), and where; a report with none says nothing."""
+    said = ("Reachable from the network: page64's server listened on 0.0.0.0 (every address of its machine), not on "
+            "loopback only, while measured (server.allow_remote: true).")
+    assert said in served["reference"]["page_one"], served["reference"]["page_one"]
+    md = served["reference"]["md"].replace("*", "")
+    assert said in md[md.index("## Summary"):md.index("### Every length against the baseline")], md
+    assert "Reachable from the network" not in served["external"]["page_one"] + served["external"]["md"]
 
 
 def test_a_servers_settings_are_printed_once_and_the_others_as_what_differs():

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +23,7 @@ import yaml
 
 from longctx.measure.process import free_port
 
-from .conftest import ENV, ROOT, TINY_ARCH, copy_workflow
+from .conftest import ENV, ROOT, TINY, TINY_ARCH, copy_workflow
 from .openai_servers import BROKEN, openai_server
 from .test_report import pdftotext
 
@@ -210,3 +213,63 @@ def test_the_exit_verdict_names_each_missing_length_with_its_fix_and_allow_missi
     pd.DataFrame(rows[4:], columns=["configuration", "length", "status", "reason"]).to_csv(csv, index=False)
     assert run_verdict(csv, allow_missing=True).startswith("nothing was measured: every length of b failed")
     assert run_verdict(tmp_path / "absent.csv") is None
+
+
+def test_a_second_run_while_another_holds_the_lock_names_it_and_says_to_wait(tmp_path):
+    """Issue 47, item 5: a run started while another snakemake run in the directory holds the lock on its files
+    ends with one line that names that run (pid, command line, how long it has run, its log) and says to wait for
+    it, not Snakemake's stock text, which says to --unlock; the holder's lock stands. A dry run, which locks
+    nothing, is not refused. The holder is a real snakemake run whose one job (sleep) writes the report's path."""
+    work = copy_workflow(tmp_path)
+    shutil.copy(TINY, work / "tiny.yaml")
+    (work / "hold.smk").write_text('rule hold:\n    output: "report/longctx.pdf"\n    shell: "sleep 60"\n')
+    holder = subprocess.Popen([sys.executable, "-m", "snakemake", "-s", "hold.smk", "--cores", "1"], cwd=work, env=ENV,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((work / ".snakemake" / "locks").glob("*.lock")) and time.monotonic() < deadline:
+            assert holder.poll() is None, "the holding run ended"
+            time.sleep(0.1)
+        locks = sorted((work / ".snakemake" / "locks").glob("*.lock"))
+        assert locks
+        args = ["report/longctx.pdf", "--configfile", "tiny.yaml"]
+        run = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *args], cwd=work, env=ENV,
+                             capture_output=True, text=True, timeout=120)
+        out = run.stdout + run.stderr
+        assert run.returncode == 1, out
+        last = run.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"longctx: the files this run would write in {work} are locked by another snakemake run, "
+                               f"pid {holder.pid}, running for "), out
+        assert ": python -m snakemake -s hold.smk --cores 1 (its log: .snakemake/log/" in last, last
+        assert last.endswith("; wait for it to finish, then run this command again (not --unlock: that run is alive, "
+                             "and both would write the same files)"), last
+        assert "the --unlock argument" not in out and "LockException" not in out, out  # Snakemake's stock words
+        assert holder.poll() is None and all(p.exists() for p in locks)  # the holder and its lock stand
+        dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", *args], cwd=work, env=ENV, capture_output=True,
+                             text=True, timeout=120)
+        assert dry.returncode == 0 and "longctx: the files" not in dry.stdout + dry.stderr, dry.stderr[-3000:]
+    finally:
+        os.killpg(holder.pid, signal.SIGTERM)
+        holder.wait(30)
+
+
+def test_a_server_listening_beyond_loopback_is_said_on_the_terminal(tmp_path):
+    """Issue 47, item 5: a server longctx starts on an address other than loopback (server.host 0.0.0.0, with
+    server.allow_remote) is named on the terminal when it comes up, in the bench's own lines (those that reach the
+    terminal when the workflow runs it with --log), with whether it asks for a key."""
+    from dataclasses import replace
+
+    from .conftest import tiny_spec
+
+    spec = tiny_spec(lengths=[64])
+    spec = replace(spec, server={**spec.server, "host": "0.0.0.0", "allow_remote": True},
+                   protocol={**spec.protocol, "warmup": 0, "trials": 1, "output_tokens": 2, "concurrency": [],
+                             "itl_depth": {"length": None}}, load=None, prefix=None)
+    run = longctx("bench", "--spec", spec.to_json(), "--outdir", tmp_path / "raw", "--server-log", tmp_path / "server.log",
+                  "--log", tmp_path / "bench.log")
+    assert run.returncode == 0, run.stderr
+    said = [ln for ln in run.stderr.splitlines() if "reachable from the network" in ln]
+    assert len(said) == 1, run.stderr
+    assert re.fullmatch(r"longctx bench: page1: the server listens on 0\.0\.0\.0 \(every address of this machine\), port "
+                        r"\d+: reachable from the network while it runs \(server\.allow_remote: true\); with no API key, "
+                        r"whoever reaches it can send it requests", said[0]), said[0]

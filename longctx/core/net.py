@@ -13,3 +13,12 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def listen_words(host: str, machine: str = "this machine") -> str:
+    """A listening address as the terminal and the report say it: 0.0.0.0 and :: are every address of the machine."""
+    try:
+        unspecified = ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        unspecified = False
+    return f"{host} (every address of {machine})" if unspecified else host

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from ..core.errors import ConfigError
+from ..core.net import is_loopback, listen_words
 from ..core.secrets import mask, mask_argv, mask_url, scrub
 from ..engines import ConfigurationSpec, EngineAdapter
 from ..specs.pool import observed_pool
@@ -181,6 +182,12 @@ class Session:
                                        may_pass=not _UNAUTHORIZED.search(str(exc))) from None
         progress.info("%s: server up in %.1f s (pid %s, %s), health on %s", spec.name, startup_s, self.server.pid,
                  self.log_path if a.managed else self.base, self.health_path)
+        host = spec.server["host"]
+        if a.managed and not is_loopback(host):  # server.allow_remote: said where the user looks, each start
+            progress.warning("%s: the server listens on %s, port %s: reachable from the network while it runs "
+                             "(server.allow_remote: true)%s", spec.name, listen_words(host), httpx.URL(self.base).port,
+                             "; it asks for the API key" if self.api_key else
+                             "; with no API key, whoever reaches it can send it requests")
         info = fetch_server_info(self.client, self.base, self.api)
         log_text = self._log_text()
         reports = a.server_reports(info, log_text)

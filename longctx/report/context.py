@@ -428,6 +428,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "bands": {kind: bands.describe(analysis, kind) for kind in bands.KINDS},
         "failures": failures,
         "partial": partial,
+        # servers longctx started beyond loopback (server.allow_remote): page one names them (the appendix too: remote_listen)
+        "exposed": wording.exposed(configs),
         "flagged": [{"name": c["name"], "flags": c["flags"]} for c in configs if c["flags"]],
         "cache_flush": cache_flush,
         "measured": bool((med["ttft_s"] > 0).any()),  # False: no length of any configuration has a usable TTFT

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from ..core.net import listen_words
 from ..core.words import listed
 from ..engines import get_adapter
 from ..measure.prompts import text_words
@@ -349,6 +350,17 @@ PARTIAL_LISTED = 6  # partial lengths named on page one; the others are counted
 def partial_text(row) -> str:
     """One partial length in words: 'measured by 1 of 3 trials'."""
     return f"measured by {int(row['ok'])} of {int(row['configured'])} trials"
+
+
+def exposed(configs: list[dict]) -> dict | None:
+    """Page one's word on servers longctx started on an address other than loopback (server.allow_remote; each
+    configuration's remote_listen): {names, text}, or None where every server listened on loopback only."""
+    shown = [c for c in configs if c.get("remote_listen")]
+    if not shown:
+        return None
+    said = listed([f"{c['name']}'s server listened on {listen_words(c['remote_listen'], 'its machine')}" for c in shown])
+    return {"names": [c["name"] for c in shown],
+            "text": f"{said}, not on loopback only, while measured (server.allow_remote: true)."}
 
 
 def partial_lengths(med, analysis: dict) -> dict:
