@@ -307,7 +307,7 @@ class ManagedServer:
             return set()
 
     def stop(self) -> None:
-        """SIGTERM the process group, then SIGKILL what is left after stop_timeout_s."""
+        """SIGTERM (and SIGCONT, for a stopped one) the process group, then SIGKILL what is left after stop_timeout_s."""
         if self.proc is None:
             return
         try:
@@ -317,6 +317,8 @@ class ManagedServer:
                     return
                 try:
                     os.killpg(self.proc.pid, sig)  # the leader of its own process group: pgid == pid
+                    if sig == signal.SIGTERM:  # a stopped server (SIGSTOP, a debugger) handles it once continued
+                        os.killpg(self.proc.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     return
                 deadline = time.monotonic() + wait
