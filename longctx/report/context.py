@@ -366,7 +366,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             # a server longctx started on an address other than loopback (server.allow_remote): reachable from the network
             "remote_listen": p["listen"] if p.get("listen") and not is_loopback(p["listen"]) else None,
             "fit": fit,
-            "bound": bound_words(fit),  # what bounds each phase (longctx.analysis.bounds), in words
+            "bound": bound_words(fit),  # what bounds each phase (longctx.analysis.bounds), in words; None: not decided
+            "no_fit": wording.no_fit(fit, med[med["configuration"] == name]),  # why a phase has no model, in words
             # whether each fit may carry claims (extrapolations among them): fits.json's quality, usable where absent
             "claims": {k: bool(((fit.get("quality") or {}).get(k) or {"usable": True})["usable"]) for k in ("prefill", "decode")},
             "rows": med[med["configuration"] == name].to_dict("records"),

@@ -343,6 +343,23 @@ def trial_flags(rows, entry: dict | None = None) -> list[str]:
     return out
 
 
+def no_fit(fit: dict, rows) -> dict[str, str | None]:
+    """Why a configuration has no prefill or no decode model, in the words of the fits' tables (rows: its medians,
+    longctx.analysis.tables.medians), None for a phase fitted: fewer measured lengths than the fit needs, or, for
+    decode, none at all: no trial decoded a second token, or its tokens did not arrive apart (the diagnosis and the
+    failures section say how: longctx.measure.stream.burst)."""
+    def lengths(column: str) -> int:
+        return int(rows.loc[rows[column] > 0, "length"].nunique()) if column in rows and len(rows) else 0
+
+    words = {"prefill": "fewer than three measured lengths: no fit", "decode": "fewer than two measured lengths: no fit"}
+    out: dict[str, str | None] = {k: None if fit.get(k) else words[k] for k in words}
+    if not fit.get("decode") and not lengths("decode_tok_s") and lengths("ttft_s"):
+        held = "burst" in rows and bool((rows["burst"] > 0).any())
+        out["decode"] = ("not measured: its tokens did not arrive apart (see the diagnosis): no fit" if held else
+                         "no trial decoded a second token: no fit")
+    return out
+
+
 PARTIAL_LISTED = 6  # partial lengths named on page one; the others are counted
 
 
