@@ -32,7 +32,7 @@ from .. import __version__
 from ..core.net import is_loopback
 from ..core.secrets import mask, mask_argv, redact_config
 from ..analysis import bands
-from ..analysis.tables import concurrency_table, length_cause, medians
+from ..analysis.tables import concurrency_table, decode_absent, length_cause, medians
 from ..measure.provenance import git_info, package_versions
 from ..specs.hardware import TABLE_PATH
 from . import changes, drafting as draftview, load as loadview, prefix as prefixview, versions, whatif as whatifview, wording
@@ -433,6 +433,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "cache_flush": cache_flush,
         "measured": bool((med["ttft_s"] > 0).any()),  # False: no length of any configuration has a usable TTFT
         # the figures with something to draw; one without is a line in its section, not a page of axes
+        "decode_absent": decode_absent(df),  # why no decode figure is drawn, where none is
         "drawn": {"ttft": bool((med["ttft_s"] > 0).any()),
                   "decode": bool((med["decode_tok_s"] > 0).any()) if "decode_tok_s" in med else False,
                   "fits": any(f.get("prefill") or f.get("decode") for f in fits.values()),

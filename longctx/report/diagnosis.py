@@ -369,7 +369,16 @@ def _unusable(name: str, rows: pd.DataFrame) -> list[str]:
     if len(bad):
         out.append(f"{name}: the time to first token reads at or below 0 at {_lengths(bad['length'].tolist())} tokens, "
                    "which no fit or figure can use.")
-    if not (rows["decode_tok_s"] > 0).any():
+    held = rows[rows["burst"] > 0] if "burst" in rows else rows.iloc[:0]
+    if len(held):  # trials whose tokens did not arrive apart (longctx.measure.stream.burst): the first's reason
+        first, k, n = held.iloc[0], int(held["burst"].sum()), int(rows["ok"].sum())
+        why = f"at {int(first['length']):,} tokens: {first['decode_unmeasured']}"
+        if (rows["decode_tok_s"] > 0).any():
+            out.append(f"{name}: {k} of {n} trials' tokens did not arrive apart, at {_lengths(held['length'].tolist())} "
+                       f"tokens: their decode is not measured, the other trials' decode stands ({why}).")
+        else:
+            out.append(f"{name}: no decode rate was measured: {k} of {n} trials' tokens did not arrive apart ({why}).")
+    elif not (rows["decode_tok_s"] > 0).any():
         out.append(f"{name}: no decode rate was measured (no trial decoded a second token).")
     return out
 

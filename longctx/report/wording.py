@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 
+from ..core.numbers import is_number
 from ..core.words import listed
 from ..engines import get_adapter
 from ..measure.prompts import text_words
+from ..measure.stream import TTFT_OF_BURST
 
 DEVICES = ("cpu", "gpu", "remote")
 DEVICE_WORDS = {"cpu": "the CPU", "gpu": "GPU", "remote": "a remote machine"}
@@ -332,6 +334,13 @@ def trial_flags(rows, entry: dict | None = None) -> list[str]:
     if early:
         out.append(f"{early} of {n} trials stopped before the output tokens asked (an early stop); they are left out "
                    "of the decode fit")
+    held = rows[rows["burst"].eq(True)] if "burst" in rows else rows.iloc[:0]
+    if len(held):  # longctx.measure.stream.burst: the first one's reason says how and why
+        r = held.iloc[0]
+        trial = f", trial {int(r['trial'])}" if is_number(r.get("trial")) else ""
+        out.append(f"{len(held)} of {n} trials' tokens did not arrive apart, so their decode was not measured (at "
+                   f"{int(r['length']):,} tokens{trial}: {r['decode_unmeasured']}); they have no TPOT, decode rate or "
+                   f"inter-token gaps in the tables, the figures or the fits, and {TTFT_OF_BURST}")
     contended = rows[rows["contended"].eq(True)] if "contended" in rows else rows.iloc[:0]
     if len(contended):
         named = "; ".join(f"at {int(r['length']):,} tokens, trial {int(r['trial'])}: {r['contended_reason']}"
