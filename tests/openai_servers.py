@@ -1,8 +1,9 @@
 """Small OpenAI-compatible servers written for the tests, each with one behaviour of servers we did
 not write (issue 15, item 2): no /health, text-only prompts, a BOS token added to every prompt, no
 usage anywhere or usage only in non-streamed responses, tokens in chunks with empty text, a final
-empty event that is not a token; and (`broken`) a server that answers its health paths but fails every
-generation with HTTP 500 and the error it hit.
+empty event that is not a token; (`broken`) a server that answers its health paths but fails every
+generation with HTTP 500 and the error it hit; and (`buffered`) one behind a buffering proxy, whose stream
+arrives in one piece.
 
 They count prompts with a real Hugging Face tokenizer (the `tokenizers` library, a byte-level BPE
 trained here on English text, nothing downloaded): the count longctx must match is that library's,
@@ -63,13 +64,15 @@ class Seen(list):
 
 @contextlib.contextmanager
 def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | None = None, default: int = 404,
-                  broken: bool = False, refuse_ids_with: int = 422, basic: str | None = None, port: int = 0):
+                  broken: bool = False, refuse_ids_with: int = 422, basic: str | None = None, buffered: bool = False,
+                  port: int = 0):
     """The server of one behaviour on loopback, counting prompts with tokenizer_dir/tokenizer.json
     (encoded with special tokens: a BOS server's tokenizer adds one). With `codes`, GET answers
     codes[path] (else `default`) instead of the behaviour's health paths; `broken`, every POST is HTTP 500
     with BROKEN; refuse_ids_with, the code a text-only server refuses token ids with; `basic`, the HTTP Basic
-    credential every request must carry (else 401); `port`, the port to listen on (0: any free one). Yields (base
-    URL, Seen)."""
+    credential every request must carry (else 401); `buffered`, a stream's events are decoded at the same pace
+    but written in one write after the last, as a buffering proxy in front of the server (nginx's default
+    proxy_buffering) hands them on; `port`, the port to listen on (0: any free one). Yields (base URL, Seen)."""
     from tokenizers import Tokenizer
 
     b = BEHAVIOURS[behaviour]
@@ -79,6 +82,9 @@ def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | N
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # TCP_NODELAY, as every asyncio server has it (uvicorn: vLLM's and SGLang's): without it, Nagle's algorithm held
+        # a stream's small writes until the client's delayed ACK, and a warm-up's whole response arrived at once
+        disable_nagle_algorithm = True
 
         def _json(self, code: int, obj: dict) -> None:
             body = json.dumps(obj).encode()
@@ -131,17 +137,27 @@ def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | N
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
+            held: list[bytes] = []  # `buffered`: every event, written at once after the last
+
+            def send(data: bytes) -> None:
+                if buffered:
+                    held.append(data)
+                else:
+                    self.wfile.write(data)
+                    self.wfile.flush()
+
             for i, w in enumerate(words):
                 time.sleep(DECODE_S)
                 last = i == n - 1 and not b["final_event"]
-                self.wfile.write(f"data: {json.dumps({'choices': [{'text': w, 'finish_reason': 'length' if last else None}]})}\n\n".encode())
-                self.wfile.flush()
+                send(f"data: {json.dumps({'choices': [{'text': w, 'finish_reason': 'length' if last else None}]})}\n\n".encode())
             if b["final_event"]:
-                self.wfile.write(f"data: {json.dumps({'choices': [{'text': '', 'finish_reason': 'length'}]})}\n\n".encode())
+                send(f"data: {json.dumps({'choices': [{'text': '', 'finish_reason': 'length'}]})}\n\n".encode())
             if b["usage"] == "stream" and (req.get("stream_options") or {}).get("include_usage"):
-                self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+                send(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+            send(b"data: [DONE]\n\n")
+            if held:
+                self.wfile.write(b"".join(held))
+                self.wfile.flush()
             self.close_connection = True
 
         def log_message(self, *args):

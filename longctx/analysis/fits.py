@@ -142,6 +142,9 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     # both fits likewise
     contended = _flagged(g, "contended")
     out["trials_contended"] = int(contended.sum())
+    # trials whose tokens did not arrive apart (longctx.measure.stream.burst) carry no decode figures: their TTFT is
+    # fitted, and the decode fit never sees them (every one of them: no decode fit)
+    out["trials_burst"] = int(_flagged(g, "burst").sum())
     estimated = estimated | contended
     # the fits weigh relative residuals: only positive times count (a server may report 0)
     # partial lengths (fewer ok trials than configured) stay out of the fits and the regime detection

@@ -55,7 +55,10 @@ CLIENT_STALL = "client_stall_s"  # the client's event loop late while this proce
 
 def request_itl(r: dict) -> list[float]:
     """A request's per-token gaps: its itl_s where the client gave them, else from its events (a chunk's gap
-    divided among the tokens it carries)."""
+    divided among the tokens it carries); none where its tokens did not arrive apart (longctx.measure.stream.burst:
+    the gaps are a buffer's, not the server's)."""
+    if r.get("burst"):
+        return []
     if isinstance(r.get("itl_s"), list):
         return [float(x) for x in r["itl_s"] if finite(x) is not None]
     t, n = r.get("event_times") or [], r.get("event_tokens") or []

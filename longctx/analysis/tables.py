@@ -95,7 +95,8 @@ def chosen_trials(provenance: dict | None) -> set[str]:
 def medians(df: pd.DataFrame, provenance: dict | None = None) -> pd.DataFrame:
     """One row per (configuration, length): medians over ok trials, and the trial counts: `trials`
     (recorded), `ok`, `configured` (what the protocol asked for: configured_trials) and `partial` (some
-    ok trials, but fewer than configured: partial_lengths)."""
+    ok trials, but fewer than configured: partial_lengths); `burst`, the ok trials whose decode was not measurable
+    (their tokens did not arrive apart), and `decode_unmeasured`, the first one's reason."""
     df = single(df)
     asked = configured_trials(df, provenance)
     counts = df.groupby(["configuration", "length"], sort=True).agg(
@@ -112,9 +113,27 @@ def medians(df: pd.DataFrame, provenance: dict | None = None) -> pd.DataFrame:
         if column in df:
             first = df.groupby(["configuration", "length"])[column].first()
             out[column] = [first.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
+    # the trials whose decode was not measurable (their tokens did not arrive apart: longctx.measure.stream.burst),
+    # counted, and the first one's reason: their TTFT is in the medians, their decode figures are not
+    ok = ok_rows(df)
+    flagged = ok[ok["burst"].eq(True)] if "burst" in ok else ok.iloc[:0]
+    counts_burst = flagged.groupby(["configuration", "length"]).size()
+    first_why = flagged.groupby(["configuration", "length"])["decode_unmeasured"].first() if len(flagged) else {}
+    out["burst"] = [int(counts_burst.get((c, l), 0)) for c, l in zip(out["configuration"], out["length"])]
+    out["decode_unmeasured"] = [first_why.get((c, l)) if len(flagged) else None
+                                for c, l in zip(out["configuration"], out["length"])]
     causes = {key: length_cause(g) for key, g in df.groupby(["configuration", "length"], sort=True)}
     out["reason"] = [causes.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
     return out
+
+
+def decode_absent(df: pd.DataFrame) -> str:
+    """Why df's successful single-request trials give no decode rate, in words ('No figure: ...', a figure's 'not
+    measured: ...'): their tokens did not arrive apart (longctx.measure.stream.burst), or none decoded a second one."""
+    ok = ok_rows(df)
+    if "burst" in ok and ok["burst"].eq(True).any():
+        return "no stream's tokens arrived apart (likely buffering between the server and the client)"
+    return "no trial decoded a second token"
 
 
 def length_cause(g: pd.DataFrame) -> str | None:

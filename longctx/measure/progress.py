@@ -109,6 +109,7 @@ class Progress:
         self.reused: set[int] = set()  # positions of lengths measured before: they cost nothing
         self.needle = bool(proto["needle"]["enabled"])  # False once the server says its weights are random
         self.index, self.done = 0, 0  # the length being measured (position) and its requests done
+        self.burst_said = False  # whether a stream whose tokens did not arrive apart was said in full yet
 
     def known(self, index: int, samples: list[Sample]) -> None:
         """A length measured by an earlier run and reused: its trials join the fits, it costs nothing."""
@@ -151,12 +152,18 @@ class Progress:
         ok = summary["status"] == "ok"
         if ok and not warmup:
             self.history.append((self.lengths[self.index], summary["ttft_s"], summary.get("tpot_s")))
+        first_burst = False
         if ok:
             rate = f", decode {summary['decode_tok_s']:.1f} tok/s" if summary.get("decode_tok_s") else ""
             what = f"ok in {duration(summary.get('e2e_s') or 0.0)} (TTFT {summary['ttft_s']:.3f} s{rate})"
+            if summary.get("burst"):  # its decode not measured (longctx.measure.stream.burst): the first said in full
+                first_burst, self.burst_said = not self.burst_said, True
+                short = "decode not measured: its tokens did not arrive apart"
+                what += f", {summary['decode_unmeasured'] if first_burst else short}"
         else:
             what = f"failed ({(summary.get('reason') or 'no reason given')[:160]})"
-        self._say(f"{self.where()} {'warm-up' if warmup else 'trial'} {k} of {n}: {what}; {self.clock_text()}", force=not ok)
+        self._say(f"{self.where()} {'warm-up' if warmup else 'trial'} {k} of {n}: {what}; {self.clock_text()}",
+                  force=not ok or first_burst)
 
     def end(self, text: str, server_up: bool = True) -> None:
         """The current length is done (measured, failed or reused): its line always reaches the console.

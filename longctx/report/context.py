@@ -32,7 +32,7 @@ from .. import __version__
 from ..core.net import is_loopback
 from ..core.secrets import mask, mask_argv, redact_config
 from ..analysis import bands
-from ..analysis.tables import concurrency_table, length_cause, medians
+from ..analysis.tables import concurrency_table, decode_absent, length_cause, medians
 from ..measure.provenance import git_info, package_versions
 from ..specs.hardware import TABLE_PATH
 from . import changes, drafting as draftview, load as loadview, prefix as prefixview, versions, whatif as whatifview, wording
@@ -366,7 +366,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             # a server longctx started on an address other than loopback (server.allow_remote): reachable from the network
             "remote_listen": p["listen"] if p.get("listen") and not is_loopback(p["listen"]) else None,
             "fit": fit,
-            "bound": bound_words(fit),  # what bounds each phase (longctx.analysis.bounds), in words
+            "bound": bound_words(fit),  # what bounds each phase (longctx.analysis.bounds), in words; None: not decided
+            "no_fit": wording.no_fit(fit, med[med["configuration"] == name]),  # why a phase has no model, in words
             # whether each fit may carry claims (extrapolations among them): fits.json's quality, usable where absent
             "claims": {k: bool(((fit.get("quality") or {}).get(k) or {"usable": True})["usable"]) for k in ("prefill", "decode")},
             "rows": med[med["configuration"] == name].to_dict("records"),
@@ -434,6 +435,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "cache_flush": cache_flush,
         "measured": bool((med["ttft_s"] > 0).any()),  # False: no length of any configuration has a usable TTFT
         # the figures with something to draw; one without is a line in its section, not a page of axes
+        "decode_absent": decode_absent(df),  # why no decode figure is drawn, where none is
         "drawn": {"ttft": bool((med["ttft_s"] > 0).any()),
                   "decode": bool((med["decode_tok_s"] > 0).any()) if "decode_tok_s" in med else False,
                   "fits": any(f.get("prefill") or f.get("decode") for f in fits.values()),

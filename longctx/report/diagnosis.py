@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..analysis.fits import FIT_LENGTHS
 from ..core.words import listed
 from .numbers import is_number, rounded
 from .summary import CLASS
@@ -368,8 +369,33 @@ def _unusable(name: str, rows: pd.DataFrame) -> list[str]:
     if len(bad):
         out.append(f"{name}: the time to first token reads at or below 0 at {_lengths(bad['length'].tolist())} tokens, "
                    "which no fit or figure can use.")
-    if not (rows["decode_tok_s"] > 0).any():
+    held = rows[rows["burst"] > 0] if "burst" in rows else rows.iloc[:0]
+    if len(held):  # trials whose tokens did not arrive apart (longctx.measure.stream.burst): the first's reason
+        first, k, n = held.iloc[0], int(held["burst"].sum()), int(rows["ok"].sum())
+        why = f"at {int(first['length']):,} tokens: {first['decode_unmeasured']}"
+        if (rows["decode_tok_s"] > 0).any():
+            out.append(f"{name}: {k} of {n} trials' tokens did not arrive apart, at {_lengths(held['length'].tolist())} "
+                       f"tokens: their decode is not measured, the other trials' decode stands ({why}).")
+        else:
+            out.append(f"{name}: no decode rate was measured: {k} of {n} trials' tokens did not arrive apart ({why}).")
+    elif not (rows["decode_tok_s"] > 0).any():
         out.append(f"{name}: no decode rate was measured (no trial decoded a second token).")
+    return out
+
+
+def _unfitted(name: str, rows: pd.DataFrame, fit: dict) -> list[str]:
+    """A phase measured but not fitted (too few lengths: longctx.analysis.fits.FIT_LENGTHS), in words: what it would
+    need, what was measured, and that nothing that needs the fit (a bound, a share, an extrapolation) is stated.
+    Nothing where no length measured the phase (_unusable says that)."""
+    out = []
+    for kind, column, what in (("prefill", "ttft_s", "prefill"), ("decode", "decode_tok_s", "decode")):
+        measured = sorted(int(x) for x in rows.loc[rows[column] > 0, "length"]) if column in rows else []
+        if fit.get(kind) or not measured:
+            continue
+        n = FIT_LENGTHS[kind]
+        out.append(f"{name}: no {what} model is fitted: it needs {n} measured lengths, and {what} was measured at "
+                   f"{_lengths(measured)} tokens{' only' if len(measured) == 1 else ''}; so what bounds {what}, its shares "
+                   "and its extrapolation are not stated, and the medians stand alone.")
     return out
 
 
@@ -409,7 +435,7 @@ def diagnose(med: pd.DataFrame, fits: dict, planner: dict | None = None, headlin
         L = int(top["length"])
         unusable = _unusable(name, rows)
         faults += unusable
-        items += [("", text) for text in unusable]
+        items += [("", text) for text in unusable + _unfitted(name, rows, fit)]
         items += (_decode(name, top, L, fit, partial) + _prefill(name, top, L, fit, partial) + _quality(name, fit)
                   + _speculative(name, top, L, partial) + _regimes(name, fit, partial) + _extrapolation(name, fit))
         groups.append({"name": name, "items": _items(items, name)})
@@ -434,6 +460,8 @@ def _items(pairs: list[tuple[str, str]], name: str | None = None) -> list[dict]:
     return out
 
 
-def bound_words(fit: dict) -> dict[str, str]:
-    """What bounds each phase, in the words every sentence uses ({'decode': 'latency-bound (on neither roof)', ...})."""
-    return {phase: CLASS[b["class"]] for phase, b in (fit.get("bounds") or {}).items() if b}
+def bound_words(fit: dict) -> dict[str, str | None]:
+    """What bounds each phase, in the words every sentence uses ({'decode': 'latency-bound (on neither roof)', ...}):
+    both phases always, None where no bound was decided (no fit of that phase, or no fits at all)."""
+    bounds = fit.get("bounds") or {}
+    return {phase: CLASS[bounds[phase]["class"]] if bounds.get(phase) else None for phase in ("prefill", "decode")}

@@ -88,7 +88,7 @@ def _pct(pcts: dict) -> tuple[str, float] | None:
 
 def _lengths_at(per: dict[str, dict], key: str) -> str:
     ls = sorted({p[key] for p in per.values()})
-    return f"{ls[0]:,}" if len(ls) == 1 else "their " + ("shortest" if key == "L0" else "longest") + " lengths"
+    return f"{ls[0]:,}" if len(ls) == 1 else "their " + ("shortest" if key in ("L0", "D0") else "longest") + " lengths"
 
 
 def _tops(med: pd.DataFrame, fits: dict) -> dict[str, dict]:
@@ -101,8 +101,14 @@ def _tops(med: pd.DataFrame, fits: dict) -> dict[str, dict]:
         full = rows[~rows["partial"].eq(True)] if "partial" in rows else rows
         full = full if len(full) else rows
         first, last = full.iloc[0], full.iloc[-1]
+        # decode's own shortest and longest: a length whose streams gave no decode figure (one output token, or
+        # tokens that arrived together: longctx.measure.stream.burst) has none to set against the others
+        rated = full[full["decode_tok_s"] > 0] if "decode_tok_s" in full else full.iloc[:0]
+        d0, d1 = (rated.iloc[0], rated.iloc[-1]) if len(rated) else (None, None)
         per[name] = {"L0": int(first["length"]), "L1": int(last["length"]), "ttft0": float(first["ttft_s"]),
-                     "ttft1": float(last["ttft_s"]), "rate0": first.get("decode_tok_s"), "rate1": last.get("decode_tok_s"),
+                     "ttft1": float(last["ttft_s"]), "rate0": None if d0 is None else float(d0["decode_tok_s"]),
+                     "rate1": None if d1 is None else float(d1["decode_tok_s"]),
+                     "D0": None if d0 is None else int(d0["length"]), "D1": None if d1 is None else int(d1["length"]),
                      "rows": full, "fit": fits[name]}
     return per
 
@@ -120,8 +126,12 @@ def _prefill(per: dict) -> str | None:
     if not per:
         return None
     exps = [math.log(p["ttft1"] / p["ttft0"]) / math.log(p["L1"] / p["L0"]) for p in per.values() if p["L1"] > p["L0"]]
-    text = (f"Prefill: TTFT grows from {_span([p['ttft0'] for p in per.values()], _time)} at {_lengths_at(per, 'L0')} tokens "
-            f"to {_span([p['ttft1'] for p in per.values()], _time)} at {_lengths_at(per, 'L1')}")
+    if all(p["L1"] == p["L0"] for p in per.values()):  # one length each: nothing grows
+        text = (f"Prefill: TTFT is {_span([p['ttft0'] for p in per.values()], _time)} at {_lengths_at(per, 'L0')} tokens, "
+                "the one length measured")
+    else:
+        text = (f"Prefill: TTFT grows from {_span([p['ttft0'] for p in per.values()], _time)} at {_lengths_at(per, 'L0')} "
+                f"tokens to {_span([p['ttft1'] for p in per.values()], _time)} at {_lengths_at(per, 'L1')}")
     if exps:
         text += f", as L to the power {_span(exps, lambda x: f'{x:.2g}')}"
     clauses = []
@@ -155,9 +165,14 @@ def _decode(per: dict) -> str | None:
     rated = {n: p for n, p in per.items() if is_number(p["rate1"])}
     if not rated:
         return None
-    text = (f"Decode: the rate falls from {_span([p['rate0'] for p in rated.values()], rounded)} tok/s at "
-            f"{_lengths_at(rated, 'L0')} tokens to {_span([p['rate1'] for p in rated.values()], rounded)} tok/s at "
-            f"{_lengths_at(rated, 'L1')}")
+    if all(p["D1"] == p["D0"] for p in rated.values()):  # one length each with a decode rate
+        whose = "the" if len(rated) == 1 else "each configuration's"
+        text = (f"Decode: the rate is {_span([p['rate0'] for p in rated.values()], rounded)} tok/s at "
+                f"{_lengths_at(rated, 'D0')} tokens, {whose} only length with a decode rate")
+    else:
+        text = (f"Decode: the rate falls from {_span([p['rate0'] for p in rated.values()], rounded)} tok/s at "
+                f"{_lengths_at(rated, 'D0')} tokens to {_span([p['rate1'] for p in rated.values()], rounded)} tok/s at "
+                f"{_lengths_at(rated, 'D1')}")
     clauses = []
     for kind, names in _class_groups(rated, "decode").items():
         bs = [rated[n]["fit"]["bounds"]["decode"] for n in names]

@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 
 from ..core.net import listen_words
+from ..core.numbers import is_number
 from ..core.words import listed
 from ..engines import get_adapter
 from ..measure.prompts import text_words
+from ..measure.stream import TTFT_OF_BURST
 
 DEVICES = ("cpu", "gpu", "remote")
 DEVICE_WORDS = {"cpu": "the CPU", "gpu": "GPU", "remote": "a remote machine"}
@@ -333,6 +335,13 @@ def trial_flags(rows, entry: dict | None = None) -> list[str]:
     if early:
         out.append(f"{early} of {n} trials stopped before the output tokens asked (an early stop); they are left out "
                    "of the decode fit")
+    held = rows[rows["burst"].eq(True)] if "burst" in rows else rows.iloc[:0]
+    if len(held):  # longctx.measure.stream.burst: the first one's reason says how and why
+        r = held.iloc[0]
+        trial = f", trial {int(r['trial'])}" if is_number(r.get("trial")) else ""
+        out.append(f"{len(held)} of {n} trials' tokens did not arrive apart, so their decode was not measured (at "
+                   f"{int(r['length']):,} tokens{trial}: {r['decode_unmeasured']}); they have no TPOT, decode rate or "
+                   f"inter-token gaps in the tables, the figures or the fits, and {TTFT_OF_BURST}")
     contended = rows[rows["contended"].eq(True)] if "contended" in rows else rows.iloc[:0]
     if len(contended):
         named = "; ".join(f"at {int(r['length']):,} tokens, trial {int(r['trial'])}: {r['contended_reason']}"
@@ -341,6 +350,23 @@ def trial_flags(rows, entry: dict | None = None) -> list[str]:
         out.append(f"{len(contended)} of {n} trials ran while the server got markedly less of its device than in its "
                    f"other trials ({named}{more}); they are left out of the fits, the medians, the speedups and their "
                    "verdicts, unless nothing else was measured at their length")
+    return out
+
+
+def no_fit(fit: dict, rows) -> dict[str, str | None]:
+    """Why a configuration has no prefill or no decode model, in the words of the fits' tables (rows: its medians,
+    longctx.analysis.tables.medians), None for a phase fitted: fewer measured lengths than the fit needs, or, for
+    decode, none at all: no trial decoded a second token, or its tokens did not arrive apart (the diagnosis and the
+    failures section say how: longctx.measure.stream.burst)."""
+    def lengths(column: str) -> int:
+        return int(rows.loc[rows[column] > 0, "length"].nunique()) if column in rows and len(rows) else 0
+
+    words = {"prefill": "fewer than three measured lengths: no fit", "decode": "fewer than two measured lengths: no fit"}
+    out: dict[str, str | None] = {k: None if fit.get(k) else words[k] for k in words}
+    if not fit.get("decode") and not lengths("decode_tok_s") and lengths("ttft_s"):
+        held = "burst" in rows and bool((rows["burst"] > 0).any())
+        out["decode"] = ("not measured: its tokens did not arrive apart (see the diagnosis): no fit" if held else
+                         "no trial decoded a second token: no fit")
     return out
 
 

@@ -22,7 +22,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from ...analysis import bands  # noqa: E402
-from ...analysis.tables import medians, ok_rows, step_seconds  # noqa: E402
+from ...analysis.tables import decode_absent, medians, ok_rows, step_seconds  # noqa: E402
 from ...core.fitting import decode_curve, prefill_curve  # noqa: E402
 from . import FIGURES  # noqa: E402
 from .style import begin, errorbars, fit_line, length_axis, not_measured, outputs, panels, save, shade, spans_decades, styles  # noqa: E402
@@ -99,12 +99,13 @@ def decode_rate_panel(ax, name: str, s: dict, med: pd.DataFrame, fit: dict, grid
     return top
 
 
-def decode_rate_axes(ax, lengths, top: float, legend: bool = True) -> None:
-    """The decode-rate axes' labels, scales (a linear rate from 0) and legend once every configuration is drawn."""
+def decode_rate_axes(ax, lengths, top: float, legend: bool = True, absent: str = "no trial decoded a second token") -> None:
+    """The decode-rate axes' labels, scales (a linear rate from 0) and legend once every configuration is drawn;
+    absent: why no rate is drawn, where none is (longctx.analysis.tables.decode_absent)."""
     ax.set(xlabel="context length L (tokens)", ylabel="decode (tokens/s)", title="Decode rate (one request)")
     length_axis(ax, lengths)
     ax.set_ylim(0, top * 1.15 if top > 0 else 1)
-    _legend_or_not_measured(ax, "no decode rate (no trial decoded a second token)", legend=legend)
+    _legend_or_not_measured(ax, f"no decode rate ({absent})", legend=legend)
 
 
 # The text width of an A4 page with 2 cm margins (17 cm) by a height that leaves room for the legend
@@ -159,7 +160,7 @@ def overview(df: pd.DataFrame, analysis: dict, provenance: dict | None = None):
         top = max(top, decode_rate_panel(right, name, sty[name], med, fits.get(name, {}), lengths, labels=False, hollow=True))
     regimes = _regime_changes(fits, names, {"prefill": left, "decode": right})
     ttft_axes(left, df["length"], legend=False)
-    decode_rate_axes(right, df["length"], top, legend=False)
+    decode_rate_axes(right, df["length"], top, legend=False, absent=decode_absent(df))
     drawn = [line.get_gid() or "" for ax in (left, right) for line in ax.lines if len(line.get_xdata())]
     fitted = {name for name in names if f"{name} fit" in drawn}
     note = ["markers: medians"]
@@ -208,7 +209,7 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
     # decode rate against L: medians and the decode fit's rate
     fig, ax = plt.subplots()
     top = max([0.0] + [decode_rate_panel(ax, name, sty[name], med, fits.get(name, {}), lengths) for name in names])
-    decode_rate_axes(ax, df["length"], top)
+    decode_rate_axes(ax, df["length"], top, absent=decode_absent(df))
     save(fig, outdir, "decode_rate")
 
     # step time against L, with the fitted t0 + beta L
@@ -227,7 +228,7 @@ def plot_all(results_csv: str | Path, fits_json: str | Path, style: str | Path, 
            title="Decode step time (per output token without speculation)")
     length_axis(ax, df["length"])
     ax.set_ylim(bottom=0)
-    _legend_or_not_measured(ax, "no decode step time (no trial decoded a second token)")
+    _legend_or_not_measured(ax, f"no decode step time ({decode_absent(df)})")
     save(fig, outdir, "step_time")
 
     # inter-token latency against KV depth, inside one long request per configuration
