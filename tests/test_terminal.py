@@ -64,7 +64,7 @@ def broken_run(tmp_path_factory):
     with openai_server("no-health", tmp / "tok", port=ext_port), openai_server("no-health", tmp / "tok", port=gone_port):
         rerun = readme_command()
         third = readme_command()
-        allowed = readme_command("--config", "allow_missing=true")
+        allowed = readme_command("--config", "allow_missing=True")
     return SimpleNamespace(work=work, run=run, seen=seen, rerun=rerun, third=third, allowed=allowed, first=first)
 
 
@@ -112,7 +112,7 @@ def test_the_same_command_run_again_measures_what_failed_for_a_reason_that_may_p
                "output tokens exceed the context length of 8192 tokens the server reports; fix: a server with a longer "
                "context, or a shorter `lengths`); gone L=9000 (not sent: ")
     assert rerun.returncode == 1 and missing in rerun.stderr and (work / "report" / "longctx.pdf").exists()
-    assert "--config allow_missing=true counts a partial report as success" in rerun.stderr
+    assert "--config allow_missing=True counts a partial report as success" in rerun.stderr
     assert "Nothing to be done" in third.stdout + third.stderr and third.returncode == 1 and missing in third.stderr
     assert broken_run.allowed.returncode == 0, broken_run.allowed.stderr[-3000:]
     assert "Nothing to be done" in broken_run.allowed.stdout + broken_run.allowed.stderr  # the same report: no new version

@@ -241,7 +241,7 @@ def missing(df: pd.DataFrame) -> dict[str, list[tuple[int, str]]]:
     return out
 
 
-ALLOW_MISSING = "--config allow_missing=true"
+ALLOW_MISSING = "--config allow_missing=True"
 # what a missing length's reason needs done before it can be measured: the reasons that do not pass by themselves
 # (measure.rawfiles.transient), so that the same command does not send it again
 FIXES = (("exceed the context length", "fix: a server with a longer context, or a shorter `lengths`"),
