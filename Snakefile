@@ -60,35 +60,21 @@ rule all:
 # The exit status is the truth: a run that leaves a configured length with no successful measurement exits 1 once
 # the report that says why is written, naming what is missing in one line (allow_missing: true lets a partial report
 # pass); one that measured nothing, always. So does a rerun that has nothing to do, which Snakemake ends before
-# onsuccess: the check then runs where it says "Nothing to be done" (its lock released on the way out).
-def _verdict():
+# onsuccess (longctx.measure.rerun.judge_nothing_to_do).
+onsuccess:
     from longctx.analysis.aggregate import run_verdict
 
-    return run_verdict("data/results.csv", CFG["allow_missing"])
-
-
-onsuccess:
-    _problem = _verdict()
+    _problem = run_verdict("data/results.csv", CFG["allow_missing"])
     if _problem:
         print(f"longctx: {_problem}", file=sys.stderr)
         sys.exit(1)
 
 
 if workflow.is_main_process:
-    import logging
+    from longctx.analysis.aggregate import run_verdict
+    from longctx.measure.rerun import judge_nothing_to_do
 
-    from snakemake.common import NOTHING_TO_BE_DONE_MSG
-
-    class _NothingToDo(logging.Filter):
-        def filter(self, record):
-            if record.getMessage() == NOTHING_TO_BE_DONE_MSG and not workflow.dryrun:
-                problem = _verdict()
-                if problem:
-                    print(f"{NOTHING_TO_BE_DONE_MSG}\nlongctx: {problem}", file=sys.stderr)
-                    raise SystemExit(1)
-            return True
-
-    logging.getLogger("snakemake.logging").addFilter(_NothingToDo())
+    judge_nothing_to_do(lambda: run_verdict("data/results.csv", CFG["allow_missing"]), lambda: workflow.dryrun)
 
 
 # Ctrl-C: Snakemake has cancelled its jobs (each bench kept what it measured and stopped its server); the run

@@ -60,6 +60,13 @@ def _import(a) -> int:
     return 0
 
 
+def _retry_note(a) -> int:
+    from .measure.rawfiles import write_retry_note
+
+    TERMINAL.info("%s", write_retry_note(a.out, a.raw, a.names))
+    return 0
+
+
 def _build_kernel(a) -> int:
     from .attention.build import CUDA_ARCHS, build
 
@@ -344,6 +351,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--spec-hash", help="the spec's hash as the workflow planned it: a changed config file is refused")
     s.add_argument("--outdir", help="where <length>.json go (default data/raw/<configuration>)")
     s.set_defaults(func=_import)
+
+    s = sub.add_parser("retry-note", help="note (and say) what a configuration's last run lost for a reason that may pass: "
+                       "the bench job, rerun, measures it again")
+    s.add_argument("--out", required=True, help="the note, data/partial/<configuration>/retry-<n>.json")
+    s.add_argument("--raw", required=True, help="the configuration's raw files' directory, data/raw/<configuration>")
+    s.add_argument("--names", nargs="+", required=True, help="the raw files' names the job writes (lengths, workloads)")
+    s.add_argument("--log", help="write everything to this file; the terminal keeps its one line")
+    s.set_defaults(func=_retry_note)
 
     s = sub.add_parser("build-kernel", help="build and check one attention kernel")
     s.add_argument("--name", required=True)

@@ -277,6 +277,16 @@ def redacted(config: dict[str, Any]) -> dict[str, Any]:
     return redact_config(config)
 
 
+# keys that say how a run is judged, not what it measured or how the report reads: left out of the report's config
+RUN_ONLY_KEYS = ("allow_missing",)
+
+
+def report_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config the report prints and hashes into its version: redacted, without RUN_ONLY_KEYS (so that
+    `--config allow_missing=True` makes no new version)."""
+    return {k: v for k, v in redacted(config).items() if k not in RUN_ONLY_KEYS}
+
+
 def report_baseline(config: dict[str, Any]) -> str:
     """The configuration the report's speedups are against: report.baseline, or the first one listed."""
     return config["report"]["baseline"] or next(iter(config["configurations"]))

@@ -36,6 +36,8 @@ rule bench_configuration:
 rule note_retry:
     output:
         f"{PARTIAL}/{{configuration}}/retry-{{generation}}.json",
+    log:
+        "data/logs/note_retry/{configuration}-{generation}.log",
     params:
         raw=lambda w: f"data/raw/{w.configuration}",
         names=lambda w: raw_names(w.configuration),
@@ -43,8 +45,10 @@ rule note_retry:
         configuration="|".join(re.escape(c) for c in MEASURED) or "(?!)",
         generation="[0-9]+",
     localrule: True
-    run:
-        print(write_retry_note(output[0], params.raw, params.names), file=sys.stderr)
+    conda:
+        ENV
+    shell:
+        "longctx retry-note --out {output} --raw {params.raw} --names {params.names} --log {log}"
 
 
 # An imported configuration's result files (another tool's, longctx.measure.imports) as raw files, one per

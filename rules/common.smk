@@ -11,7 +11,7 @@ from longctx.measure.calibration import plan as calibration_plan
 from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, LOAD_FIGURES, PREFIX_FIGURES
 from longctx.measure.resources import bench_resources
 from longctx.measure import imports
-from longctx.measure.rawfiles import retry_input, write_retry_note
+from longctx.measure.rawfiles import retry_input
 from longctx.engines import get_adapter
 
 CFG = lcfg.validate(config)
@@ -39,9 +39,8 @@ TEMPLATES = sorted(p for p in glob.glob("templates/**", recursive=True) if os.pa
 MARKDOWN_PARTIALS = sorted(glob.glob("templates/markdown/*.md.j2"))
 BASELINE = lcfg.report_baseline(CFG)
 # What the report prints as its configuration (and hashes into its version): env values hidden
-# (longctx.config.redacted), as in every param, so that none reaches .snakemake/ or a log.
-# (allow_missing is how the run's exit status is judged, not what was measured: it makes no new version)
-REPORT_CONFIG = json.dumps({k: v for k, v in lcfg.redacted(CFG).items() if k != "allow_missing"})  # the file's order
+# (longctx.config.report_config), as in every param, so that none reaches .snakemake/ or a log.
+REPORT_CONFIG = json.dumps(lcfg.report_config(CFG))  # in the config file's order
 # What a bench job reads its configuration from: the config files Snakemake merged, in order, and
 # its --config values, handed to `longctx bench` in its environment (LONGCTX_CONFIG_SOURCES; a job step
 # on a cluster node parses the workflow again and sets it there too). Neither a param nor part of the

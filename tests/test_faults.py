@@ -116,7 +116,7 @@ def test_a_length_lost_with_no_restart_left_is_measured_by_the_same_command_run_
     assert list(found) == ["128", "load", "prefix"] and "the server could not be (re)started" in found["load"]
     assert retry_input(tmp_path / "raw", partial, names) == [note]
     said = write_retry_note(note, tmp_path / "raw", names)  # what rule note_retry does, and says
-    assert said.startswith("longctx: raw: measuring again what the last run lost: L=128 (the server died while measuring")
+    assert said.startswith("raw: measuring again what the last run lost: L=128 (the server died while measuring")
     # the death's line is one line, with the server log's path; the log's tail is in this process's log, not in it
     assert "\n" not in raws[128]["reason"] and f"server log: {tmp_path / 'server.log'}" in raws[128]["reason"]
     # the report agrees with itself: the diagnosis, the failures section and the flags take one cause for the length

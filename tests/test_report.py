@@ -602,3 +602,19 @@ def test_a_servers_settings_are_printed_once_and_the_others_as_what_differs():
     assert got["a"] == (None, base) and got["c"] == (None, configs[2]["server_args"]) and got["d"] == (None, [])
     assert got["b"] == ("a", [("k0", "x"), ("k9", "not reported")])
     assert got["e"] == ("a", [])
+
+
+def test_a_character_latex_cannot_typeset_prints_as_a_question_mark_and_the_pdf_builds(tmp_path):
+    """A model's answer (the needle table) or a server's error may hold any character: U+FFFD where its bytes were
+    not UTF-8, another script, a control character. pdflatex stops at one it has no glyph set up for; the escape
+    prints those as '?' and keeps what T1 fonts set (Latin-1, Latin Extended-A, dashes and quotes)."""
+    from longctx.report.latex import TEX
+
+    said = "answer: \ufffd\u4e2d caf\u00e9 \u0141\u00f3d\u017a \u2014 \u201cok\u201d\x07\tend"
+    assert TEX.escape(said) == "answer: ?? caf\u00e9 \u0141\u00f3d\u017a \u2014 \u201cok\u201d? end"
+    (tmp_path / "t.tex").write_text("\\documentclass{article}\\usepackage[T1]{fontenc}\\usepackage{lmodern}\\pagestyle{empty}"
+                                    f"\\begin{{document}}{TEX.escape(said)}\\end{{document}}\n")
+    run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert " ".join(pdftotext(tmp_path / "t.pdf").split()) == "answer: ?? caf\u00e9 \u0141\u00f3d\u017a \u2014 \u201cok\u201d? end"

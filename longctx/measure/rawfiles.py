@@ -172,7 +172,7 @@ def write_retry_note(path: str | Path, raw_dir: str | Path, names: list[str]) ->
         if _generation(old.name) < _generation(path.name):
             old.unlink(missing_ok=True)
     what = "; ".join(f"{'L=' + n if n.isdigit() else n} ({why.split(';')[0][:160]})" for n, why in found.items())
-    return f"longctx: {Path(raw_dir).name}: measuring again what the last run lost: {what or 'nothing'}"
+    return f"{Path(raw_dir).name}: measuring again what the last run lost: {what or 'nothing'}"
 
 
 def retry_reasons(resume_dir: Path | None) -> dict[str, str]:

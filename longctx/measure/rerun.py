@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -184,3 +185,23 @@ def interrupted_message(logs) -> str:
     where = f" (Snakemake's log: {logs[-1]})" if logs else ""
     return ("longctx: interrupted; the jobs were stopped, what they measured is kept, and the same command "
             f"resumes{where}")
+
+
+def judge_nothing_to_do(verdict, dryrun) -> None:
+    """A run that has nothing to do ends before Snakemake's onsuccess: make it exit 1 where verdict() (the run's
+    exit verdict: what is missing, or None) says so, where Snakemake says "Nothing to be done", once its lock is
+    released (a dry run, dryrun() true, is not judged). Called by the Snakefile in the main process."""
+    import logging
+
+    from snakemake.common import NOTHING_TO_BE_DONE_MSG
+
+    class Judge(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.getMessage() == NOTHING_TO_BE_DONE_MSG and not dryrun():
+                problem = verdict()
+                if problem:
+                    print(f"{NOTHING_TO_BE_DONE_MSG}\nlongctx: {problem}", file=sys.stderr)
+                    raise SystemExit(1)  # out of Snakemake's execute, through its lock's release
+            return True
+
+    logging.getLogger("snakemake.logging").addFilter(Judge())

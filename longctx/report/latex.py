@@ -34,6 +34,19 @@ _TEX_SPECIALS = {
 }
 
 
+# what pdflatex typesets from UTF-8 with T1 fonts: ASCII, Latin-1 and Latin Extended-A, and the common punctuation;
+# any other character (a model's answer in another script, U+FFFD where its bytes were not UTF-8, a control
+# character) stops the build with "Unicode character ... not set up for use with LaTeX", so it prints as "?"
+_TYPESET_EXTRA = set("\u2013\u2014\u2018\u2019\u201c\u201d\u2026\u2022\u20ac")
+
+
+def _typesettable(ch: str) -> str:
+    o = ord(ch)
+    if 0x20 <= o < 0x7F or 0xA0 <= o <= 0x17F or ch in _TYPESET_EXTRA:
+        return ch
+    return " " if ch in "\t\n\r" else "?"
+
+
 class TeX(str):
     """A string that is already LaTeX: the template prints it as it is."""
 
@@ -49,7 +62,7 @@ class TeXDialect(Dialect):
     def escape(self, value) -> str:
         """value as text that prints as itself: TeX's specials escaped, quotes straight, and no
         ligature (-- , ,, and the like) joining two characters into another."""
-        out = "".join(_TEX_SPECIALS.get(ch, ch) for ch in str(value))
+        out = "".join(_TEX_SPECIALS.get(ch) or _typesettable(ch) for ch in str(value))
         return re.sub(r"([-,])(?=[-,])", r"\1{}", out)
 
     def number(self, digits: str) -> TeX:
