@@ -357,7 +357,6 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="the note, data/partial/<configuration>/retry-<n>.json")
     s.add_argument("--raw", required=True, help="the configuration's raw files' directory, data/raw/<configuration>")
     s.add_argument("--names", nargs="+", required=True, help="the raw files' names the job writes (lengths, workloads)")
-    s.add_argument("--log", help="write everything to this file; the terminal keeps its one line")
     s.set_defaults(func=_retry_note)
 
     s = sub.add_parser("build-kernel", help="build and check one attention kernel")

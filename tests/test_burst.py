@@ -1,6 +1,6 @@
 """A stream whose tokens did not arrive apart (issue 47, item 4): a buffer between the server and the client
 (a proxy under nginx's default proxy_buffering) hands the whole response on at once, and its arrival times say
-when the buffer let go, not when the server decoded. The detection (longctx.measure.stream.burst) on records built
+when the buffer let go, not when the server decoded. The detection (longctx.measure.burst) on records built
 by hand: paced and speculative streams are measured, a burst is said with why; then a real sweep of an
 OpenAI-compatible server behind such a buffer (tests/openai_servers.py, `buffered`) beside one measured at a single
 length (no prefill fit, no decode fit, no bounds), through the report chain to a PDF and its Markdown twin that say
@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from longctx import config as lcfg
-from longctx.measure import stream
+from longctx.measure import burst, stream
 
 from .openai_servers import DECODE_S, openai_server
 from .report_data import LLAMA_GQA, run_report_chain
@@ -54,7 +54,7 @@ def test_speculative_streams_are_measured():
     s = record(times).summary()
     assert s["burst"] is False and s["decode_tok_s"] == pytest.approx(35 / (times[-1] - times[0]))
     # a stream too short to judge (fewer than BURST_MIN_GAPS gaps): taken as measured, whatever its gaps
-    assert record([0.2] * stream.BURST_MIN_GAPS).summary()["burst"] is False
+    assert record([0.2] * burst.BURST_MIN_GAPS).summary()["burst"] is False
 
 
 def test_a_stream_that_arrived_in_one_burst_keeps_its_ttft_and_says_why_decode_was_not_measured():
@@ -66,7 +66,7 @@ def test_a_stream_that_arrived_in_one_burst_keeps_its_ttft_and_says_why_decode_w
         assert all(s[k] is None for k in ("tpot_s", "decode_tok_s", "decode_s", "itl_median_s", "itl_max_s", "itl_s"))
         why = s["decode_unmeasured"]
         assert why.startswith("decode not measurable from this stream: its 32 tokens arrived together (within ")
-        assert why.endswith(stream.BURST_CAUSE) and "proxy_buffering off" in why and "X-Accel-Buffering: no" in why
+        assert why.endswith(burst.BURST_CAUSE) and "proxy_buffering off" in why and "X-Accel-Buffering: no" in why
     # a long stream held by a buffer that flushes every 16 events (a 4 kB proxy buffer): four bursts, 30 ms apart
     times = [0.5 + 30 * MS * (i // 16) for i in range(64)]
     s = record(times).summary()

@@ -142,7 +142,7 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     # both fits likewise
     contended = _flagged(g, "contended")
     out["trials_contended"] = int(contended.sum())
-    # trials whose tokens did not arrive apart (longctx.measure.stream.burst) carry no decode figures: their TTFT is
+    # trials whose tokens did not arrive apart (longctx.measure.burst) carry no decode figures: their TTFT is
     # fitted, and the decode fit never sees them (every one of them: no decode fit)
     out["trials_burst"] = int(_flagged(g, "burst").sum())
     estimated = estimated | contended

@@ -55,7 +55,7 @@ CLIENT_STALL = "client_stall_s"  # the client's event loop late while this proce
 
 def request_itl(r: dict) -> list[float]:
     """A request's per-token gaps: its itl_s where the client gave them, else from its events (a chunk's gap
-    divided among the tokens it carries); none where its tokens did not arrive apart (longctx.measure.stream.burst:
+    divided among the tokens it carries); none where its tokens did not arrive apart (longctx.measure.burst:
     the gaps are a buffer's, not the server's)."""
     if r.get("burst"):
         return []

@@ -113,7 +113,7 @@ def medians(df: pd.DataFrame, provenance: dict | None = None) -> pd.DataFrame:
         if column in df:
             first = df.groupby(["configuration", "length"])[column].first()
             out[column] = [first.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
-    # the trials whose decode was not measurable (their tokens did not arrive apart: longctx.measure.stream.burst),
+    # the trials whose decode was not measurable (their tokens did not arrive apart: longctx.measure.burst),
     # counted, and the first one's reason: their TTFT is in the medians, their decode figures are not
     ok = ok_rows(df)
     flagged = ok[ok["burst"].eq(True)] if "burst" in ok else ok.iloc[:0]
@@ -129,7 +129,7 @@ def medians(df: pd.DataFrame, provenance: dict | None = None) -> pd.DataFrame:
 
 def decode_absent(df: pd.DataFrame) -> str:
     """Why df's successful single-request trials give no decode rate, in words ('No figure: ...', a figure's 'not
-    measured: ...'): their tokens did not arrive apart (longctx.measure.stream.burst), or none decoded a second one."""
+    measured: ...'): their tokens did not arrive apart (longctx.measure.burst), or none decoded a second one."""
     ok = ok_rows(df)
     if "burst" in ok and ok["burst"].eq(True).any():
         return "no stream's tokens arrived apart (likely buffering between the server and the client)"

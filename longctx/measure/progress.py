@@ -156,7 +156,7 @@ class Progress:
         if ok:
             rate = f", decode {summary['decode_tok_s']:.1f} tok/s" if summary.get("decode_tok_s") else ""
             what = f"ok in {duration(summary.get('e2e_s') or 0.0)} (TTFT {summary['ttft_s']:.3f} s{rate})"
-            if summary.get("burst"):  # its decode not measured (longctx.measure.stream.burst): the first said in full
+            if summary.get("burst"):  # its decode not measured (longctx.measure.burst): the first said in full
                 first_burst, self.burst_said = not self.burst_said, True
                 short = "decode not measured: its tokens did not arrive apart"
                 what += f", {summary['decode_unmeasured'] if first_burst else short}"

@@ -233,7 +233,7 @@ def length_line(result: dict) -> str:
         rates = sorted(t["decode_tok_s"] for t in ok if t.get("decode_tok_s"))
         line += f", TTFT {ttft:.3f} s" + (f", decode {rates[len(rates) // 2]:.1f} tok/s" if rates else "")
         held = sum(1 for t in ok if t.get("burst"))
-        if held:  # longctx.measure.stream.burst
+        if held:  # longctx.measure.burst
             line += f", decode not measured in {held} of them: their tokens did not arrive apart"
     return line + (f" ({result['reason'][:200]})" if result.get("reason") and result["status"] != "ok" else "")
 

@@ -25,6 +25,7 @@ import httpx
 
 from .bodies import JSON_HEADERS
 from .direct import body_decoder, read_direct
+from .burst import burst
 from .wire import AsyncWireStream, Stamped, WireStream
 
 # SGLang 0.5.23's speculative fields in the final meta_info
@@ -46,45 +47,6 @@ def normalize_spec_fields(meta: dict) -> dict:
     if meta.get("spec_accept_rate") is None and proposed:
         meta["spec_accept_rate"] = correct / proposed
     return meta
-
-
-# A stream whose tokens arrive together (in one read, or within the client's own time to parse one event and read
-# the next: tens of microseconds) was held by something between the server's decoding and the client, as nginx
-# holds a proxied response under its default proxy_buffering: its arrival times say when the buffer let go, not when
-# the server decoded. Two token events that arrived less than BURST_GAP_S apart did not arrive apart: no server
-# decodes 10,000 steps a second for one stream (a step takes a millisecond or more; a speculative server's several
-# tokens of one step come in one event). A stream is a burst where at least BURST_SHARE of the gaps between its token
-# events are that short: a buffered stream's are nearly all (every one, or all but one per flush of the buffer, whose
-# 4 or 8 kB hold tens of events), while a real stream's short gaps are only the events its server happened to write
-# together (or the client's socket merged while it was busy), under BURST_SHARE unless its steps averaged ten events
-# or more each. The reference engine writes several steps' events within 50 microseconds of each other (its event
-# loop runs after its scheduler thread's steps): every one of a short stream's, and at most 75% of the gaps of any
-# stream of nine events or more, over 740 streams of the test suite's servers. So a stream is judged from
-# BURST_MIN_GAPS gaps on (nine token events); a shorter one is taken as measured.
-BURST_GAP_S = 1e-4
-BURST_SHARE = 0.9
-BURST_MIN_GAPS = 8
-# why, in words, once a burst is found: the likely cause and how to turn it off
-BURST_CAUSE = ("likely buffering between the server and the client (a proxy: nginx's proxy_buffering off; for its "
-               "location, or the response header X-Accel-Buffering: no); measure the server directly or turn the "
-               "buffering off")
-TTFT_OF_BURST = "its TTFT is kept: when the first byte arrived, which a buffer may also have delayed"
-
-
-def burst(times: list[float], tokens: list[int]) -> str | None:
-    """Why a stream's decode cannot be measured from the arrival times of its token events (`times`, `tokens` each
-    event's tokens) where they did not arrive apart (BURST_GAP_S, BURST_SHARE, BURST_MIN_GAPS), else None."""
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    together = sum(1 for g in gaps if g < BURST_GAP_S)
-    if len(gaps) < BURST_MIN_GAPS or together < BURST_SHARE * len(gaps):
-        return None
-    n = sum(tokens)
-    if together == len(gaps):
-        how = f"its {n} tokens arrived together (within {(times[-1] - times[0]) * 1e3:.3f} ms)"
-    else:
-        how = (f"its {n} tokens arrived in {len(gaps) - together + 1} bursts ({together} of its {len(gaps)} gaps between "
-               f"events under {BURST_GAP_S * 1e3:g} ms)")
-    return f"decode not measurable from this stream: {how}; {BURST_CAUSE}"
 
 
 @dataclass

@@ -370,7 +370,7 @@ def _unusable(name: str, rows: pd.DataFrame) -> list[str]:
         out.append(f"{name}: the time to first token reads at or below 0 at {_lengths(bad['length'].tolist())} tokens, "
                    "which no fit or figure can use.")
     held = rows[rows["burst"] > 0] if "burst" in rows else rows.iloc[:0]
-    if len(held):  # trials whose tokens did not arrive apart (longctx.measure.stream.burst): the first's reason
+    if len(held):  # trials whose tokens did not arrive apart (longctx.measure.burst): the first's reason
         first, k, n = held.iloc[0], int(held["burst"].sum()), int(rows["ok"].sum())
         why = f"at {int(first['length']):,} tokens: {first['decode_unmeasured']}"
         if (rows["decode_tok_s"] > 0).any():

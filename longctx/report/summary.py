@@ -102,7 +102,7 @@ def _tops(med: pd.DataFrame, fits: dict) -> dict[str, dict]:
         full = full if len(full) else rows
         first, last = full.iloc[0], full.iloc[-1]
         # decode's own shortest and longest: a length whose streams gave no decode figure (one output token, or
-        # tokens that arrived together: longctx.measure.stream.burst) has none to set against the others
+        # tokens that arrived together: longctx.measure.burst) has none to set against the others
         rated = full[full["decode_tok_s"] > 0] if "decode_tok_s" in full else full.iloc[:0]
         d0, d1 = (rated.iloc[0], rated.iloc[-1]) if len(rated) else (None, None)
         per[name] = {"L0": int(first["length"]), "L1": int(last["length"]), "ttft0": float(first["ttft_s"]),

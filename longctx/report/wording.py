@@ -16,7 +16,7 @@ from ..core.numbers import is_number
 from ..core.words import listed
 from ..engines import get_adapter
 from ..measure.prompts import text_words
-from ..measure.stream import TTFT_OF_BURST
+from ..measure.burst import TTFT_OF_BURST
 
 DEVICES = ("cpu", "gpu", "remote")
 DEVICE_WORDS = {"cpu": "the CPU", "gpu": "GPU", "remote": "a remote machine"}
@@ -336,7 +336,7 @@ def trial_flags(rows, entry: dict | None = None) -> list[str]:
         out.append(f"{early} of {n} trials stopped before the output tokens asked (an early stop); they are left out "
                    "of the decode fit")
     held = rows[rows["burst"].eq(True)] if "burst" in rows else rows.iloc[:0]
-    if len(held):  # longctx.measure.stream.burst: the first one's reason says how and why
+    if len(held):  # longctx.measure.burst: the first one's reason says how and why
         r = held.iloc[0]
         trial = f", trial {int(r['trial'])}" if is_number(r.get("trial")) else ""
         out.append(f"{len(held)} of {n} trials' tokens did not arrive apart, so their decode was not measured (at "
@@ -357,7 +357,7 @@ def no_fit(fit: dict, rows) -> dict[str, str | None]:
     """Why a configuration has no prefill or no decode model, in the words of the fits' tables (rows: its medians,
     longctx.analysis.tables.medians), None for a phase fitted: fewer measured lengths than the fit needs, or, for
     decode, none at all: no trial decoded a second token, or its tokens did not arrive apart (the diagnosis and the
-    failures section say how: longctx.measure.stream.burst)."""
+    failures section say how: longctx.measure.burst)."""
     def lengths(column: str) -> int:
         return int(rows.loc[rows[column] > 0, "length"].nunique()) if column in rows and len(rows) else 0
 
