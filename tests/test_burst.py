@@ -43,6 +43,22 @@ def test_a_paced_stream_is_measured_even_where_some_events_came_together():
     assert s["tpot_s"] == pytest.approx(2 * MS, rel=0.01) and len(s["itl_s"]) == 31 and s["itl_max_s"] > 0
 
 
+def test_a_short_stream_that_came_whole_with_its_length_is_not_taken_as_a_decode_rate():
+    """Four tokens are too few to judge by their gaps (a tiny model decodes that fast), but a stream that came with a
+    Content-Length was whole before its first byte was sent: a buffer (a gateway, a proxy) held it, however short.
+    Without the header the same times are taken as measured."""
+    times = [0.05, 0.05, 0.05, 0.05]
+    unsized = record(times).summary()
+    assert unsized["burst"] is False and unsized["tpot_s"] == 0  # what it reads as: the buffer's pace, not the server's
+    held = record(times)
+    held.sized = True
+    s = held.summary()
+    assert s["status"] == "ok" and s["burst"] is True and s["tpot_s"] is None and s["decode_tok_s"] is None
+    assert s["decode_unmeasured"].startswith("decode not measurable from this stream: it came whole, with its length "
+                                             "(Content-Length), so its 4 tokens were all decoded before its first byte")
+    assert s["ttft_s"] == pytest.approx(0.05)
+
+
 def test_speculative_streams_are_measured():
     # one event per verify step (5 ms), carrying the tokens the step accepted, as SGLang and vLLM send them
     accepted = [1, 3, 2, 4, 1, 3, 3, 2, 4, 1, 2, 3]

@@ -30,14 +30,19 @@ BURST_CAUSE = ("likely buffering between the server and the client (a proxy: ngi
 TTFT_OF_BURST = "its TTFT is kept: when the first byte arrived, which a buffer may also have delayed"
 
 
-def burst(times: list[float], tokens: list[int]) -> str | None:
+def burst(times: list[float], tokens: list[int], sized: bool = False) -> str | None:
     """Why a stream's decode cannot be measured from the arrival times of its token events (`times`, `tokens` each
-    event's tokens) where they did not arrive apart (BURST_GAP_S, BURST_SHARE, BURST_MIN_GAPS), else None."""
+    event's tokens) where they did not arrive apart (BURST_GAP_S, BURST_SHARE, BURST_MIN_GAPS), else None. `sized`:
+    the response came with a Content-Length, so it was whole before its first byte was sent (a server that streams
+    cannot know its length; a proxy or gateway that held all of it can): not apart, however short the stream."""
     gaps = [b - a for a, b in zip(times, times[1:])]
+    n = sum(tokens)
+    if sized and gaps:
+        return (f"decode not measurable from this stream: it came whole, with its length (Content-Length), so its {n} "
+                f"tokens were all decoded before its first byte was sent; {BURST_CAUSE}")
     together = sum(1 for g in gaps if g < BURST_GAP_S)
     if len(gaps) < BURST_MIN_GAPS or together < BURST_SHARE * len(gaps):
         return None
-    n = sum(tokens)
     if together == len(gaps):
         how = f"its {n} tokens arrived together (within {(times[-1] - times[0]) * 1e3:.3f} ms)"
     else:

@@ -61,6 +61,7 @@ class StreamRecord:
     t_done: float | None = None
     meta: dict = field(default_factory=dict)  # the last meta_info seen
     http_status: int | None = None
+    sized: bool = False  # the response came with a Content-Length: whole before its first byte was sent
     error: str | None = None
     tokens_estimated: bool = False  # OpenAI streams: the events counted did not match the server's count (or it gave none)
     event_text: list[bool] = field(default_factory=list)  # OpenAI streams: whether each counted event carried text
@@ -128,7 +129,7 @@ class StreamRecord:
             burst=False,
             decode_unmeasured=None,
         )
-        why = burst(t, self.event_tokens)
+        why = burst(t, self.event_tokens, self.sized)
         if why:  # TTFT stands (the first byte's arrival); the decode figures would be the buffer's, not the server's
             out.update(burst=True, decode_unmeasured=why, decode_s=None, tpot_s=None, decode_tok_s=None,
                        itl_median_s=None, itl_max_s=None, itl_s=None)
@@ -265,6 +266,7 @@ def _begin(rec: StreamRecord, timeout_s: float, api: str, events: str) -> tuple[
 def _opened(rec: StreamRecord, resp: httpx.Response):
     """The response's headers are in: its status, and the timed connection where there is one."""
     rec.http_status = resp.status_code
+    rec.sized = "content-length" in resp.headers  # a stream held whole before it was sent (measure.burst)
     wire = resp.extensions.get("network_stream")
     if isinstance(wire, Stamped) and wire.request_sent is not None:
         rec.t_sent, rec.arrival_clock = wire.request_sent, wire.arrival_clock
