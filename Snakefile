@@ -74,7 +74,9 @@ if workflow.is_main_process:
     from longctx.analysis.aggregate import run_verdict
     from longctx.measure.rerun import judge_nothing_to_do
 
-    judge_nothing_to_do(lambda: run_verdict("data/results.csv", CFG["allow_missing"]), lambda: workflow.dryrun)
+    judge_nothing_to_do(lambda: run_verdict("data/results.csv", CFG["allow_missing"]),
+                        lambda: not (workflow.dryrun or workflow.touch or workflow.execution_settings.no_hooks)
+                        and any("data/results.csv" in map(str, job.output) for job in workflow.dag.jobs))
 
 
 # Ctrl-C: Snakemake has cancelled its jobs (each bench kept what it measured and stopped its server); the run

@@ -35,15 +35,15 @@ rule bench_configuration:
 # What the last run of a configuration lost, noted (and said) where the same command measures it again.
 rule note_retry:
     output:
-        f"{PARTIAL}/{{configuration}}/retry-{{generation}}.json",
+        f"{PARTIAL}/{{configuration}}/retry-{{key}}.json",
     log:
-        "data/logs/note_retry/{configuration}-{generation}.log",
+        "data/logs/note_retry/{configuration}-{key}.log",
     params:
         raw=lambda w: f"data/raw/{w.configuration}",
         names=lambda w: raw_names(w.configuration),
     wildcard_constraints:
         configuration="|".join(re.escape(c) for c in MEASURED) or "(?!)",
-        generation="[0-9]+",
+        key="[0-9a-f]+",
     localrule: True
     conda:
         ENV

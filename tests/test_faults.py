@@ -104,7 +104,7 @@ def test_a_length_lost_with_no_restart_left_is_measured_by_the_same_command_run_
     from longctx.measure.rawfiles import retry_input, write_retry_note
 
     names = ["32", "64", "128", "load", "prefix"]
-    partial, note = tmp_path / "partial", str(tmp_path / "partial" / "retry-1.json")
+    partial = tmp_path / "partial"
 
     inject_at(monkeypatch, 128, lambda: os.killpg(servers[-1].pid, signal.SIGKILL))
     no_restart = {"max_restarts": 0}
@@ -114,8 +114,11 @@ def test_a_length_lost_with_no_restart_left_is_measured_by_the_same_command_run_
     # the length, and the workloads after it, which no server was left to measure
     found = lost(tmp_path / "raw", partial, names)
     assert list(found) == ["128", "load", "prefix"] and "the server could not be (re)started" in found["load"]
-    assert retry_input(tmp_path / "raw", partial, names) == [note]
+    [note] = retry_input(tmp_path / "raw", partial, names)
+    assert note.startswith(str(partial / "retry-")) and not os.path.exists(note)
     said = write_retry_note(note, tmp_path / "raw", names)  # what rule note_retry does, and says
+    # read again once the note is written (a cluster's job step reads the workflow again): the same note
+    assert retry_input(tmp_path / "raw", partial, names) == [note]
     assert said.startswith("raw: measuring again what the last run lost: L=128 (the server died while measuring")
     # the death's line is one line, with the server log's path; the log's tail is in this process's log, not in it
     assert "\n" not in raws[128]["reason"] and f"server log: {tmp_path / 'server.log'}" in raws[128]["reason"]
@@ -328,6 +331,26 @@ def test_a_truncated_raw_file_with_no_intact_copy_is_measured_again_by_the_same_
     assert again[64]["remeasured"] == {"why": found["64"], "how": "by a rerun of the same command"}
     assert again[32]["resumed"] and again[32]["run_id"] == raws[32]["run_id"]
     assert lost(tmp_path / "raw", tmp_path / "partial", names) == {}
+
+
+def test_a_note_is_read_once_and_an_adaptive_sweeps_replayed_failures_are_not_lost(tmp_path):
+    """rawfiles.lost on files written by hand: a length that timed out is lost, unless an adaptive sweep replays it
+    (its kept trials, failed ones too: measuring it again would replay the same failure at every run); a length the
+    sweep never reached (its `fault`) is lost either way. The note's reasons are told to one bench run only."""
+    from longctx.measure.rawfiles import retry_input, retry_reasons, write_retry_note
+
+    raw, partial = tmp_path / "raw", tmp_path / "partial"
+    raw.mkdir()
+    partial.mkdir()
+    (raw / "64.json").write_text(json.dumps({"status": "failed", "reason": "timed out after 60 s (ReadTimeout)"}))
+    assert lost(raw, partial, ["64"]) == {"64": "timed out after 60 s (ReadTimeout)"}
+    assert lost(raw, partial, ["64", "sweep"]) == {}
+    died = "the server could not be (re)started after 3 starts"
+    (raw / "64.json").write_text(json.dumps({"status": "failed", "reason": f"not measured: {died}", "fault": died}))
+    assert lost(raw, partial, ["64", "sweep"]) == {"64": died}
+    [note] = retry_input(raw, partial, ["64"])
+    write_retry_note(note, raw, ["64"])
+    assert retry_reasons(partial) == {"64": died} and retry_reasons(partial) == {}
 
 
 def test_an_output_directory_that_cannot_be_written_is_said_before_any_server_starts(tmp_path):

@@ -214,6 +214,11 @@ def test_the_exit_verdict_names_each_missing_length_with_its_fix_and_allow_missi
     pd.DataFrame(rows[4:], columns=["configuration", "length", "status", "reason"]).to_csv(csv, index=False)
     assert run_verdict(csv, allow_missing=True).startswith("nothing was measured: every length of b failed")
     assert run_verdict(tmp_path / "absent.csv") is None
+    # a length its server's death lost is named by the death, not by the transport error it caused
+    died = "the server died while measuring length 64 (exit code -9); server log: data/logs/server/c.log"
+    pd.DataFrame([("a", 64, "ok", None, None), ("c", 64, "failed", "RemoteProtocolError: Server disconnected", died)],
+                 columns=["configuration", "length", "status", "reason", "length_fault"]).to_csv(csv, index=False)
+    assert "c L=64 (the server died while measuring length 64 (exit code -9)). " in run_verdict(csv)
 
 
 def test_a_second_run_while_another_holds_the_lock_names_it_and_says_to_wait(tmp_path):

@@ -231,13 +231,15 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
 
 
 def missing(df: pd.DataFrame) -> dict[str, list[tuple[int, str]]]:
-    """The configured lengths with no successful measurement, per configuration: [(length, why)] (a length the
-    adaptive sweep did not choose is not in results.csv, so not missing)."""
+    """The configured lengths with no successful measurement, per configuration: [(length, why)], why the length's
+    server fault where one lost it (not the transport errors it caused), else the length's own reason, else its
+    first row's (a length the adaptive sweep did not choose is not in results.csv, so not missing)."""
     out: dict[str, list[tuple[int, str]]] = {}
     for (conf, length), rows in df.groupby(["configuration", "length"], sort=True):
         if not (rows["status"] == "ok").any():
-            reasons = rows["reason"].dropna().astype(str)
-            out.setdefault(str(conf), []).append((int(length), reasons.iloc[0] if len(reasons) else "no reason recorded"))
+            reasons = [rows[c].dropna().astype(str) for c in ("length_fault", "length_reason", "reason") if c in rows]
+            why = next((r.iloc[0] for r in reasons if len(r)), "no reason recorded")
+            out.setdefault(str(conf), []).append((int(length), why))
     return out
 
 

@@ -88,8 +88,11 @@ def request_timeout(proto: dict, history: list[tuple[int, float, float | None]],
 
 
 # A lone stream that goes this long without a byte once its first token is in has stalled (its server stopped, or
-# a network path dropped it): STALL_STEPS decode steps as predicted at its length (a speculative step carries
-# several tokens; a pause of the server's, a garbage collection, is a few steps), never less than STALL_MIN_S.
+# a network path dropped it): STALL_STEPS tokens' decode time (TPOT as predicted at its length; a speculative step
+# carries several tokens, a pause of the server's or a garbage collection is a few steps), never less than
+# STALL_MIN_S. A buffer that holds a stream's events and hands them on in flushes makes longer gaps, but a stream
+# whose flushes hold that many tokens is a burst (measure.burst), whose TPOT is not measured: behind such a buffer
+# there is no TPOT to predict from, and no bound.
 STALL_STEPS = 50
 STALL_MIN_S = 5.0
 

@@ -87,11 +87,11 @@ def read_raw(path: Path) -> tuple[dict | None, str | None]:
 
 
 # a failure another attempt may not repeat: the server died or hung (the sweep's `fault`), or the requests timed out,
-# stalled, lost their connection or met a server error (HTTP 5xx); anything else (too long for the server, refused by
+# stalled, lost their connection or met a server error (HTTP 500, 502, 503, 504); anything else (too long for the server, refused by
 # its validation or its key check, HTTP 4xx) would repeat
 TRANSIENT_WORDS = ("timed out", "stalled", "ConnectError", "ConnectTimeout", "ReadError", "WriteError",
                    "RemoteProtocolError", "Connection refused", "Connection reset", "server disconnected")
-SERVER_ERROR = re.compile(r"\bHTTP 5\d\d\b")
+SERVER_ERROR = re.compile(r"\bHTTP 50[0234]\b")  # 501 (not implemented) and 505 (version) would repeat
 
 
 def transient(record: dict | None) -> str | None:
@@ -111,10 +111,12 @@ def lost(raw_dir: str | Path, partial_dir: str | Path, names: list[str]) -> dict
     """What the same command, run again, measures again of a configuration's last run ({file name: why}): a length
     that failed for a reason that may pass (`transient`), a raw file that cannot be read with no intact copy in
     partial_dir (aggregation recovers one that has), and a workload (load, prefix, the ITL-depth request) the run
-    never reached for a reason that may pass. A file that is not there is Snakemake's to rerun; a length that
-    failed for a reason that would repeat is not measured again until its cause changes (its configuration, and
-    with it the job's spec hash)."""
+    never reached for a reason that may pass (its `fault`). A file that is not there is Snakemake's to rerun; a
+    length that failed for a reason that would repeat is not measured again until its cause changes (its
+    configuration, and with it the job's spec hash). An adaptive sweep (names hold "sweep") replays the trials it
+    kept, failed ones too: of its lengths, only those it never reached (their `fault`) are measured again."""
     raw_dir, partial_dir = Path(raw_dir), Path(partial_dir)
+    replayed = "sweep" in names
     out: dict[str, str] = {}
     for name in names:
         path = raw_dir / f"{name}.json"
@@ -126,60 +128,66 @@ def lost(raw_dir: str | Path, partial_dir: str | Path, names: list[str]) -> dict
             if raw is None:
                 out[name] = f"its raw file {path} cannot be read ({problem}) and no intact copy was kept"
                 continue
-        why = transient(raw) if name.isdigit() else raw.get("fault")
+        why = transient(raw) if name.isdigit() and not replayed else raw.get("fault")
         if why:
             out[name] = why
     return out
 
 
 def retry_files(resume_dir: str | Path) -> list[str]:
-    """The note of the latest rerun of this configuration that measured again what an earlier run lost
-    (resume_dir/retry-<n>.json, n counting such reruns): the bench rule's input, [] where there was none."""
-    found = sorted(Path(resume_dir).glob("retry-*.json"), key=lambda f: _generation(f.name))
+    """The latest note of what a run of this configuration lost (resume_dir/retry-<key>.json, rule note_retry's): the
+    bench rule's input, [] where there was none."""
+    found = sorted(Path(resume_dir).glob("retry-*.json"), key=lambda f: f.stat().st_mtime_ns)
     return [str(found[-1])] if found else []
 
 
+def _lost_key(raw_dir: Path, found: dict[str, str]) -> str:
+    """What names one run's losses: each lost file's name, why, size and modification time (the bench, run again,
+    rewrites them), so that the note's name is the same however often the workflow is read (a cluster's job step
+    reads it again after note_retry ran) and new after every bench run that loses something again."""
+    ident = {}
+    for name, why in found.items():
+        try:
+            st = (raw_dir / f"{name}.json").stat()
+            ident[name] = [why, st.st_size, st.st_mtime_ns]
+        except OSError:
+            ident[name] = [why]
+    return digest(ident)[:12]
+
+
 def retry_input(raw_dir: str | Path, resume_dir: str | Path, names: list[str]) -> list[str]:
-    """The bench rule's retry input: where the last run lost something that may pass (`lost`), the next note,
-    resume_dir/retry-<n+1>.json, which rule note_retry writes: a new input, so the same command, run again, reruns the
-    job (which measures again what was lost and reuses the rest); else the latest note (the input set unchanged, so
-    a run that lost nothing is not run again)."""
-    if lost(raw_dir, resume_dir, names):
-        return [str(Path(resume_dir) / f"retry-{retry_generation(resume_dir) + 1}.json")]
+    """The bench rule's retry input: where the last run lost something that may pass (`lost`), the note of those
+    losses, resume_dir/retry-<key>.json, which rule note_retry writes: a new input, so the same command, run again,
+    reruns the job (which measures again what was lost and reuses the rest); else the latest note (the input set
+    unchanged, so a run that lost nothing is not run again)."""
+    found = lost(raw_dir, resume_dir, names)
+    if found:
+        return [str(Path(resume_dir) / f"retry-{_lost_key(Path(raw_dir), found)}.json")]
     return retry_files(resume_dir)
 
 
-def _generation(name: str) -> int:
-    try:
-        return int(name[len("retry-"):-len(".json")])
-    except ValueError:
-        return 0
-
-
-def retry_generation(resume_dir: str | Path) -> int:
-    """How many reruns of this configuration measured again what an earlier run lost (0: none)."""
-    files = retry_files(resume_dir)
-    return _generation(Path(files[0]).name) if files else 0
-
-
 def write_retry_note(path: str | Path, raw_dir: str | Path, names: list[str]) -> str:
-    """Note what the last run lost (`lost`) in path (resume_dir/retry-<n>.json; earlier notes removed), and say it
-    in one line: what is measured again, and why."""
+    """Note what the last run lost (`lost`) in path (resume_dir/retry-<key>.json; other notes removed), and say it in
+    one line: what is measured again, and why."""
     path = Path(path)
     found = lost(raw_dir, path.parent, names)
-    write_json(path, {"generation": _generation(path.name), "lost": found})
-    for old in path.parent.glob("retry-*.json"):
-        if _generation(old.name) < _generation(path.name):
+    for old in [*path.parent.glob("retry-*.json"), *path.parent.glob("retry-*.done")]:
+        if old != path:
             old.unlink(missing_ok=True)
+    write_json(path, {"lost": found})
     what = "; ".join(f"{'L=' + n if n.isdigit() else n} ({why.split(';')[0][:160]})" for n, why in found.items())
     return f"{Path(raw_dir).name}: measuring again what the last run lost: {what or 'nothing'}"
 
 
 def retry_reasons(resume_dir: Path | None) -> dict[str, str]:
     """What the latest note says the run before lost ({file name: why}), for the bench to say why it measures each
-    again; {} where there is none."""
+    again; read once: the note is marked done (retry-<key>.done beside it), so that a later run of the job (a kernel
+    edit, a length removed by hand) is not told that the run before lost them. {} where there is none."""
     files = retry_files(resume_dir) if resume_dir else []
-    note = read_kept(Path(files[0]).parent, Path(files[0]).stem) if files else None
+    if not files or Path(files[0]).with_suffix(".done").exists():
+        return {}
+    note = read_kept(Path(files[0]).parent, Path(files[0]).stem)
+    Path(files[0]).with_suffix(".done").write_text("")
     return (note or {}).get("lost") or {}
 
 

@@ -15,6 +15,7 @@ Ctrl-C stopped exits 130, the shell's convention, rather than Snakemake's 1 (wat
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import sys
@@ -22,6 +23,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from ..core.secrets import HIDDEN, mask_argv
 
 
 def _snakemake_elsewhere(workdir: Path) -> list[int]:
@@ -74,6 +77,8 @@ def _described(proc: psutil.Process, workdir: Path) -> str:
         if len(cmd) > 1 and os.path.basename(cmd[1]) == "snakemake":  # the console script: `python .../bin/snakemake`
             cmd = cmd[1:]
             cmd[0] = "snakemake"
+        # its secrets hidden: a flag named like one, a URL's user and password (a --config value may carry one)
+        cmd = [re.sub(r"(\w+://)[^/@\s]+@", rf"\1{HIDDEN}@", w) for w in mask_argv(cmd)]
         said = f"pid {proc.pid}, running for {_duration(time.time() - proc.create_time())}: {shlex.join(cmd)}"
         try:
             logs = sorted(f.path for f in proc.open_files() if f.path.endswith(".snakemake.log"))
@@ -187,17 +192,18 @@ def interrupted_message(logs) -> str:
             f"resumes{where}")
 
 
-def judge_nothing_to_do(verdict, dryrun) -> None:
+def judge_nothing_to_do(verdict, judged) -> None:
     """A run that has nothing to do ends before Snakemake's onsuccess: make it exit 1 where verdict() (the run's
     exit verdict: what is missing, or None) says so, where Snakemake says "Nothing to be done", once its lock is
-    released (a dry run, dryrun() true, is not judged). Called by the Snakefile in the main process."""
+    released; only where judged() (the Snakefile's: not a dry run, --touch or --no-hooks, and targets that read the
+    results). Called by the Snakefile in the main process."""
     import logging
 
     from snakemake.common import NOTHING_TO_BE_DONE_MSG
 
     class Judge(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
-            if record.getMessage() == NOTHING_TO_BE_DONE_MSG and not dryrun():
+            if record.getMessage() == NOTHING_TO_BE_DONE_MSG and judged():
                 problem = verdict()
                 if problem:
                     print(f"{NOTHING_TO_BE_DONE_MSG}\nlongctx: {problem}", file=sys.stderr)
