@@ -316,7 +316,7 @@ def test_imported_results_beside_measured_ones_give_one_report_and_a_changed_fil
     before = json.loads((work / "report" / "version.json").read_text())["n"]
     # the tool's failed requests at 2100 leave that length without a measurement: the run says so, and exits 1
     out = snakemake(work, "--cores", "1", *configs, check=False)
-    assert ("longctx: 1 configured length(s) have no successful measurement: vllm-bench L=2100 (Bad Request)"
+    assert ("longctx: 1 configured length(s) have no successful measurement: vllm-bench L=2100 (3 request(s): Bad Request)"
             in out), out[-3000:]
     ran = set(re.findall(r"^(?:local)?rule (\S+):", out, re.M))
     assert "import_results_vllm-bench" in ran and not ran & {"bench_configuration", "calibrate_hardware", "build_kernel"}, ran
