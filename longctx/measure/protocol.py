@@ -17,7 +17,7 @@ from ..engines import ConfigurationSpec
 from .needle import probe as needle_probe
 from .progress import Progress, fitted
 from .prompts import check_counts
-from .rawfiles import transient
+from .rawfiles import may_pass
 from .session import Session
 from .telemetry import Sampler, summarize
 
@@ -107,7 +107,7 @@ def stall_timeout(history: list[tuple[int, float, float | None]], length: int, t
 def _gone_quiet(session: "Session", failure: str | None) -> bool:
     """Whether a request that failed so (a timeout, a stall, a lost connection) left a server that no longer answers
     its health path: then no further request is sent to it (the sweep replaces it)."""
-    return bool(failure) and transient({"status": "failed", "reason": failure}) is not None and not session.healthy()
+    return may_pass(failure) and not session.healthy()
 
 
 def _requests(session: "Session", spec: ConfigurationSpec, length: int, run_id: str, timeout_s: float,

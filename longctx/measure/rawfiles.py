@@ -102,9 +102,15 @@ def transient(record: dict | None) -> str | None:
     if record.get("fault"):
         return record["fault"]
     reason = record.get("reason") or ""
+    return reason if may_pass(reason) else None
+
+
+def may_pass(reason: str | None) -> bool:
+    """Whether a failure said so (a request's, a probe's, a flush's) may not repeat (TRANSIENT_WORDS, SERVER_ERROR)."""
+    reason = reason or ""
     if "HTTP 4" in reason:
-        return None
-    return reason if SERVER_ERROR.search(reason) or any(w.lower() in reason.lower() for w in TRANSIENT_WORDS) else None
+        return False
+    return bool(SERVER_ERROR.search(reason)) or any(w.lower() in reason.lower() for w in TRANSIENT_WORDS)
 
 
 def lost(raw_dir: str | Path, partial_dir: str | Path, names: list[str]) -> dict[str, str]:

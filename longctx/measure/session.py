@@ -26,7 +26,7 @@ from ..specs.pool import observed_pool
 from .health import ExternalServer, NoHealthPath, ServerError
 from .process import ManagedServer, PortTaken, free_port, pid_file, reap_stray
 from .provenance import model_provenance
-from .rawfiles import transient
+from .rawfiles import may_pass
 from .probe import NO_TOKENIZER
 from .probe import probe as prompt_probe
 from .prompts import Prompter, PromptError, tokenizer_path
@@ -234,7 +234,7 @@ class Session:
                 plan.text_source.update(self.prompter.source.describe(longest, seed))  # how much of it that prompt reads
         except (PromptError, TextSourceError) as exc:  # the same server would answer the same: no restart helps
             raise FatalServerError(f"the prompt probe of configuration {spec.name!r} failed: {exc}",
-                                   may_pass=transient({"status": "failed", "reason": str(exc)}) is not None) from None
+                                   may_pass=may_pass(str(exc))) from None
         self.prov["prompt_probe"] = plan.to_dict()
         progress.info("%s: prompt probe: %s", spec.name, plan.describe())
 
