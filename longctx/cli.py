@@ -281,7 +281,7 @@ def _say_lines(a, lines: list[str]) -> None:
 
 
 def _gate(a) -> int:
-    from .report.changes import gate
+    from .report.gate import gate
 
     code, answer, lines = gate(a.version, a.versions, a.against, a.margin)
     text = json.dumps(answer, indent=1, sort_keys=True) + "\n"
@@ -295,7 +295,7 @@ def _gate(a) -> int:
 
 
 def _compare(a) -> int:
-    from .report import changes, versions
+    from .report import change_words, changes, versions
 
     try:
         records = []
@@ -311,8 +311,55 @@ def _compare(a) -> int:
     if a.json:
         print(json.dumps(cmp, indent=1, sort_keys=True))
     else:
-        _say_lines(a, changes.table_lines(cmp) + ([cmp["sentence"]] if cmp["sentence"] else []))
+        _say_lines(a, change_words.table_lines(cmp) + ([cmp["sentence"]] if cmp["sentence"] else []))
     return 0
+
+
+def _ab_config(a) -> dict:
+    """The config `longctx ab` runs with: --configfile (or as the workflow merged them, LONGCTX_CONFIG_SOURCES; else
+    config/longctx.yaml), its --config values, then the command line's baseline and level over ab.*."""
+    from . import config as cfg
+
+    sources = json.loads(os.environ.get(cfg.CONFIG_SOURCES_VAR) or "{}")
+    files = a.configfile or sources.get("configfiles") or ["config/longctx.yaml"]
+    overrides = json.loads(a.config_overrides) if a.config_overrides else sources.get("overrides")
+    config = cfg.load(files, overrides)
+    asked = {k: v for k, v in (("against", a.against), ("against_rev", a.against_rev), ("level", a.level)) if v}
+    if asked.get("against") or asked.get("against_rev"):  # the command line's baseline replaces the config's
+        config["ab"].update(against=None, against_rev=None)
+    config["ab"].update(asked)
+    if config["ab"]["against"]:
+        from .report.changes import version_number
+
+        config["ab"]["against"] = f"v{version_number(config['ab']['against'])}"
+    return config
+
+
+def _ab(a) -> int:
+    from .report import ab
+
+    if a.from_measurements:
+        m = json.loads(Path(a.from_measurements).read_text())
+    else:
+        config = _ab_config(a)
+        ab.check(config)
+        plan = ab.plan(config, config["ab"]["against"], config["ab"]["against_rev"], a.versions)
+        TERMINAL.info("A/B against %s: %s; measuring %s", plan["baseline"],
+                      "no kernel source differs (an A/A run)" if plan["aa"] else
+                      "; ".join(f"{k['name']}: {', '.join(k['differs'])} differ" for k in plan["kernels"]),
+                      ", ".join(plan["configurations"]) if config["ab"]["level"] == "server" else "the kernels alone")
+        m = ab.measure(config, plan, a.data, a.server_logs)
+        Path(a.measurements).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(a.measurements, json.dumps(m, indent=1, sort_keys=True) + "\n")
+        if a.measure_only:
+            TERMINAL.info("%s", ab.cost_line(m))
+            return 0
+    code, answer, lines = ab.write_outputs(m, a.out, a.markdown)
+    if a.json:
+        print(json.dumps(answer, indent=1, sort_keys=True))
+    if not a.json or a.log:
+        _say_lines(a, lines)
+    return code
 
 
 def _check_config(a) -> int:
@@ -557,6 +604,28 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="the whole comparison as JSON")
     s.add_argument("--versions", default="report/versions", help="where versions are kept (default: report/versions)")
     s.set_defaults(func=_compare)
+
+    s = sub.add_parser("ab", help="the kernel sources of the working tree against an earlier version's, measured in one "
+                       "run, interleaved in blocks (A B B A ...), and gated: exit 1 where a length got slower beyond the margin "
+                       "or was lost, 0 where none did, 2 where nothing can be compared; run in the workflow's directory")
+    s.add_argument("--against", help="the baseline: a kept report version, vN (its kernel sources, report/versions/sources/)")
+    s.add_argument("--against-rev", help="the baseline: a git revision, whose kernel sources are taken with git show")
+    s.add_argument("--level", choices=["server", "kernel"], help="server (default: ab.level): each configuration's server, "
+                   "TTFT and decode, the kernel micro-benchmark beside; kernel: the micro-benchmark alone")
+    s.add_argument("--configfile", action="append", help="config files, merged in order (default: as the workflow merged "
+                   "them, else config/longctx.yaml)")
+    s.add_argument("--config-overrides", help="--config values as JSON")
+    s.add_argument("--json", action="store_true", help="print the answer as JSON: as `longctx gate --json`, with \"lost\", "
+                   "\"not_compared\", each row's detectable change and \"cost\" (server starts, wall time)")
+    s.add_argument("--versions", default="report/versions", help="where versions are kept (default: report/versions)")
+    s.add_argument("--data", default="data/ab", help="where each length's blocks are written as measured (default: data/ab)")
+    s.add_argument("--server-logs", default="data/logs/server/ab", help="the servers' logs (default: data/logs/server/ab)")
+    s.add_argument("--measurements", default="data/ab/measurements.json", help="all measurements, written once done")
+    s.add_argument("--measure-only", action="store_true", help="measure and write --measurements, no verdict")
+    s.add_argument("--from-measurements", metavar="PATH", help="no measuring: the verdict over measurements written before")
+    s.add_argument("--out", default="report/ab.json", help="the JSON answer (default: report/ab.json)")
+    s.add_argument("--markdown", default="report/ab.md", help="the A/B's page (default: report/ab.md)")
+    s.set_defaults(func=_ab)
 
     s = sub.add_parser("check-config", help="validate a config file and print it with defaults filled in")
     s.add_argument("configfile")
