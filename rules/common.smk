@@ -63,6 +63,7 @@ REPORT_PARAMS = dict(baseline=BASELINE, config=REPORT_CONFIG)
 localrules:
     aggregate_results,
     check_regressions,
+    check_ab,
     aggregate_load,
     analyze_load,
     whatif,
@@ -162,3 +163,19 @@ def report_shell(command, options):
     data = " ".join(f"--{name.replace('_', '-')} {{input.{name}}}" for name in REPORT_DATA)
     return (f"longctx {command} --template {{input.template}} {data} --baseline {{params.baseline:q}} "
             f"--config-json {{params.config:q}} {options} --log {{log}}")
+
+
+def ab_sources(wildcards):
+    """The sources of every kernel a configuration uses: an edit to one reruns the A/B."""
+    return sorted({s for c in CFG["configurations"].values() if c.get("kernel") for s in CFG["kernels"][c["kernel"]]["sources"]})
+
+
+def ab_revision():
+    """The commit ab.against_rev names now (a branch moves), or None."""
+    rev = CFG["ab"]["against_rev"]
+    if not rev:
+        return None
+    import subprocess
+
+    proc = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True, text=True)
+    return proc.stdout.strip() or rev

@@ -183,3 +183,20 @@ rule check_regressions:
         ENV
     shell:
         "longctx gate --version {input.version} --out {output} --log {log}"
+
+
+# The A/B's verdict (longctx.report.gate, as `longctx ab`): the job fails where a length got slower beyond
+# report.regression_margin or was lost, naming each; report/ab.md is its page (what it compared, which level the
+# verdict comes from, what it cost).
+rule check_ab:
+    input:
+        "data/ab/measurements.json",
+    output:
+        json="report/ab.json",
+        page="report/ab.md",
+    log:
+        "data/logs/check_ab.log",
+    conda:
+        ENV
+    shell:
+        "longctx ab --from-measurements {input} --out {output.json} --markdown {output.page} --log {log}"

@@ -334,8 +334,9 @@ def test_a_length_lost_since_the_baseline_fails_the_gate_and_says_why(tmp_path):
     code, out, _ = longctx(tmp_path, "gate")
     assert code == 1, out
     assert out.splitlines() == [
-        "page1 at 4,096 tokens: lost since v1 (3 then 2 successful trials): timed out after 60 s",
-        "page1 at 16,384 tokens: lost since v1 (3 then 0 successful trials): the server died while measuring length "
+        "page1 at 4,096 tokens: TTFT and decode lost since v1 (3 then 2 successful trials): timed out after 60 s",
+        "page1 at 16,384 tokens: TTFT and decode lost since v1 (3 then 0 successful trials): the server died while "
+        "measuring length "
         "16384 (exit code -9); server log: data/logs/server/page1.log"], out
     code, out, _ = longctx(tmp_path, "gate", "--json")
     lost = json.loads(out)["lost"]

@@ -27,21 +27,24 @@ def _values(block: dict, column: str) -> list[float]:
     return [t[column] for t in block["trials"] if t.get("status") == "ok" and isinstance(t.get(column), (int, float))]
 
 
-def _why(blocks: list[dict]) -> str | None:
-    """B's failures, the most frequent reason first, with counts."""
-    reasons = Counter(str(t.get("fault") or t.get("reason") or "no reason recorded") for b in blocks if b["side"] == "B"
-                      for t in b["trials"] if t.get("status") != "ok")
+def _why(blocks: list[dict], column: str) -> str | None:
+    """Why B's trials have no value of `column`: their failures' reasons (or what left the figure out of an ok trial),
+    the most frequent first, with counts."""
+    reasons = Counter(str(t.get("fault") or t.get("reason") or t.get("decode_unmeasured") or "no reason recorded")
+                      for b in blocks if b["side"] == "B" for t in b["trials"]
+                      if t.get("status") != "ok" or not isinstance(t.get(column), (int, float)))
     return "; ".join(r if n == 1 else f"{r} ({n} trials)" for r, n in reasons.most_common()) or None
 
 
-def _cell(name: str, length: int, blocks: list[tuple[str, dict[str, list[float]]]], metrics: dict, why: str | None) -> Cell:
-    """One cell from blocks in order, each (side, {figure: values}): the pairs per figure, and the counts a lost
-    length is told by (pairs with both sides; pairs whose A block was measured, whatever B's)."""
+def _cell(name: str, length: int, blocks: list[tuple[str, dict[str, list[float]]]], metrics: dict,
+          why: dict[str, str]) -> Cell:
+    """One cell from blocks in order, each (side, {figure: values}): per figure the pairs, and the pairs whose A
+    block has a value (what B could have matched: a lost figure is told by it)."""
     pairs = {f: list(pair_differences([(side, v[f]) for side, v in blocks])[0]) for f in metrics}
+    possible = {f: sum(1 for i in range(0, len(blocks) - 1, 2) for side, v in blocks[i:i + 2] if side == "A" and v[f])
+                for f in metrics}
     first = next(iter(metrics))
-    both = len(pairs[first])
-    a_alone = sum(1 for i in range(0, len(blocks) - 1, 2) for side, v in blocks[i:i + 2] if side == "A" and v[first])
-    return Cell(name, length, a_alone, both, pairs=pairs, why_lost=why,
+    return Cell(name, length, possible[first], len(pairs[first]), pairs=pairs, possible=possible, why_lost=why,
                 before={f: [x for side, v in blocks if side == "A" for x in v[f]] for f in metrics},
                 now={f: [x for side, v in blocks if side == "B" for x in v[f]] for f in metrics})
 
@@ -52,7 +55,8 @@ def server_cells(measured: list[dict]) -> list[Cell]:
     for conf in measured:
         for rec in conf["lengths"]:
             blocks = [(b["side"], {f: _values(b, m.column) for f, m in METRICS.items()}) for b in rec["blocks"]]
-            out.append(_cell(conf["configuration"], int(rec["length"]), blocks, METRICS, _why(rec["blocks"])))
+            why = {f: w for f, m in METRICS.items() if (w := _why(rec["blocks"], m.column))}
+            out.append(_cell(conf["configuration"], int(rec["length"]), blocks, METRICS, why))
     return out
 
 
@@ -63,7 +67,7 @@ def kernel_cells(measured: list[dict]) -> list[Cell]:
     for k in measured:
         for rec in k["lengths"]:
             blocks = [(b["side"], {"call": [s for s in b["seconds"] if s > 0]}) for b in rec["blocks"]]
-            out.append(_cell(k["kernel"], int(rec["length"]), blocks, CALL, None))
+            out.append(_cell(k["kernel"], int(rec["length"]), blocks, CALL, {}))
     return out
 
 

@@ -32,11 +32,12 @@ UNIT = {ACROSS_RUNS: "trial", INTERLEAVED: "pair of neighbouring blocks"}
 
 @dataclass
 class Cell:
-    """One configuration and length, both sides. before/now: per figure the successful trials' values (interleaved:
-    every value of each side, for the counts); pairs: interleaved, per figure the pair differences
-    (paired.pair_differences); n_before/n_now: the successful trials (across runs) or the pairs with both sides
-    (interleaved, in both); same: the very same trials on both sides (nothing measured again); tolerance: the drift
-    allowed for; why_lost: why the candidate side has fewer than it needs, in words (its failures' reasons)."""
+    """One configuration and length, both sides. before/now: per figure the values of the successful trials
+    (interleaved: every value of each side); pairs: interleaved, per figure the pair differences
+    (paired.pair_differences), and possible: per figure the pairs whose baseline block has a value (what the
+    candidate could have matched); n_before/n_now: the successful trials (across runs) or the pairs with both sides
+    (interleaved); same: the very same trials on both sides (nothing measured again); tolerance: the drift allowed
+    for; why_lost: per figure, why the candidate side has fewer values than it needs (its failures' reasons)."""
 
     configuration: str
     length: int
@@ -45,27 +46,35 @@ class Cell:
     before: dict[str, list[float]] = field(default_factory=dict)
     now: dict[str, list[float]] = field(default_factory=dict)
     pairs: dict[str, list[float]] | None = None
+    possible: dict[str, int] | None = None
     same: bool = False
     tolerance: float = 0.0
-    why_lost: str | None = None
+    why_lost: dict[str, str] = field(default_factory=dict)
 
 
 def _kind(cell: Cell) -> str:
     return INTERLEAVED if cell.pairs is not None else ACROSS_RUNS
 
 
-def lost(cell: Cell) -> bool:
-    """Whether the candidate side lost this length: the baseline had what an interval needs, the candidate not."""
+def _counts(cell: Cell, figure: str) -> tuple[int, int]:
+    """(what the baseline had, what the candidate has) of a figure: trials a side, or pairs."""
+    if cell.pairs is not None:
+        return (cell.possible or {}).get(figure, 0), len(cell.pairs.get(figure) or [])
+    return len(cell.before.get(figure) or []), len(cell.now.get(figure) or [])
+
+
+def lost(cell: Cell, metrics: dict = METRICS) -> list[str]:
+    """The figures the candidate lost at this length: the baseline had what an interval needs, the candidate not
+    (every trial failed, or too few are left; a decode rate gone where only the first token came)."""
     need = MINIMUM[_kind(cell)]
-    return not cell.same and cell.n_before >= need and cell.n_now < need
+    return [] if cell.same else [f for f in metrics if _counts(cell, f)[0] >= need > _counts(cell, f)[1]]
 
 
 def _testable(cell: Cell, figure: str) -> bool:
-    if cell.same or lost(cell):
+    if cell.same:
         return False
-    if cell.pairs is not None:
-        return len(cell.pairs.get(figure) or []) >= paired.MIN_PAIRS
-    return min(len(cell.before.get(figure) or []), len(cell.now.get(figure) or [])) >= MIN_TRIALS
+    return min(_counts(cell, figure)) >= MINIMUM[_kind(cell)] if cell.pairs is None else \
+        _counts(cell, figure)[1] >= paired.MIN_PAIRS
 
 
 def _row_change(cell: Cell, figure: str, smaller: bool, level: float, margin: float) -> dict | None:
@@ -92,9 +101,13 @@ def table(cells: list[Cell], confidence: float, margin: float, metrics: dict = M
         for f, m in metrics.items():
             row[f] = None if c.same else _row_change(c, f, m.smaller_is_faster, level, margin)
         rows.append(row)
-        if lost(c):
-            lost_rows.append({"configuration": c.configuration, "length": c.length, "n_before": c.n_before,
-                              "n_now": c.n_now, "unit": UNIT[_kind(c)], "why": c.why_lost or "no reason recorded"})
+        gone = lost(c, metrics)
+        if gone:
+            had, has = _counts(c, gone[0])
+            lost_rows.append({"configuration": c.configuration, "length": c.length, "figures": gone,
+                              "what": " and ".join(metrics[f].words for f in gone), "n_before": had,
+                              "n_now": has, "unit": UNIT[_kind(c)],
+                              "why": "; ".join(dict.fromkeys(c.why_lost.get(f) or "no reason recorded" for f in gone))})
         for f in metrics:
             x = row[f]
             if x and x["regression"]:

@@ -153,8 +153,9 @@ def _count(g: dict) -> str:
 def lost_line(x: dict, against: str) -> str:
     """A length lost since the baseline, as the gate prints it."""
     unit = "successful trials" if x.get("unit", "trial") == "trial" else "pairs with both sides measured"
-    return (f"{x['configuration']} at {x['length']:,} tokens: lost since {against} ({x['n_before']} then {x['n_now']} "
-            f"{unit}): {x['why']}")
+    what = listed([FIGURES[f].words for f in x["figures"]]) if x.get("figures") else "it"
+    return (f"{x['configuration']} at {x['length']:,} tokens: {what} lost since {against} ({x['n_before']} then "
+            f"{x['n_now']} {unit}): {x['why']}")
 
 
 def pass_line(cmp: dict) -> str:

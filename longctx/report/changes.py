@@ -99,6 +99,14 @@ def _values(trials: list[dict], column: str) -> list[float]:
     return [t[column] for t in trials if isinstance(t.get(column), (int, float)) and t[column] > 0 and math.isfinite(t[column])]
 
 
+def _why_lost(status: dict, trials: list[dict]) -> dict[str, str]:
+    """Per figure, why this version has fewer values than an interval needs at a length (its kept status: the
+    failures' reason; for decode, what left the decode rate out of the trials that succeeded)."""
+    tried = f"{len(trials)} successful trial(s) of {status['tried']}" if status.get("tried") else None
+    ttft = status.get("why") or tried
+    return {k: v for k, v in (("ttft", ttft), ("decode", status.get("why_decode") or ttft)) if v}
+
+
 def drift_between(before: dict, now: dict, configuration: str, same_code: bool) -> dict | None:
     """What the machine did between the two versions' runs of a configuration, from their metronomes
     (longctx.analysis.drift.between); None where either version kept none (the comparison then says the drift was
@@ -139,9 +147,7 @@ def compare(before: dict, now: dict, margin: float = MARGIN, confidence: float =
         status = sn.get((c, length)) or {}
         cells.append(sides.Cell(c, length, len(a), len(b), before={f: _values(a, m.column) for f, m in METRICS.items()},
                                 now={f: _values(b, m.column) for f, m in METRICS.items()}, same=same,
-                                tolerance=d["drift"] if d else 0.0,
-                                why_lost=status.get("why") or (f"{len(b)} successful trial(s) of {status['tried']}"
-                                                               if status.get("tried") else None)))
+                                tolerance=d["drift"] if d else 0.0, why_lost=_why_lost(status, b)))
     family = sides.table(cells, confidence, margin)
     rows = family["rows"]
     compared = [r for r in rows if r["status"] == COMPARED]

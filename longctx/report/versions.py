@@ -92,8 +92,12 @@ def _lengths(df: pd.DataFrame) -> list[dict]:
         bad = rows[~rows["status"].eq("ok")]
         reasons = [bad[c].dropna().astype(str) for c in ("length_fault", "length_reason", "reason") if c in bad]
         why = next((r.iloc[0] for r in reasons if len(r)), None) if len(bad) or not n else None
+        good = ok[(ok["configuration"] == conf) & (ok["length"] == length)]
+        no_rate = good[good["decode_tok_s"].isna()] if "decode_tok_s" in good else good.iloc[0:0]
+        said = [no_rate[c].dropna().astype(str) for c in ("decode_unmeasured", "reason") if c in no_rate]
+        why_decode = next((r.iloc[0] for r in said if len(r)), "no decode rate measured") if len(no_rate) else None
         out.append({"configuration": str(conf), "length": int(length), "ok": n, "tried": int(len(rows)),
-                    "why": why if why else (None if n else "no successful trial")})
+                    "why": why if why else (None if n else "no successful trial"), "why_decode": why_decode})
     return out
 
 
