@@ -207,6 +207,14 @@ def _plot_prefix(a) -> int:
     return 0
 
 
+def _plot_history(a) -> int:
+    from .report.figures.history import plot_history
+
+    for p in plot_history(a.history, a.style, a.outdir):
+        print(p)
+    return 0
+
+
 def _report_inputs(a):
     """The report's inputs from the options report_inputs adds: the data files, the configuration (from
     --config-json or --configfile) and the baseline (--baseline, else the configuration's)."""
@@ -221,7 +229,8 @@ def _report_inputs(a):
 def _render(a) -> int:
     from .report.latex import render_report
 
-    record = render_report(a.template, a.out, a.version_out, _report_inputs(a), versions_dir=a.versions)
+    record = render_report(a.template, a.out, a.version_out, _report_inputs(a), versions_dir=a.versions,
+                           history_out=a.history_out)
     print(f"{a.out}: version {record['n']} ({record['name']})")
     return 0
 
@@ -515,6 +524,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--outdir", required=True)
     s.set_defaults(func=_plot_prefix)
 
+    s = sub.add_parser("plot-history", help="history.json -> the history figure: each version's TTFT and decode rate, "
+                       "the steps marked")
+    s.add_argument("--history", required=True, help="report/history.json (from render --history-out)")
+    s.add_argument("--style", required=True)
+    s.add_argument("--outdir", required=True)
+    s.set_defaults(func=_plot_history)
+
     s = sub.add_parser("plot-analysis", help="fits.json + planner.json -> roofline, residual, extrapolation and planner figures")
     s.add_argument("--results", required=True)
     s.add_argument("--fits", required=True)
@@ -554,6 +570,7 @@ def parser() -> argparse.ArgumentParser:
     report_inputs(s, "templates/longctx.tex.j2")
     s.add_argument("--out", required=True)
     s.add_argument("--version-out", required=True, help="the version record (report/version.json)")
+    s.add_argument("--history-out", help="the history and its change points, for the history figure (report/history.json)")
     s.set_defaults(func=_render)
 
     s = sub.add_parser("pdf", help="report .tex -> PDF with latexmk, kept as a version")

@@ -8,7 +8,7 @@ import re
 from longctx import config as lcfg
 from longctx.core.hashing import canonical_json, digest
 from longctx.measure.calibration import plan as calibration_plan
-from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, LOAD_FIGURES, PREFIX_FIGURES
+from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, HISTORY_FIGURES, LOAD_FIGURES, PREFIX_FIGURES
 from longctx.measure.resources import bench_resources
 from longctx.measure import imports
 from longctx.measure.rawfiles import retry_input
@@ -76,6 +76,7 @@ localrules:
     plot_figures,
     plot_analysis_figures,
     render_report,
+    plot_history,
     build_pdf,
     render_markdown,
     render_plan_section,
