@@ -147,7 +147,7 @@ def analyse(histories: dict[tuple[str, int], list[tuple[int, list[dict]]]], conf
     the family of the series analysed (family_level)."""
     series = []
     for (name, length), versions in sorted(histories.items()):
-        for figure, (column, smaller) in METRICS.items():
+        for figure, (column, smaller, _) in METRICS.items():
             series.append({"configuration": name, "length": int(length), "figure": figure, "smaller_is_faster": smaller,
                            "points": points(versions, column)})
     level = family_level([len(s["points"]) for s in series], confidence)

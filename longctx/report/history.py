@@ -6,7 +6,7 @@ The history of version N is the versions before it (its record's "history": the 
 `versions.assign` gave them) and N itself, so a rebuild of the same inputs is the same version with the same
 history. Each earlier version's record (report/versions/longctx-v{n}-{hash}.json) gives its trials and what
 identifies each configuration's measurements; a configuration's earlier measurements join its series only where they
-are like with like with this version's (changes.unlike: the same engine and version, hardware, model and settings;
+are like with like with this version's (longctx.analysis.identity.unlike: the same engine, its version and code, hardware, model and settings;
 the kernel may differ, that is what the history is about), else the section says which versions were left out, and
 why. The series are those of the configurations this version measured.
 """
@@ -19,7 +19,9 @@ from pathlib import Path
 from ..analysis import history as analysis
 from ..core.errors import write_atomic
 from ..core.words import listed
-from . import changes, versions
+from ..analysis.compare import METRICS
+from ..analysis.identity import unlike
+from . import versions
 
 
 def _by_key(measurements: dict, names) -> dict[tuple[str, int], list[dict]]:
@@ -59,7 +61,7 @@ def collect(versions_dir: str | Path, record: dict) -> dict:
         then = m.get("configurations") or {}
         alike = set()
         for name in sorted(ids.keys() & then.keys()):
-            why = changes.unlike(then[name], ids[name])
+            why = unlike(then[name], ids[name])
             if why:
                 left.setdefault((name, why), []).append(e["n"])
             else:
@@ -74,7 +76,7 @@ def collect(versions_dir: str | Path, record: dict) -> dict:
 
 
 def _name(figure: str) -> str:
-    return changes.FIGURES[figure][2]
+    return METRICS[figure].words
 
 
 def _factor(factor: float, slower: bool) -> str:
@@ -119,7 +121,7 @@ def view(versions_dir: str | Path, record: dict, confidence: float = 0.95) -> di
     analysed = [s for s in series if s["analysed"]]
     newest = record["n"]
     steps = sorted(((s, st) for s in analysed for st in s["steps"]),
-                   key=lambda x: (x[1]["version"], x[0]["configuration"], x[0]["length"], list(changes.FIGURES).index(x[0]["figure"])))
+                   key=lambda x: (x[1]["version"], x[0]["configuration"], x[0]["length"], list(METRICS).index(x[0]["figure"])))
     longest = max(series, key=lambda s: (len(s["points"]), -s["points"][0]["version"] if s["points"] else 0), default=None)
     return {
         **result,
