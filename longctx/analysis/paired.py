@@ -24,18 +24,13 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
+# the blocks' order (schedule) lives on the floor, where the stages that measure the blocks can reach it
+from ..core.interleave import SIDES, schedule  # noqa: F401
 from .compare import DETECTION, FASTER, NO_INTERVAL, SAME, SLOWER, median_unbiased
 
-SIDES = ("A", "B")
 MIN_PAIRS = 2  # pairs of neighbouring blocks with both sides measured, for an interval (1 degree of freedom)
 METHOD = "paired-blocks-t"  # recorded with the verdicts
 UNIT = "pair of neighbouring blocks (one of each side, back to back)"
-
-
-def schedule(blocks_per_side: int) -> list[str]:
-    """The order of the blocks: A B B A A B B A ..., blocks_per_side of each side (at least 1)."""
-    n = max(1, int(blocks_per_side))
-    return [side for i in range(n) for side in (("A", "B") if i % 2 == 0 else ("B", "A"))]
 
 
 def _clean(values) -> np.ndarray:
