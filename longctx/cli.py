@@ -93,6 +93,52 @@ def _bench_kernel(a) -> int:
     return 0
 
 
+def _ab_kernel(a) -> int:
+    import torch
+
+    from .analysis import kernel_ab as verdicts
+    from .attention import kernel_ab
+    from .attention.shapes import Shape
+
+    if a.device == "cpu" and a.threads:
+        torch.set_num_threads(a.threads)
+    shape = Shape(a.heads, a.kv_lora_rank, a.rope, a.dtype)
+    try:
+        kernel_a, kernel_b = kernel_ab.load_pair(a.a, a.b, a.device)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"no kernel to time: {exc}") from None
+    ids = {side: kernel_ab.identity(k) for side, k in (("A", kernel_a), ("B", kernel_b))}
+    _say_lines(a, [f"A {ids['A']['name']} {ids['A']['target']} build {ids['A']['build_hash']} ({a.a}) against B "
+                   f"{ids['B']['name']} {ids['B']['target']} build {ids['B']['build_hash']} ({a.b}); shape "
+                   f"{shape.describe()}; {a.blocks} blocks a side of {a.calls} calls, ABBA"
+                   + (f"; {torch.get_num_threads()} threads" if a.device == "cpu" else "")])
+    measured = kernel_ab.alternate(kernel_a, kernel_b, shape, a.lengths, a.blocks, a.calls, a.device,
+                                   progress=lambda line: logging.getLogger(__name__).info("%s", line))
+    v = verdicts.verdicts(measured, a.confidence, a.margin, a.statistic)
+    code = 2 if len(v["no_interval"]) == len(v["rows"]) else 1 if v["regressions"] else 0
+    summary = ("no length got an interval (it takes 2 pairs: --blocks 2 or more)" if code == 2 else
+               f"B slower beyond {a.margin:.0%} at {', '.join(map(str, v['regressions']))} tokens" if code == 1 else
+               f"no regression beyond {a.margin:.0%} at {len(v['rows'])} lengths")
+    _say_lines(a, [verdicts.line(r) for r in v["rows"]] +
+               [f"{summary} (one-sided bounds at {v['level']:.4f}: {a.confidence:g} over the {v['family']} lengths); "
+                f"the A/B took {measured['wall_s']:.1f} s"])
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(a.out, json.dumps({"a": a.a, "b": a.b, "exit": code, "measured": measured, "verdicts": v},
+                                       indent=1) + "\n")
+    return code
+
+
+def _confidence(text: str) -> float:
+    try:
+        c = float(text)
+    except ValueError:
+        c = math.nan
+    if not 0 < c < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a confidence is a fraction between 0 and 1 (0.95 is 95%)")
+    return c
+
+
 def _aggregate(a) -> int:
     from .analysis.aggregate import aggregate
 
@@ -434,6 +480,32 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=None)
     s.add_argument("--out", required=True)
     s.set_defaults(func=_bench_kernel)
+
+    s = sub.add_parser("ab-kernel", help="two builds of one kernel (A: the baseline, B: the candidate) timed in one "
+                       "process, calls alternated in ABBA blocks at each length on the same inputs: per length B/A with "
+                       "its paired one-sided bounds over the lengths' family, the verdict and whether it is a regression "
+                       "beyond the margin; exit 1 where one is, 2 where no length got an interval, else 0")
+    s.add_argument("--a", required=True, metavar="BUILD_DIR", help="the baseline's build directory (build/kernels/<name>/, "
+                   "or a directory holding a PyTorch kernel's source)")
+    s.add_argument("--b", required=True, metavar="BUILD_DIR", help="the candidate's, the same kernel built from other sources")
+    s.add_argument("--lengths", type=int, nargs="+", required=True, help="KV lengths (the sweep's: config lengths)")
+    s.add_argument("--heads", type=int, default=2, help="query heads on one tensor-parallel rank (default 2: the default "
+                   "config's model; the shape options are bench-kernel's)")
+    s.add_argument("--kv-lora-rank", type=int, default=64)
+    s.add_argument("--rope", type=int, default=16)
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the KV cache's dtype, as served")
+    s.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    s.add_argument("--blocks", type=int, default=16, help="blocks of each side per length (default 16: 16 pairs)")
+    s.add_argument("--calls", type=int, default=5, help="timed calls per block (default 5)")
+    s.add_argument("--statistic", default="median", choices=["median", "min", "all"],
+                   help="what a block gives its pair's difference: its median call (default), its fastest, or every call")
+    s.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: on a shared machine a kernel's "
+                   "threads wait at their barrier for a neighbour's time slice, docs/kernels.md; 0 leaves PyTorch's)")
+    s.add_argument("--confidence", type=_confidence, default=0.95, help="of the whole family of lengths (default 0.95)")
+    s.add_argument("--margin", type=_margin, default=0.05, help="a regression's bound clears 1 + margin (default 0.05)")
+    s.add_argument("--out", help='the answer as JSON: {"a", "b", "exit", "measured": the raw blocks per length, '
+                   '"verdicts": per length ratio, ci, verdict, regression, ...}')
+    s.set_defaults(func=_ab_kernel)
 
     s = sub.add_parser("aggregate", help="raw JSON files -> results.csv and provenance.json")
     s.add_argument("--out-csv", required=True)

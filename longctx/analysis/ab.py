@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .compare import METRICS, Metric
+from .kernel_ab import STATISTIC, block_values
 from .paired import SIDES, pair_differences
 from .sides import Cell, table
 
@@ -60,13 +61,15 @@ def server_cells(measured: list[dict]) -> list[Cell]:
     return out
 
 
-def kernel_cells(measured: list[dict]) -> list[Cell]:
-    """The kernel level's cells: per kernel (attention.kernel_ab's result each: {"kernel", "lengths": [{length,
-    blocks: [{side, seconds}]}]}) and KV length."""
+def kernel_cells(measured: list[dict], statistic: str = STATISTIC) -> list[Cell]:
+    """The kernel level's cells: per kernel (attention.kernel_ab.alternate's result each, with its "kernel": {"kernel",
+    "lengths": [{length, blocks: [{side, seconds}]}]}) and KV length; a block enters its pair by its median call
+    (kernel_ab.block_values: a stalled call does not move it)."""
     out = []
     for k in measured:
         for rec in k["lengths"]:
-            blocks = [(b["side"], {"call": [s for s in b["seconds"] if s > 0]}) for b in rec["blocks"]]
+            blocks = [(b["side"], {"call": block_values([s for s in b["seconds"] if s > 0], statistic)})
+                      for b in rec["blocks"]]
             out.append(_cell(k["kernel"], int(rec["length"]), blocks, CALL, {}))
     return out
 

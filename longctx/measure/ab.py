@@ -20,7 +20,7 @@ import logging
 import time
 from pathlib import Path
 
-from ..core.abba import SIDES, schedule
+from ..core.interleave import SIDES, schedule
 from ..core.secrets import mask
 from ..engines import ConfigurationSpec, get_adapter
 from . import provenance
