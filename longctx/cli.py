@@ -115,9 +115,11 @@ def _ab_kernel(a) -> int:
     measured = kernel_ab.alternate(kernel_a, kernel_b, shape, a.lengths, a.blocks, a.calls, a.device,
                                    progress=lambda line: logging.getLogger(__name__).info("%s", line))
     v = verdicts.verdicts(measured, a.confidence, a.margin, a.statistic)
-    code = 2 if len(v["no_interval"]) == len(v["rows"]) else 1 if v["regressions"] else 0
+    code = 1 if v["regressions"] or v["lost"] else 2 if len(v["no_interval"]) == len(v["rows"]) else 0
+    lost = "; ".join(f"B failed at {x['length']} tokens ({x['why']})" for x in v["lost"])
     summary = ("no length got an interval (it takes 2 pairs: --blocks 2 or more)" if code == 2 else
-               f"B slower beyond {a.margin:.0%} at {', '.join(map(str, v['regressions']))} tokens" if code == 1 else
+               "; ".join(filter(None, [f"B slower beyond {a.margin:.0%} at {', '.join(map(str, v['regressions']))} tokens"
+                                       if v["regressions"] else "", lost])) if code == 1 else
                f"no regression beyond {a.margin:.0%} at {len(v['rows'])} lengths")
     _say_lines(a, [verdicts.line(r) for r in v["rows"]] +
                [f"{summary} (one-sided bounds at {v['level']:.4f}: {a.confidence:g} over the {v['family']} lengths); "

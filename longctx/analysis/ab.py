@@ -70,7 +70,8 @@ def kernel_cells(measured: list[dict], statistic: str = STATISTIC) -> list[Cell]
         for rec in k["lengths"]:
             blocks = [(b["side"], {"call": block_values([s for s in b["seconds"] if s > 0], statistic)})
                       for b in rec["blocks"]]
-            out.append(_cell(k["kernel"], int(rec["length"]), blocks, CALL, {}))
+            why = (rec.get("failed") or {}).get("B")
+            out.append(_cell(k["kernel"], int(rec["length"]), blocks, CALL, {"call": why} if why else {}))
     return out
 
 

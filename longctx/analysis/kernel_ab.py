@@ -63,7 +63,8 @@ def length_change(entry: dict, level: float, margin: float = MARGIN, statistic: 
 def verdicts(result: dict, confidence: float = CONFIDENCE, margin: float = MARGIN, statistic: str = STATISTIC) -> dict:
     """Every length of alternate's result compared, as one family (m = the lengths): {"confidence", "level", "family",
     "margin", "statistic", "method", "unit", "rows": [length_change per length], "slower": [lengths], "regressions":
-    [lengths slower beyond the margin], "no_interval": [lengths without one]}."""
+    [lengths slower beyond the margin], "lost": [{length, why}: B failed where A ran], "no_interval": [lengths without
+    one]}."""
     m = len(result["lengths"])
     level = family_level(m, confidence)
     rows = [length_change(e, level, margin, statistic) for e in result["lengths"]]
@@ -71,6 +72,9 @@ def verdicts(result: dict, confidence: float = CONFIDENCE, margin: float = MARGI
             "method": METHOD, "unit": UNIT, "rows": rows,
             "slower": [r["length"] for r in rows if r["verdict"] == SLOWER],
             "regressions": [r["length"] for r in rows if r["regression"]],
+            # a length whose candidate build failed where the baseline ran (alternate's "failed"): lost, with why
+            "lost": [{"length": e["length"], "why": e["failed"]["B"]} for e in result["lengths"]
+                     if "B" in (e.get("failed") or {}) and "A" not in e["failed"]],
             "no_interval": [r["length"] for r in rows if r.get("ci") is None]}
 
 

@@ -18,7 +18,8 @@ level, the verdict) is longctx.analysis.kernel_ab's, as the stage order wants (a
 
     {"shape": {...}, "device", "threads", "blocks_per_side", "calls_per_block", "warmup_calls", "order": [A, B, B, A..],
      "sides": {"A": identity, "B": identity}, "wall_s",
-     "lengths": [{"length", "blocks": [{"side": "A"|"B", "seconds": [...]}, ...], "max_abs_difference", "wall_s"}]}
+     "lengths": [{"length", "blocks": [{"side": "A"|"B", "seconds": [...]}, ...], "max_abs_difference", "wall_s",
+                  "failed": {side: why} where a build refused the length's inputs (its blocks then hold no call)}]}
 
 identity: {"name", "target" (torch, cpu, cuda), "build_hash" (the manifest's; of the source for a source
 directory), "kernel_dir"}.
@@ -72,20 +73,26 @@ def alternate(kernel_a: Kernel, kernel_b: Kernel, shape: Shape, lengths: list[in
         t0 = time.perf_counter()
         q, pool, table, lens = inputs(shape, length, device, contiguous=False, seed=seed, huge_pages=huge_pages)
         fns = {"A": call(kernel_a, shape, q, pool, table, lens), "B": call(kernel_b, shape, q, pool, table, lens)}
-        outs = {}
+        outs, failed = {}, {}
         for side, fn in fns.items():
-            for _ in range(max(1, warmup_calls)):
-                outs[side] = fn()
-            sync()
-        diff = float((outs["A"].float() - outs["B"].float()).abs().max())
-        blocks = [{"side": side, "seconds": microbench.timed(fns[side], sync, calls_per_block)} for side in order]
+            try:
+                for _ in range(max(1, warmup_calls)):
+                    outs[side] = fn()
+                sync()
+            except Exception as exc:  # the build refuses these inputs: no call of this side at this length, and why
+                failed[side] = f"{type(exc).__name__}: {exc}"
+        diff = None if failed else float((outs["A"].float() - outs["B"].float()).abs().max())
+        blocks = [{"side": side, "seconds": [] if side in failed else microbench.timed(fns[side], sync, calls_per_block)}
+                  for side in order]
         per_length.append({"length": int(length), "blocks": blocks, "max_abs_difference": diff,
-                           "wall_s": time.perf_counter() - t0})
+                           "wall_s": time.perf_counter() - t0, **({"failed": failed} if failed else {})})
         del q, pool, table, lens, fns, outs
         if progress is not None:
-            a = sorted(s for b in blocks if b["side"] == "A" for s in b["seconds"])
-            b_ = sorted(s for b in blocks if b["side"] == "B" for s in b["seconds"])
-            progress(f"{length:>7}: A {a[len(a) // 2] * 1e3:.3f} ms, B {b_[len(b_) // 2] * 1e3:.3f} ms (median call), "
+            medians = {}
+            for side in ("A", "B"):
+                calls = sorted(s for b in blocks if b["side"] == side for s in b["seconds"])
+                medians[side] = f"{calls[len(calls) // 2] * 1e3:.3f} ms" if calls else f"failed ({failed.get(side)})"
+            progress(f"{length:>7}: A {medians['A']}, B {medians['B']} (median call), "
                      f"{len(blocks)} blocks in {per_length[-1]['wall_s']:.1f} s")
     return {"shape": asdict(shape), "device": device, "threads": torch.get_num_threads() if device == "cpu" else None,
             "blocks_per_side": int(blocks_per_side), "calls_per_block": int(calls_per_block),
