@@ -6,6 +6,7 @@ the cores for part of the run; the same with no edit (A against A), and with an 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -184,16 +185,22 @@ def workflow(tmp_path_factory):
 
 
 
-@pytest.mark.slow
-def test_the_ab_names_the_slowed_length_and_no_other_while_the_machine_is_busy(workflow):
-    kernel = workflow / KERNEL
+@contextlib.contextmanager
+def edited(work, new: str):
+    """The workflow's reference kernel with CELLS replaced by new, restored afterwards."""
+    kernel = work / KERNEL
     original = kernel.read_text()
-    kernel.write_text(original.replace(CELLS, SLOW))
+    kernel.write_text(original.replace(CELLS, new))
     try:
-        with Busy(after=8, for_s=12) as busy:
-            code, out, wall = longctx_ab(workflow, "--against", "v1")
+        yield
     finally:
         kernel.write_text(original)
+
+
+@pytest.mark.slow
+def test_the_ab_names_the_slowed_length_and_no_other_while_the_machine_is_busy(workflow):
+    with edited(workflow, SLOW), Busy(after=8, for_s=12) as busy:
+        code, out, wall = longctx_ab(workflow, "--against", "v1")
     print(out, f"\n(busy from {busy.window} s; {wall:.0f} s in all)")
     assert busy.window, "the competing processes never started: the A/B ended before them"
     assert code == 1, out
@@ -224,13 +231,8 @@ def test_the_same_kernel_against_itself_passes_and_says_what_it_could_not_see(wo
 
 @pytest.mark.slow
 def test_a_length_the_edit_made_fail_is_lost_with_the_reason(workflow):
-    kernel = workflow / KERNEL
-    original = kernel.read_text()
-    kernel.write_text(original.replace(CELLS, FAIL))
-    try:
-        code, out, _ = longctx_ab(workflow, "--against", "v1", "--level", "server")
-    finally:
-        kernel.write_text(original)
+    with edited(workflow, FAIL):
+        code, out, _ = longctx_ab(workflow, "--against", "v1")
     print(out)
     assert code == 1, out
     assert re.search(r"^page16 at 8,192 tokens: TTFT and decode lost since v1's kernel sources \(10 then 0 pairs with both "

@@ -400,3 +400,20 @@ def test_a_configurations_settings_hold_no_secret_and_a_rotated_token_changes_no
     assert spec(SECRET, args={"max-model-len": 4096}).settings()["hash"] != one["hash"]
     ident = {**identity(), "settings": one["shown"]}
     assert unlike(ident, {**identity(), "settings": two["shown"]}) is None
+
+
+def test_a_configuration_that_cannot_be_compared_is_always_listed(tmp_path):
+    """One configuration like with like and one whose engine code changed: the gate passes on the first and lists the
+    second with why; with the second alone it exits 2."""
+    ids = {"same": identity(), "moved": identity()}
+    v1 = version(1, {(c, 1024): STEADY for c in ids}, ids)
+    v2 = version(2, {(c, 1024): STEADY[::-1] for c in ids},
+                 {"same": identity(), "moved": identity(engine_build={"version": "0.1.0", "source": "bbbb"})})
+    write_versions(tmp_path / "report" / "versions", [v1, v2])
+    (tmp_path / "report" / "version.json").write_text(json.dumps(v2))
+    code, out, _ = longctx(tmp_path, "gate")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].startswith("no regression beyond the 5% margin against v1: 1 configuration and length"), out
+    assert lines[1:] == ["not compared: moved: the engine's code differs (source: aaaa then bbbb)"], out
+    code, out, _ = longctx(tmp_path, "gate", "--json")
+    assert json.loads(out)["not_compared"] == [{"configuration": "moved", "why": "the engine's code differs (source: aaaa then bbbb)"}]
