@@ -87,6 +87,9 @@ class ConfigurationSpec:
     # config key lengths.adaptive: the sweep chooses its lengths (from `lengths`, the grid) while it runs
     # (longctx.measure.adaptive); None for a fixed sweep, left out of to_dict then
     adaptive: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+    # config key metronome, where this configuration's run takes its readings (longctx.measure.metronome); None where it
+    # takes none (metronome.enabled false, or results imported), left out of to_dict then
+    metronome: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
 
     def api_key(self) -> str | None:
         """The server's API key, from the environment variable api_key_env names (None where it names none);
@@ -140,7 +143,8 @@ class ConfigurationSpec:
         output_tokens, model.architecture.hidden_size...) with every secret-named value hidden and env values and
         the URL left out, "hash": a digest of them with env values and the URL}. Not in them: the name, the lengths,
         the kernel (what a comparison looks at), how many trials and warm-ups and the timeouts (more trials compare
-        with fewer), the description, and what only schedules or watches the job (server, telemetry, load, prefix)."""
+        with fewer), the description, and what only schedules or watches the job (server, telemetry, load, prefix,
+        metronome)."""
         d = self.to_dict()
         protocol = {k: v for k, v in d["protocol"].items() if k not in SETTINGS_PROTOCOL_LEFT_OUT}
         kept = {"engine": d["engine"], "api": d["api"], "device": d.get("device"), "model": d["model"], "args": d["args"],

@@ -7,7 +7,9 @@ rebuild of unchanged inputs is the same version with the same bytes, and N count
 something changed. Beside each PDF, longctx-v{N}-{hash}.json keeps its record: every successful
 single-request trial (TTFT, TPOT, decode rate, the run that measured it) and what identifies each
 configuration's measurements (engine and version, hardware, model and settings, kernel sources, spec
-hash), so that any later version can be compared with it, with intervals (longctx.report.changes).
+hash), so that any later version can be compared with it, with intervals (longctx.report.changes), and each
+configuration's metronome readings (longctx.measure.metronome), so that the drift between the two runs can be read
+(longctx.analysis.drift.between).
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ def identity(entry: dict) -> dict:
 
 def measurements(df: pd.DataFrame, provenance: dict) -> dict:
     """What a version keeps: every successful single-request trial (results.csv's ok_rows) with the run that
-    measured it, and per configuration its identity."""
+    measured it, per configuration its identity, and under "metronome" per configuration its metronome readings
+    (provenance.json's, as longctx.analysis.drift.between takes them; a configuration without any is left out)."""
     ok = ok_rows(df).sort_values(["configuration", "length", "trial"], kind="stable")
     trials = [{"configuration": str(r["configuration"]), "length": int(r["length"]),
                "trial": int(r["trial"]) if is_number(r.get("trial")) else None,
@@ -106,7 +109,21 @@ def measurements(df: pd.DataFrame, provenance: dict) -> dict:
                **{k: _plain(r.get(k)) for k in TRIAL_COLUMNS}} for r in ok.to_dict("records")]
     entries = provenance.get("configurations") or {}
     names = sorted(str(n) for n in df["configuration"].unique())
-    return {"configurations": {n: identity(entries.get(n) or {}) for n in names}, "trials": trials}
+    metronome = {n: [kept_reading(r) for r in entries[n]["metronome"]["readings"]] for n in names
+                 if ((entries.get(n) or {}).get("metronome") or {}).get("readings")}
+    return {"configurations": {n: identity(entries.get(n) or {}) for n in names}, "trials": trials, "metronome": metronome}
+
+
+# What a version keeps of a metronome reading (longctx.measure.metronome), and of each of its requests and its probe
+READING_KEYS = ("point", "run_id", "started_at", "t_s", "status", "ttft_s", "tpot_s", "server_start")
+PROBE_KEYS = ("median_s", "seconds", "threads", "cpus", "matmul_size", "copy_mib")
+
+
+def kept_reading(r: dict) -> dict:
+    """A metronome reading as a version keeps it: its figures, each request's TTFT and TPOT, the probe's seconds."""
+    return {**{k: r.get(k) for k in READING_KEYS},
+            "requests": [{k: q.get(k) for k in ("status", "ttft_s", "tpot_s")} for q in r.get("requests") or []],
+            "probe": {k: (r.get("probe") or {}).get(k) for k in PROBE_KEYS}}
 
 
 def register(versions_dir: str | Path, record: dict, pdf: str | Path) -> Path:
