@@ -31,8 +31,6 @@ from longctx.report import whatif as whatifview
 
 from .conftest import tiny_spec
 
-pytestmark = pytest.mark.slow
-
 BUSY = 12  # processes spinning through the stretch
 SETTLE_S = 0.5  # after they are started, before the reading: each has started spinning
 FACTOR = 1.5  # a reading in the stretch against the faster of the quiet ones, at the least
@@ -72,7 +70,7 @@ def spec():
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory):  # the run of the module docstring, its data aggregated and analysed as the workflow does
     work = tmp_path_factory.mktemp("metronome")
     raw = work / "raw" / "page1"
     s = spec()
@@ -108,6 +106,7 @@ def run(tmp_path_factory):
             "provenance": json.loads((data / "provenance.json").read_text())["configurations"]["page1"]}
 
 
+@pytest.mark.slow
 def test_the_runs_readings_are_kept_with_their_times(run):
     doc = json.loads((run["raw"] / "metronome.json").read_text())
     assert doc["status"] == "ok" and doc["format"] == "longctx.metronome/1", doc["reason"]
@@ -121,6 +120,7 @@ def test_the_runs_readings_are_kept_with_their_times(run):
     assert kept["readings"] == doc["readings"] and kept["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_a_stretch_of_a_slower_machine_shows_in_the_runs_drift(run):
     readings = {r["point"]: r for r in run["provenance"]["metronome"]["readings"]}
     probe = {p: value(r, "probe") for p, r in readings.items()}
@@ -134,6 +134,7 @@ def test_a_stretch_of_a_slower_machine_shows_in_the_runs_drift(run):
     assert figure["series"][figure["worst"]]["slowest"] == "after sweep", figure["words"]
 
 
+@pytest.mark.slow
 def test_a_whatif_check_measured_across_the_stretch_is_inconclusive_rather_than_scored(run):
     c = run["whatif"]["configurations"]["page1"]
     assert "reason" not in c, c
@@ -150,3 +151,53 @@ def test_a_whatif_check_measured_across_the_stretch_is_inconclusive_rather_than_
     inconclusive = {(r["quantity"], r["which"]) for r in c["check"] if r.get("verdict") == "inconclusive"}
     assert inconclusive and len(shown["inconclusive"]) + len(shown["misses"]) <= len(c["check"])
     assert not any(w in shown["misses"] for w in shown["inconclusive"])
+
+
+class DownSession:
+    """A session whose server is down (stopped after a fault): the metronome takes its probe and no request."""
+
+    starts = 2
+
+    def alive(self):
+        return False
+
+    def up(self):
+        raise AssertionError("the metronome brings a server up only at the start")
+
+
+SMALL_PROBE = {"matmul_size": 64, "copy_mib": 1, "repeats": 2}
+
+
+def test_a_point_whose_server_is_down_has_the_probe_and_says_why_it_has_no_request(tmp_path):
+    s = replace(spec(), metronome={**spec().metronome, "probe": SMALL_PROBE})
+    m = Metronome(s, {"run_id": "now", "configuration": "page1"}, {}, "k", tmp_path / "raw", None)
+    m.tick(DownSession(), "after_sweep")
+    m.tick(DownSession(), "after_load")  # not a point of this run (no reused-context stage): not taken
+    doc = json.loads((tmp_path / "raw" / "metronome.json").read_text())
+    (r,) = doc["readings"]
+    assert r["point"] == "after_sweep" and r["requests"] == [] and r["ttft_s"] is None and r["server_start"] == 2
+    assert r["probe"]["median_s"] > 0 and len(r["probe"]["seconds"]) == 2 and r["status"] == "partial"
+    assert "the server was down at this point" in r["reason"]
+    assert doc["status"] == "partial" and "not taken: start, end" in doc["reason"]
+
+
+def test_a_configuration_without_a_metronome_says_so(tmp_path):
+    m = Metronome(replace(spec(), metronome=None), {"run_id": "now"}, {}, "k", tmp_path, None)
+    m.tick(DownSession(), "start")  # nothing taken, no server asked for
+    doc = json.loads((tmp_path / "metronome.json").read_text())
+    assert doc["status"] == "not configured" and doc["readings"] == [] and doc["points"] == []
+
+
+def test_readings_of_the_runs_whose_lengths_are_reused_are_carried_over(tmp_path):
+    earlier = [{"point": "start", "run_id": "a"}, {"point": "end", "run_id": "a"}, {"point": "start", "run_id": "b"}]
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "metronome.json").write_text(json.dumps({"resume_key": "k", "readings": earlier}))
+    m = Metronome(spec(), {"run_id": "now"}, {}, "k", tmp_path / "raw", tmp_path / "partial")
+    m.carry({"a"})  # this run reuses lengths run a measured, none of run b's
+    doc = json.loads((tmp_path / "raw" / "metronome.json").read_text())
+    assert doc["readings"] == earlier[:2] and doc["resume_key"] == "k"
+    assert json.loads((tmp_path / "partial" / "metronome.json").read_text())["readings"] == earlier[:2]  # kept too
+    # readings kept under another resume key (another spec, kernel or engine) are another run's business
+    other = Metronome(spec(), {"run_id": "now"}, {}, "other", tmp_path / "raw2", tmp_path / "partial")
+    other.carry({"a"})
+    assert json.loads((tmp_path / "raw2" / "metronome.json").read_text())["readings"] == []

@@ -67,10 +67,11 @@ def _figure(spreads: dict[str, dict], where: str, left_out: str | None = None) -
     return {"drift": drift, "worst": worst, "series": spreads, "words": words}
 
 
-def within(readings: list[dict] | None, points: tuple[str, ...] | None = None) -> dict | None:
+def within(readings: list[dict] | None, points: tuple[str, ...] | None = None, where: str = "within the run") -> dict | None:
     """The drift of one run (module docstring) over its readings (those at `points`, where given): {"drift": the
     fraction, "worst": the series that gave it, "series": {series: its ratio, fastest and slowest figures and
-    points}, "points": readings used, "words"}. None where no series has two readings."""
+    points}, "points": readings used, "words", saying `where` (over the runs measured, where the readings are of
+    several)}. None where no series has two readings."""
     rs = [r for r in readings or [] if points is None or r.get("point") in points]
     runs = {r.get("run_id") for r in rs}
     spreads = {}
@@ -79,7 +80,7 @@ def within(readings: list[dict] | None, points: tuple[str, ...] | None = None) -
                   for r in rs if (v := value(r, key)) is not None]
         if (s := _spread(values)) is not None:
             spreads[key] = s
-    figure = _figure(spreads, "within the run" if len(runs) <= 1 else f"over the {len(runs)} runs measured")
+    figure = _figure(spreads, where if len(runs) <= 1 else f"{where}, over the {len(runs)} runs measured")
     if figure is not None:
         figure["points"] = len(rs)
     return figure
@@ -107,6 +108,9 @@ def between(before: list[dict] | None, now: list[dict] | None, same_code: bool) 
     if figure is not None:
         figure["same_code"] = same_code
     return figure
+
+
+AROUND_LOAD = "around the sweep and the load stage"  # where the readings of through_load are
 
 
 def through_load(readings: list[dict] | None) -> list[dict]:
@@ -155,7 +159,7 @@ def lone_request(results: pd.DataFrame, load: dict | None, readings: list[dict] 
     {"length", "sweep": {q: median, "n"}, "load": {q: p50, "n"}, "ratio": {q: load over sweep}, "verdicts": {q:
     verdict(ratio - 1, drift)}}, and the drift they were measured under (within of through_load's readings); the
     stages measure the same request, so there is no tolerance: a difference beyond the drift is the stages'."""
-    figure = within(through_load(readings))
+    figure = within(through_load(readings), where=AROUND_LOAD)
     drift = figure["drift"] if figure else None
     ok = results[results["status"].eq("ok") & pd.to_numeric(results["concurrency"], errors="coerce").eq(1)]
     rows = []

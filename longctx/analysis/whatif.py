@@ -47,7 +47,7 @@ from ..specs.pool import observed_pool
 from .load import page_size, victim_figures
 from .load_summary import min_samples
 from .memory import adapter_of, memory_model, pool_tokens
-from .drift import through_load, verdict, within
+from .drift import AROUND_LOAD, through_load, verdict, within
 from .simulate import TOKEN_BUDGET, Costs, Rules, simulate
 from .slo import goodput
 
@@ -302,7 +302,7 @@ def quoted(rows: list[dict], readings: list[dict] | None) -> dict:
     the sweep and the load stage (longctx.analysis.drift.within of through_load; None without a metronome), each
     row's `verdict` (pass, fail or inconclusive: longctx.analysis.drift.verdict against TOLERANCE) and the
     headline's, on the median absolute error at p50 (None without one)."""
-    figure = within(through_load(readings))
+    figure = within(through_load(readings), where=AROUND_LOAD)
     drift = figure["drift"] if figure else None
     for r in rows:
         r["verdict"] = verdict(r["error"], drift, TOLERANCE)["verdict"] if r["error"] is not None else None
