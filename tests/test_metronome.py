@@ -171,14 +171,27 @@ SMALL_PROBE = {"matmul_size": 64, "copy_mib": 1, "repeats": 2}
 def test_a_point_whose_server_is_down_has_the_probe_and_says_why_it_has_no_request(tmp_path):
     s = replace(spec(), metronome={**spec().metronome, "probe": SMALL_PROBE})
     m = Metronome(s, {"run_id": "now", "configuration": "page1"}, {}, "k", tmp_path / "raw", None)
+    m.tick(DownSession(), "after_sweep")  # before the first reading (no server up yet in this run): none
+    assert json.loads((tmp_path / "raw" / "metronome.json").read_text())["readings"] == []
+    m.tick(DownSession(), "start")  # (as Session.on_ready calls it: the server up, and here dead at once)
     m.tick(DownSession(), "after_sweep")
     m.tick(DownSession(), "after_load")  # not a point of this run (no reused-context stage): not taken
     doc = json.loads((tmp_path / "raw" / "metronome.json").read_text())
-    (r,) = doc["readings"]
-    assert r["point"] == "after_sweep" and r["requests"] == [] and r["ttft_s"] is None and r["server_start"] == 2
+    assert [r["point"] for r in doc["readings"]] == ["start", "after_sweep"]
+    r = doc["readings"][1]
+    assert r["requests"] == [] and r["ttft_s"] is None and r["server_start"] == 2
     assert r["probe"]["median_s"] > 0 and len(r["probe"]["seconds"]) == 2 and r["status"] == "partial"
     assert "the server was down at this point" in r["reason"]
-    assert doc["status"] == "partial" and "not taken: start, end" in doc["reason"]
+    assert doc["status"] == "partial" and "not taken: end (the run stopped before it)" in doc["reason"]
+
+
+def test_a_run_that_measures_nothing_starts_no_server_for_its_metronome(tmp_path):
+    m = Metronome(spec(), {"run_id": "now", "configuration": "page1"}, {}, "k", tmp_path, None)
+    for point in ("after_sweep", "end"):  # the server never came up (Session.on_ready never called)
+        m.tick(DownSession(), point)
+    doc = json.loads((tmp_path / "metronome.json").read_text())
+    assert doc["readings"] == [] and doc["status"] == "ok"
+    assert doc["reason"].startswith("nothing was measured in this run (every measurement reused)")
 
 
 def test_a_configuration_without_a_metronome_says_so(tmp_path):
@@ -201,3 +214,20 @@ def test_readings_of_the_runs_whose_lengths_are_reused_are_carried_over(tmp_path
     other = Metronome(spec(), {"run_id": "now"}, {}, "other", tmp_path / "raw2", tmp_path / "partial")
     other.carry({"a"})
     assert json.loads((tmp_path / "raw2" / "metronome.json").read_text())["readings"] == []
+
+
+def test_an_unreadable_metronome_file_is_read_from_its_intact_copy_or_said(tmp_path):
+    from longctx.analysis.aggregate import metronome_entry
+
+    readings = [{"point": "start", "run_id": "r", "ttft_s": 0.010, "tpot_s": 0.002, "probe": {"median_s": 0.040}},
+                {"point": "end", "run_id": "r", "ttft_s": 0.012, "tpot_s": 0.002, "probe": {"median_s": 0.050}}]
+    (tmp_path / "raw" / "page1").mkdir(parents=True)
+    (tmp_path / "partial" / "page1").mkdir(parents=True)
+    path = tmp_path / "raw" / "page1" / "metronome.json"
+    path.write_text('{"readings": [')  # cut off mid-write
+    (tmp_path / "partial" / "page1" / "metronome.json").write_text(json.dumps({"status": "ok", "readings": readings}))
+    entry = metronome_entry(path, tmp_path / "partial")
+    assert entry["readings"] == readings and entry["drift"]["drift"] == pytest.approx(0.25)  # probe 40 to 50 ms
+    assert entry["recovered_from"] == str(tmp_path / "partial" / "page1" / "metronome.json")
+    lost = metronome_entry(path)
+    assert lost["status"] == "failed" and lost["reason"].startswith(f"unreadable {path}") and lost["drift"] is None

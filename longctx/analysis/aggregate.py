@@ -228,7 +228,7 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
             {k: sweep.get(k) for k in ("settings", "grid", "path", "outcome", "spent_s", "predicted_s", "at_max", "reason")}
             if sweep else {"reason": f"unreadable {path}: {problem}"})
     for name, path in sorted(metronomes.items()):  # the run's drift (longctx.measure.metronome)
-        prov["configurations"].setdefault(name, {})["metronome"] = metronome_entry(path)
+        prov["configurations"].setdefault(name, {})["metronome"] = metronome_entry(path, Path(partial_dir) if partial_dir else None)
     df = pd.DataFrame(rows, columns=COLUMNS).sort_values(["configuration", "length", "concurrency", "trial", "request"],
                                                          kind="stable")
     df = flag_contended(df, prov)
@@ -238,16 +238,23 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
     return df
 
 
-def metronome_entry(path: Path) -> dict:
+def metronome_entry(path: Path, partial_dir: Path | None = None) -> dict:
     """A configuration's provenance `metronome`: its metronome.json's settings, status, reason and readings, and the
     run's drift over them (longctx.analysis.drift.within; None with fewer than two readings); a file that cannot be
-    read is said so."""
+    read is taken from its intact copy in partial_dir/<configuration>/ (said in `recovered_from`), else said so."""
     raw, problem = read_raw(path)
+    if raw is None and partial_dir is not None:
+        copy = partial_dir / path.parent.name / path.name
+        kept, _ = read_raw(copy)
+        if kept is not None:
+            raw = {**kept, "recovered_from": str(copy), "recovered_because": f"{path}: {problem}"}
+            terminal.warning("%s is unreadable (%s): its readings recovered from its intact copy %s", path, problem, copy)
     if raw is None:
         return {"status": "failed", "reason": f"unreadable {path}: {problem}", "readings": [], "drift": None}
     readings = raw.get("readings") or []
     return {"settings": raw.get("metronome"), "status": raw.get("status"), "reason": raw.get("reason"),
-            "points": raw.get("points") or [], "readings": readings, "drift": within(readings)}
+            "points": raw.get("points") or [], "readings": readings, "drift": within(readings),
+            **{k: raw[k] for k in ("recovered_from", "recovered_because") if k in raw}}
 
 
 def missing(df: pd.DataFrame) -> dict[str, list[tuple[int, str]]]:

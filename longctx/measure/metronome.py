@@ -14,8 +14,11 @@ At each point of the run (POINTS; `points` says which this configuration's run h
 
 Every reading is written to data/raw/<configuration>/metronome.json as soon as it is taken, with its wall-clock time
 (and kept in the resume directory): the readings of an earlier run whose lengths this one reuses are carried over,
-since what that run measured is in this one's results. A point at which the server is down (stopped after a fault,
-the next stage starts it again) has the probe and no request, said so; the metronome never costs a measurement.
+since what that run measured is in this one's results. The first reading is taken when the run's server is first up
+and primed (Session.on_ready), before the run's first measurement: a run that measures nothing (every measurement
+reused) starts no server for its metronome, and a point before that first reading is not taken. A point at which the
+server is down (stopped after a fault, the next stage starts it again) has the probe and no request, said so; the
+metronome never costs a measurement.
 """
 
 from __future__ import annotations
@@ -125,6 +128,7 @@ class Metronome:
         self.points = points(spec) if spec.metronome else []
         self.readings: list[dict] = []
         self.carried: list[dict] = []
+        self.skipped: dict[str, str] = {}  # points not taken, and why
         self.t0 = time.monotonic()
         kept = read_kept(resume_dir, "metronome")
         self.earlier = [r for r in (kept or {}).get("readings") or []
@@ -136,14 +140,25 @@ class Metronome:
         self.carried = [r for r in self.earlier if r.get("run_id") in run_ids]
         self.write()
 
+    def ready(self, session) -> None:
+        """Take the first reading when the run's server is first up and primed (Session.on_ready), before its first
+        measurement; the readings after it are taken at their points (tick)."""
+        if self.points:
+            session.on_ready = lambda: self.tick(session, "start")
+
     def tick(self, session, point: str) -> None:
-        """The reading at `point` (one of self.points; any other is not taken). At "start" the server is brought up
-        (a server that cannot start fails the run there, as its first length would); later, a server that is down
-        gets no request."""
+        """The reading at `point` (one of self.points; any other is not taken). Before the run's first reading (the
+        server not up yet: nothing measured so far in this run) none is taken at the points after it; a run that
+        measures nothing (every measurement reused) starts no server for its metronome. A server that is down (after
+        a fault) gets no request."""
         if point not in self.points:
             return
-        if point == "start":
-            session.up()
+        if point != "start" and not any(r["point"] == "start" for r in self.readings):
+            self.skipped[point] = "no server had been started in this run by then (nothing measured before it)"
+            if point == "end":
+                self.skipped["start"] = "no server was started in this run"
+            self.write()
+            return
         spec, settings = self.spec, self.spec.metronome
         began = time.monotonic()
         reading = {"point": point, "run_id": self.common["run_id"], "started_at": now_iso(),
@@ -186,13 +201,17 @@ class Metronome:
             status, reason = "not configured", None
         else:
             taken = {r["point"] for r in self.readings}
-            missing = [p for p in self.points if p not in taken]
+            missing = [p for p in self.points if p not in taken and p not in self.skipped]
             said = [f"{r['point']}: {r['reason']}" for r in self.readings if r.get("reason")]
             said += [f"not taken: {', '.join(missing)} (the run stopped before {'it' if len(missing) == 1 else 'them'})"
                      if self.readings else "not taken: the run stopped before its first point"] if missing else []
             good = [r for r in self.readings if r["status"] != "failed"]
             status = "ok" if not said else ("partial" if good else "failed")
-            reason = "; ".join(said) or None
+            skipped = [f"{p}: not taken, {why}" for p, why in self.skipped.items()]
+            if not self.readings and not missing:  # the run measured nothing: no server, no reading of its own
+                skipped = ["nothing was measured in this run (every measurement reused), so no server was started for "
+                           "the metronome: its readings are those of the runs whose measurements it reuses"]
+            reason = "; ".join(said + skipped) or None
         doc = {**self.common, "format": FORMAT, "provenance": copy.deepcopy(self.prov), "metronome": settings,
                "resume_key": self.key, "points": self.points, "status": status, "reason": reason,
                "readings": self.carried + self.readings, "finished_at": now_iso()}

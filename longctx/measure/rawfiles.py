@@ -256,7 +256,8 @@ def write_absent(spec: ConfigurationSpec, outdir: Path, common: dict, statuses: 
     if not (outdir / "metronome.json").exists():  # the run stopped before its metronome was set up
         write_json(outdir / "metronome.json", {**common, "format": FORMATS["metronome"], "metronome": spec.metronome,
                                                 "status": "not configured" if spec.metronome is None else "failed",
-                                                "reason": None if spec.metronome is None else f"not taken: {failure}",
+                                                "reason": None if spec.metronome is None else
+                                                f"not taken: {failure or 'the run stopped before its first point'}",
                                                 "points": [], "readings": []})
     if spec.adaptive and failure is None:  # the grid's other lengths: files the workflow expects, with no trial
         for length in spec.lengths:

@@ -94,7 +94,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
             tracker.known(i, samples(spec.lengths[i], kept))
         metronome = Metronome(spec, common, prov, key, outdir, resume_dir)
         metronome.carry({kept["run_id"] for kept in kept_before.values()})  # what those runs measured is in this one's
-        metronome.tick(session, "start")
+        metronome.ready(session)  # its first reading once the server is first up and primed
         for i, length in enumerate([] if spec.adaptive else spec.lengths):
             tracker.begin(i)
             kept = kept_before.get(i)
