@@ -41,7 +41,7 @@ progress = logging.getLogger("longctx.progress")
 
 FORMAT = FORMATS["metronome"]
 # the points of a run, in order, and what each is between
-POINTS = {"start": "after the server's first bring-up, before the first length",
+POINTS = {"start": "after the server's first bring-up and its prime, before the run's first measurement",
           "after_sweep": "between the sweep and the load workloads",
           "after_load": "between the load and the reused-context workloads",
           "end": "at the end, before the server goes down"}
