@@ -170,3 +170,26 @@ def test_a_version_keeps_each_configurations_metronome_readings():
     assert r["point"] == "start" and r["ttft_s"] == 0.01 and r["probe"]["median_s"] == 0.04
     assert r["requests"] == [{"status": "ok", "ttft_s": 0.01, "tpot_s": 0.002}] and "matmul_s" not in r["probe"]
     assert within(kept["a"] + [{**r, "point": "end", "probe": {"median_s": 0.05}}])["drift"] == pytest.approx(0.25)
+
+
+def test_the_report_says_the_lone_request_and_each_runs_drift_in_words():
+    from longctx.report.drift import lone_requests, run_words
+
+    df = _results([0.010, 0.011, 0.012])
+    prov = {"configurations": {"a": {"metronome": {"readings": RUN, "drift": within(RUN), "status": "ok"}}}}
+    shown = lone_requests(df, {"configurations": {"a": _load(0.0165)}}, prov, ["a"])
+    (c,) = shown["configurations"]
+    (row,) = c["rows"]
+    assert shown["any"] and row["length"] == 128
+    assert row["ttft"] == {"sweep": "11", "load": "16.5", "ratio": "1.50", "verdict": "differ",
+                           "words": "the difference, +50%, is beyond the 30% the machine moved while it was measured"}
+    assert row["tpot"]["verdict"] == "within the drift"
+    assert c["drift_words"].startswith("the machine moved by up to 30% around the sweep and the load stage")
+    # a run without a metronome: the ratio, not read against anything
+    (row,) = lone_requests(df, {"configurations": {"a": _load(0.0165)}}, {"configurations": {}}, ["a"])[
+        "configurations"][0]["rows"]
+    assert row["ttft"]["ratio"] == "1.50" and row["ttft"]["verdict"] == "no drift measured"
+    assert run_words(prov["configurations"]["a"]["metronome"]).startswith("the machine moved by up to 30% within the run")
+    assert run_words({"status": "not configured", "readings": []}).startswith("no metronome readings")
+    assert run_words({"status": "ok", "readings": RUN[:1], "drift": None}) == (
+        "1 metronome reading(s): too few for a drift figure")

@@ -10,7 +10,8 @@ At each point of the run (POINTS; `points` says which this configuration's run h
   the code is the same (longctx.analysis.drift.between).
 - the machine probe: in this process, nothing of the server's or the kernel's code in it: per repeat an n x n float64
   matmul (numpy's BLAS, with the threads it is given: the job's CPUs, which Snakemake passes as OMP_NUM_THREADS) and a
-  copy of a buffer, timed together, after one untimed repeat; the point's figure is their median.
+  copy of a buffer, timed together, after one untimed repeat; the point's figure is their median. It is taken before
+  the requests, so that what follows the matmul (its BLAS threads spin a moment) is the same at every point.
 
 Every reading is written to data/raw/<configuration>/metronome.json as soon as it is taken, with its wall-clock time
 (and kept in the resume directory): the readings of an earlier run whose lengths this one reuses are carried over,
@@ -164,20 +165,22 @@ class Metronome:
         reading = {"point": point, "run_id": self.common["run_id"], "started_at": now_iso(),
                    "t_s": round(time.monotonic() - self.t0, 3), "length": settings["length"],
                    "output_tokens": settings["output_tokens"]}
+        # the probe first: the BLAS's threads spin a moment after a matmul, and the requests, not the next stage's
+        # measurements, are what follows it (the same at every point)
+        try:
+            reading["probe"] = probe(settings["probe"])
+        except Exception as exc:  # noqa: BLE001 - a bug or a surprise here must not cost what the run measures
+            log.exception("%s: metronome probe at %s", spec.name, point)
+            reading["probe"] = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
         try:
             if session.alive():
                 done, why = requests(session, spec, self.common["run_id"], point)
             else:
                 done, why = [], "no request: the server was down at this point (stopped after a fault)"
-        except Exception as exc:  # noqa: BLE001 - a bug or a surprise here must not cost what the run measures
+        except Exception as exc:  # noqa: BLE001 - as above
             log.exception("%s: metronome requests at %s", spec.name, point)
             done, why = [], f"{type(exc).__name__}: {exc}"
         reading["server_start"] = session.starts
-        try:
-            reading["probe"] = probe(settings["probe"])
-        except Exception as exc:  # noqa: BLE001 - as above
-            log.exception("%s: metronome probe at %s", spec.name, point)
-            reading["probe"] = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
         ok = [r for r in done if r["status"] == "ok"]
         bad = sorted({r.get("reason") or "failed" for r in done if r["status"] != "ok"})
         reasons = ([why] if why else []) + [f"{sum((r.get('reason') or 'failed') == b for r in done)} of {len(done)} "
