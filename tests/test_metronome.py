@@ -142,8 +142,10 @@ def test_a_whatif_check_measured_across_the_stretch_is_inconclusive_rather_than_
     c = run["whatif"]["configurations"]["page1"]
     assert "reason" not in c, c
     q = c["drift"]
-    print(q["drift"]["words"], "|", q["verdict"]["words"], "|",
-          [(r["quantity"], r["which"], round(r["error"], 3), r["verdict"]) for r in c["check"] if r["error"] is not None])
+    print(q["drift"]["words"], "|", q["verdict"]["words"], "| the median figure's (1 + error) x (1 + drift):",
+          round((1 + q["verdict"]["error"]) * (1 + q["drift"]["drift"]), 2), "|",
+          [(r["kind"], r["level"], r["quantity"], r["which"], round(r["error"], 3), r["verdict"]) for r in c["check"]
+           if r["error"] is not None])
     assert q["drift"]["drift"] >= FACTOR - 1
     assert q["verdict"]["verdict"] == "inconclusive", q["verdict"]["words"]
     assert q["verdict"]["words"].startswith("inconclusive: ")

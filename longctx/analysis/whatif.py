@@ -301,13 +301,16 @@ def quoted(rows: list[dict], readings: list[dict] | None) -> dict:
     """The check read against the drift it was measured under (module docstring): the drift of the readings around
     the sweep and the load stage (longctx.analysis.drift.within of through_load; None without a metronome), each
     row's `verdict` (pass, fail or inconclusive: longctx.analysis.drift.verdict against TOLERANCE) and the
-    headline's, on the median absolute error at p50 (None without one)."""
+    headline's: the verdict of the median figure at p50 (by the size of its error, the lower of two middle ones; its
+    error signed: a machine that moved by D could have made a figure D times slower or faster), None without one."""
     figure = within(through_load(readings), where=AROUND_LOAD)
     drift = figure["drift"] if figure else None
     for r in rows:
         r["verdict"] = verdict(r["error"], drift, TOLERANCE)["verdict"] if r["error"] is not None else None
-    median = errors(rows)["p50"]["median_abs"]
-    return {"drift": figure, "verdict": verdict(median, drift, TOLERANCE, "the median absolute error at p50", signed=False)
+    p50 = sorted((r["error"] for r in rows if r["which"] == "p50" and r["error"] is not None and not r.get("excluded")),
+                 key=abs)
+    median = p50[(len(p50) - 1) // 2] if p50 else None
+    return {"drift": figure, "verdict": verdict(median, drift, TOLERANCE, "the median error at p50")
             if median is not None else None}
 
 
