@@ -101,11 +101,13 @@ ITL_DEPTH = bool(CFG["protocol"]["itl_depth"]["length"])
 def raw_names(configuration, load=True):
     """The names of the files a bench (or import) job writes in data/raw/<configuration>/: a file per length (an
     imported configuration's own lengths), the ITL-against-depth request when configured, an adaptive sweep's path,
-    and (with load) load.json and prefix.json: the load and the reused-context workloads, or a record that the
+    a measured configuration's metronome readings (longctx.measure.metronome; or a record that it takes none), and
+    (with load) load.json and prefix.json: the load and the reused-context workloads, or a record that the
     configuration measures none."""
     c = configuration
     names = [str(n) for n in CONFIGURATION_LENGTHS.get(c, LENGTHS)] + (["itl_depth"] if ITL_DEPTH else [])
     names += ["sweep"] if ADAPTIVE and c not in IMPORTED else []
+    names += ["metronome"] if c not in IMPORTED else []
     return names + (["load", "prefix"] if load else [])
 
 

@@ -276,6 +276,29 @@ def test_the_load_workloads_are_measured_analysed_and_reported(workflow):
     assert "figures/frontier.png" in md and "figures/interference.png" in md
 
 
+def test_every_measured_run_has_its_metronome_and_its_drift_in_the_report(workflow):
+    """Issue 53, item 7: each measured configuration's bench job writes its metronome's readings (a raw file the
+    workflow lists: rules/common.smk raw_names), at the points its run has; aggregation gives each run its drift
+    figure; the appendix states it per configuration, and the what-if's check is quoted against it."""
+    prov = json.loads((workflow / "data" / "provenance.json").read_text())["configurations"]
+    for name, points in (("page1", ["start", "after_sweep", "after_load", "end"]), ("page16", ["start", "end"]),
+                         ("page16-ngram", ["start", "end"])):
+        raw = json.loads((workflow / "data" / "raw" / name / "metronome.json").read_text())
+        assert raw["status"] == "ok" and [r["point"] for r in raw["readings"]] == points, (name, raw["reason"])
+        assert all(r["ttft_s"] > 0 and r["probe"]["median_s"] > 0 for r in raw["readings"])
+        assert prov[name]["metronome"]["readings"] == raw["readings"]
+        assert prov[name]["metronome"]["drift"]["drift"] >= 0
+    # the PDF's words, a word LaTeX broke at a line's end joined again
+    text = " ".join(re.sub(r"-\n\s*", "", pdftotext(workflow / "report" / "longctx.pdf")).split())
+    md = (workflow / "report" / "longctx.md").read_text()
+    assert text.count("Drift the machine moved by up to") == 3, text[-3000:]
+    assert md.count("Drift: the machine moved by up to") == 3
+    whatif = json.loads((workflow / "data" / "whatif.json").read_text())["configurations"]["page1"]
+    words = whatif["drift"]["drift"]["words"]
+    assert words.startswith("the machine moved by up to") and words in md
+    assert "were measured minutes apart, and the machine moved by up to" in text
+
+
 def test_the_reused_context_workloads_are_measured_analysed_and_reported(workflow):
     """tiny.yaml's prefix section on page1 (the others say prefix: false): both hit rates and both
     conversations in prefix.json, every cached count as the engine's page size 1 makes it (by hand: 90% of

@@ -89,6 +89,9 @@ class ConfigurationSpec:
     # config key lengths.adaptive: the sweep chooses its lengths (from `lengths`, the grid) while it runs
     # (longctx.measure.adaptive); None for a fixed sweep, left out of to_dict then
     adaptive: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+    # config key metronome, where this configuration's run takes its readings (longctx.measure.metronome); None where it
+    # takes none (metronome.enabled false, or results imported), left out of to_dict then
+    metronome: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
 
     def api_key(self) -> str | None:
         """The server's API key, from the environment variable api_key_env names (None where it names none);
@@ -144,7 +147,7 @@ class ConfigurationSpec:
         its user, password and secret query values, a secret flag's word is hidden, and of the environment only the
         variables' names are kept (a value may be a token). Not in them: the name, the lengths, the kernel (what a
         comparison looks at), how many trials and warm-ups and the timeouts (more trials compare with fewer), the
-        description, and what only schedules or watches the job (server, telemetry, load, prefix)."""
+        description, and what only schedules or watches the job (server, telemetry, load, prefix, metronome)."""
         d = self.to_dict()
         protocol = {k: v for k, v in d["protocol"].items() if k not in SETTINGS_PROTOCOL_LEFT_OUT}
         kept = {"engine": d["engine"], "api": d["api"], "device": d.get("device"), "model": d["model"], "args": d["args"],

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -119,6 +120,8 @@ class Session:
         self.starts = 0
         self.planned = 0  # starts that followed a planned stop (pause), not a fault: not restarts
         self.preflight_done = False
+        # called once, the first time the server is up and primed (the metronome's first reading: measure.metronome)
+        self.on_ready: Callable[[], None] | None = None
         # a model.tokenizer that is not there, or documents to cut prompts from with no tokenizer to cut them with, is a
         # config error, before any server starts
         known = tokenizer_path(spec.model)[0] is not None
@@ -156,13 +159,17 @@ class Session:
                 self._start()
                 self._probe()
                 self._prime()
-                return
             except (FatalServerError, NoHealthPath):
                 raise
             except ServerError as exc:
                 last = self.scrub(str(exc))
                 progress.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
                 self.down()
+                continue
+            ready, self.on_ready = self.on_ready, None
+            if ready is not None:
+                ready()
+            return
         raise ServerError((f"the server could not be (re)started after {self.starts} starts" if self.adapter.managed
                            else f"the external server at {mask_url(self.spec.url)} failed {self.starts} times") + f"; last: {last}")
 

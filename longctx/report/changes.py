@@ -111,7 +111,6 @@ def drift_between(before: dict, now: dict, configuration: str, same_code: bool) 
     """What the machine did between the two versions' runs of a configuration, from their metronomes
     (longctx.analysis.drift.between); None where either version kept none (the comparison then says the drift was
     not measured)."""
-    return None  # TEMP until the metronome branch lands
     from ..analysis import drift
 
     a = ((before.get("measurements") or {}).get("metronome") or {}).get(configuration)

@@ -36,8 +36,8 @@ from ..analysis import bands
 from ..analysis.tables import concurrency_table, decode_absent, length_cause, medians
 from ..measure.provenance import git_info, package_versions
 from ..specs.hardware import TABLE_PATH
-from . import (changes, drafting as draftview, history as historyview, load as loadview, prefix as prefixview, versions,
-               whatif as whatifview, wording)
+from . import (changes, drafting as draftview, drift as driftview, history as historyview, load as loadview,
+               prefix as prefixview, versions, whatif as whatifview, wording)
 from .diagnosis import bound_words, diagnose
 from .headline import choose_baseline, compact, headline
 
@@ -358,6 +358,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "flags": wording.trial_flags(df[df["configuration"] == name], p),
             "stray_server": p.get("stray_server"),
             "recovered": p.get("recovered") or [],
+            "drift_words": driftview.run_words(p.get("metronome")),  # the run's drift (longctx.report.drift)
             "served": wording.model_served(fit, plans.get(name), (p.get("model") or {}).get("name")),
             "planner_reason": wording.planner_reason(plans[name]) if name in plans else None,
             "kv_pool": {"tokens": None, "log": None, **(p.get("kv_pool") or {})},
@@ -463,6 +464,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "planner_groups": planner_groups(configs, plans),
         # the load workloads (longctx.report.load.view): the load section and its figures where any was measured
         "load": loadview.view(load, loadview.read_metrics(inputs.load_metrics), order),
+        # the sweep's lone request against the load stage's, read against the drift around them (longctx.report.drift)
+        "lone": driftview.lone_requests(df, load, prov, order),
         # the serving model simulated against the load points, and the what-if grid (longctx.report.whatif.view)
         "whatif": whatifview.view(whatifview.read(inputs.whatif), order, load),
         # the prefix cache's hit rates and conversations (longctx.report.prefix.view): its section where measured

@@ -7,10 +7,12 @@ rebuild of unchanged inputs is the same version with the same bytes, and N count
 something changed. Beside each PDF, longctx-v{N}-{hash}.json keeps its record: every successful
 single-request trial (TTFT, TPOT, decode rate, the run that measured it) and what identifies each
 configuration's measurements (longctx.analysis.identity: engine, its version and code, hardware, model
-and settings, kernel sources, spec hash) and, per configuration and length, how many trials succeeded and why
-others did not, so that any later version can be compared with it, with intervals (longctx.report.changes), and
-a length it lost is told from one it no longer measures. Under versions/sources/ it keeps the kernel sources each
-version measured (by content hash), so that any kept version can be the baseline of an A/B.
+and settings, kernel sources, spec hash), per configuration and length how many trials succeeded and why others did
+not, and each configuration's metronome readings (longctx.measure.metronome), so that any later version can be
+compared with it, with intervals and the drift between the two runs (longctx.report.changes,
+longctx.analysis.drift.between), and a length it lost is told from one it no longer measures. Under versions/sources/
+it keeps the kernel sources each version measured (by content hash), so that any kept version can be the baseline of
+an A/B.
 """
 
 from __future__ import annotations
@@ -103,8 +105,9 @@ def _lengths(df: pd.DataFrame) -> list[dict]:
 
 def measurements(df: pd.DataFrame, provenance: dict) -> dict:
     """What a version keeps: every successful single-request trial (results.csv's ok_rows) with the run that
-    measured it, per configuration and length how many succeeded and why others did not (_lengths), and per
-    configuration its identity (longctx.analysis.identity)."""
+    measured it, per configuration and length how many succeeded and why others did not (_lengths), per configuration
+    its identity (longctx.analysis.identity), and under "metronome" per configuration its metronome readings
+    (provenance.json's, as longctx.analysis.drift.between takes them; a configuration without any is left out)."""
     ok = ok_rows(df).sort_values(["configuration", "length", "trial"], kind="stable")
     trials = [{"configuration": str(r["configuration"]), "length": int(r["length"]),
                "trial": int(r["trial"]) if is_number(r.get("trial")) else None,
@@ -112,8 +115,10 @@ def measurements(df: pd.DataFrame, provenance: dict) -> dict:
                **{k: _plain(r.get(k)) for k in TRIAL_COLUMNS}} for r in ok.to_dict("records")]
     entries = provenance.get("configurations") or {}
     names = sorted(str(n) for n in df["configuration"].unique())
+    metronome = {n: [kept_reading(r) for r in entries[n]["metronome"]["readings"]] for n in names
+                 if ((entries.get(n) or {}).get("metronome") or {}).get("readings")}
     return {"configurations": {n: identity(entries.get(n) or {}) for n in names}, "trials": trials,
-            "lengths": _lengths(df)}
+            "lengths": _lengths(df), "metronome": metronome}
 
 
 def keep_sources(versions_dir: str | Path, record: dict, root: str | Path = ".") -> dict[str, str]:
@@ -143,6 +148,18 @@ def kept_source(versions_dir: str | Path, sha: str) -> bytes | None:
     """A kernel source a version kept (keep_sources), by its content hash; None where none was kept."""
     path = Path(versions_dir) / SOURCES / sha
     return path.read_bytes() if path.is_file() else None
+
+
+# What a version keeps of a metronome reading (longctx.measure.metronome), and of each of its requests and its probe
+READING_KEYS = ("point", "run_id", "started_at", "t_s", "status", "ttft_s", "tpot_s", "server_start")
+PROBE_KEYS = ("median_s", "seconds", "threads", "cpus", "matmul_size", "copy_mib")
+
+
+def kept_reading(r: dict) -> dict:
+    """A metronome reading as a version keeps it: its figures, each request's TTFT and TPOT, the probe's seconds."""
+    return {**{k: r.get(k) for k in READING_KEYS},
+            "requests": [{k: q.get(k) for k in ("status", "ttft_s", "tpot_s")} for q in r.get("requests") or []],
+            "probe": {k: (r.get("probe") or {}).get(k) for k in PROBE_KEYS}}
 
 
 def register(versions_dir: str | Path, record: dict, pdf: str | Path) -> Path:
