@@ -2,7 +2,8 @@
 edit to the PyTorch reference kernel that makes decode slower at long contexts only (from 2,048 cells on it computes
 the attention scores 128 times over: the same work each time, so the slowdown is steady; a slowdown that allocates a
 large buffer a step varied 30% from trial to trial with malloc and gave intervals too wide to call), the rerun,
-`longctx gate`; then the edit reverted, the rerun, the gate against the first version. The config's margin, 30%, is
+`longctx gate`; then the edit reverted, the rerun, the gate against the first version; then the same code measured
+again while other processes take the cores, and the gate, which allows for the drift the runs' metronomes measured. The config's margin, 30%, is
 above what this shared VM drifts between whole runs of unchanged code (bench/rerun_drift.sh; once 25% in decode at
 every length, with the 5% default the revert failed the gate then)."""
 
@@ -51,8 +52,10 @@ def test_a_kernel_edit_that_slows_long_contexts_fails_the_gate_and_its_revert_pa
     code, lines = gate(work)
     print(lines)
     assert code == 1, lines
+    # beyond the margin and the drift the two runs' metronomes measured (the machine probe's: the kernel changed, so the
+    # short request, which runs it, is not a measure of the machine alone)
     named = re.findall(r"^page16 at ([\d,]+) tokens: (\w+) now/before ([\d.]+) \[([\d.]+), ([\d.]+)\], n=3/3, slower beyond "
-                       r"the 30% margin against v1$", lines, re.M)
+                       r"the 30% margin(?: and the machine's drift between the runs \(\d+%\))? against v1$", lines, re.M)
     assert len(named) == len(lines.splitlines()), lines
     assert {(L, f) for L, f, *_ in named} >= {("2,048", "decode"), ("4,096", "decode")}, lines
     assert not {L for L, *_ in named} & {"256", "512"}, lines  # the short lengths did not get slower
@@ -76,3 +79,20 @@ def test_a_kernel_edit_that_slows_long_contexts_fails_the_gate_and_its_revert_pa
     print(lines)
     assert code == 0 and lines.startswith("no regression beyond the 30% margin against v1: 4 configuration and lengths"), lines
     assert gate(work)[0] == 0  # against v2, the previous version: faster again, no regression
+
+    # the same code measured again while other processes take the cores for the whole run: the drift between the two
+    # runs' metronomes is what the gate allows for, and it says so; no length is called slower
+    shutil.rmtree(work / "data" / "partial")  # nothing reused: every length measured again
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        run(work, "--forcerun", "bench_configuration")
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    code, lines = gate(work)
+    print(lines)
+    assert code == 0, lines
+    assert re.fullmatch(r"no regression beyond the 30% margin against v3: 4 configuration and lengths compared \(8 one-sided "
+                        r"bounds, bonferroni over the table\); a slowdown under \d+% at page16 [\d,]+ tokens \((TTFT|decode)\) "
+                        r"could go unseen; the machine moved by up to \d+% between the two runs \(metronome: .*\)\n", lines), lines

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..analysis import sides
+from ..analysis import drift, sides
 from ..analysis.compare import CORRECTION, DETECTION, MARGIN, METRICS, MIN_TRIALS, welch_df, width_cost
 from ..analysis.identity import changed_files, kernel_changed, unlike
 from . import change_words, versions
@@ -111,8 +111,6 @@ def drift_between(before: dict, now: dict, configuration: str, same_code: bool) 
     """What the machine did between the two versions' runs of a configuration, from their metronomes
     (longctx.analysis.drift.between); None where either version kept none (the comparison then says the drift was
     not measured)."""
-    from ..analysis import drift
-
     a = ((before.get("measurements") or {}).get("metronome") or {}).get(configuration)
     b = ((now.get("measurements") or {}).get("metronome") or {}).get(configuration)
     return drift.between(a, b, same_code) if a and b else None
