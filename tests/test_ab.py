@@ -128,6 +128,28 @@ def test_the_plan_takes_the_baselines_sources_and_says_what_differs(tmp_path):
         ab.plan(config, None, "no-such-rev", vdir, work)
 
 
+def test_a_version_keeps_the_kernel_sources_it_measured_and_an_ab_takes_them(tmp_path):
+    """versions.keep_sources, as register calls it: the sources whose content is the one the version recorded are kept
+    under versions/sources/ (read where they are, or from the kernel's build once the working tree moved on), so that
+    `longctx ab --against v1` has them after the file was edited; content that is nowhere is said."""
+    work = copy_workflow(tmp_path)
+    shutil.copy(ROOT / "tests" / "configs" / "ab.yaml", work / "ab.yaml")
+    vdir = work / "report" / "versions"
+    original = (work / KERNEL).read_bytes()
+    record = kept_version(vdir, 1, {})
+    sha = versions.hashlib.sha256(original).hexdigest()
+    record["measurements"]["configurations"]["page16"]["kernel"]["sources"] = {KERNEL: sha}
+    (vdir / f"{record['name']}.json").write_text(json.dumps(record))
+    (work / KERNEL).write_text(original.decode().replace(CELLS, SLOW))  # edited since it was measured ...
+    assert versions.keep_sources(vdir, record, work) == {KERNEL: "its content is no longer where it was measured (edited since)"}
+    build = work / "build" / "kernels" / "paged_mla_decode_torch"
+    build.mkdir(parents=True)
+    (build / "paged_mla_decode.py").write_bytes(original)  # ... but its build still holds what was measured
+    assert versions.keep_sources(vdir, record, work) == {} and versions.kept_source(vdir, sha) == original
+    plan = ab.plan(config_of(work), "v1", None, vdir, work)
+    assert plan["kernels"][0]["before"] == {KERNEL: original} and plan["kernels"][0]["differs"] == ["paged_mla_decode.py"]
+
+
 # --- end to end: the real reference engine, real servers, real contention --------------------------------------
 
 
@@ -176,13 +198,14 @@ def longctx_ab(work, *args) -> tuple[int, str, float]:
 
 @pytest.fixture(scope="module")
 def workflow(tmp_path_factory):
-    """tests/configs/ab.yaml run once through the workflow: v1, which keeps its kernel sources."""
+    """The workflow's files with tests/configs/ab.yaml, committed to a git repository of their own: the baseline is
+    that commit (--against-rev HEAD; a kept version's sources are the plan's test above, and the Snakemake target's
+    below)."""
     work = copy_workflow(tmp_path_factory.mktemp("ab"))
     shutil.copy(ROOT / "tests" / "configs" / "ab.yaml", work / "ab.yaml")
-    snakemake(work, "--cores", "1", "--configfile", "ab.yaml")
-    assert [e["n"] for e in versions.read_log(work / "report" / "versions")] == [1]
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "baseline"]):
+        subprocess.run(["git", *args], cwd=work, check=True, capture_output=True)
     return work
-
 
 
 @contextlib.contextmanager
@@ -200,14 +223,14 @@ def edited(work, new: str):
 @pytest.mark.slow
 def test_the_ab_names_the_slowed_length_and_no_other_while_the_machine_is_busy(workflow):
     with edited(workflow, SLOW), Busy(after=8, for_s=12) as busy:
-        code, out, wall = longctx_ab(workflow, "--against", "v1")
+        code, out, wall = longctx_ab(workflow, "--against-rev", "HEAD")
     print(out, f"\n(busy from {busy.window} s; {wall:.0f} s in all)")
     assert busy.window, "the competing processes never started: the A/B ended before them"
     assert code == 1, out
     named = re.findall(r"^(page16) at ([\d,]+) tokens: (\w+) now/before ([\d.]+) \[([\d.]+), ([\d.]+)\], (\d+) pairs, "
-                       r"slower beyond the 5% margin against v1's kernel sources$", out, re.M)
+                       r"slower beyond the 5% margin against git HEAD's kernel sources$", out, re.M)
     assert [(L, f) for _, L, f, *_ in named] == [("8,192", "decode")], out
-    assert re.search(r"^A/B against v1: kernel paged_mla_decode_torch \(paged_mla_decode.py\); 1 configuration\(s\) at the "
+    assert re.search(r"^A/B against git HEAD: kernel paged_mla_decode_torch \(paged_mla_decode.py\); 1 configuration\(s\) at the "
                      r"server level, 10 blocks a side per length; cost 2 server starts and \d+ s$", out, re.M), out
     answer = json.loads((workflow / "report" / "ab.json").read_text())
     assert answer["cost"]["server_starts"] == 2 and answer["lost"] == [] and answer["kind"] == "interleaved"
@@ -220,11 +243,11 @@ def test_the_ab_names_the_slowed_length_and_no_other_while_the_machine_is_busy(w
 @pytest.mark.slow
 def test_the_same_kernel_against_itself_passes_and_says_what_it_could_not_see(workflow):
     with Busy(after=5, for_s=10):
-        code, out, _ = longctx_ab(workflow, "--against", "v1")
+        code, out, _ = longctx_ab(workflow, "--against-rev", "HEAD")
     print(out)
     assert code == 0, out
     assert "an A/A run (no kernel source differs: the machine's noise)" in out
-    assert re.search(r"^no regression beyond the 5% margin against v1's kernel sources: 2 configuration and lengths compared "
+    assert re.search(r"^no regression beyond the 5% margin against git HEAD's kernel sources: 2 configuration and lengths compared "
                      r"\(4 one-sided bounds, bonferroni over the table, server-level A/B.*\); a slowdown under \d+% at page16 "
                      r"[\d,]+ tokens \((TTFT|decode)\) could go unseen$", out, re.M), out
 
@@ -232,10 +255,10 @@ def test_the_same_kernel_against_itself_passes_and_says_what_it_could_not_see(wo
 @pytest.mark.slow
 def test_a_length_the_edit_made_fail_is_lost_with_the_reason(workflow):
     with edited(workflow, FAIL):
-        code, out, _ = longctx_ab(workflow, "--against", "v1")
+        code, out, _ = longctx_ab(workflow, "--against-rev", "HEAD")
     print(out)
     assert code == 1, out
-    assert re.search(r"^page16 at 8,192 tokens: TTFT and decode lost since v1's kernel sources \(10 then 0 pairs with both "
+    assert re.search(r"^page16 at 8,192 tokens: TTFT and decode lost since git HEAD's kernel sources \(10 then 0 pairs with both "
                      r"sides measured\): the server aborted the request: engine error: edited kernel refuses 8193 cells "
                      r"\(10 trials\)$", out, re.M), out
     assert "page16 at 1,024 tokens" not in out
@@ -243,11 +266,13 @@ def test_a_length_the_edit_made_fail_is_lost_with_the_reason(workflow):
 
 @pytest.mark.slow
 def test_the_snakemake_target_runs_the_ab_and_keeps_its_measurements(workflow):
-    out = snakemake(workflow, "--cores", "1", "report/ab.json", "--configfile", "ab.yaml", "--config", "ab={'against': 'v1'}")
+    out = snakemake(workflow, "--cores", "1", "report/ab.json", "--configfile", "ab.yaml", "--config",
+                    "ab={'against_rev': 'HEAD'}")
     assert "measure_ab" in out and "check_ab" in out
     answer = json.loads((workflow / "report" / "ab.json").read_text())
-    assert answer["aa"] is True and answer["regressions"] == [] and answer["against"] == "v1's kernel sources"
+    assert answer["aa"] is True and answer["regressions"] == [] and answer["against"] == "git HEAD's kernel sources"
     assert (workflow / "data" / "ab" / "measurements.json").is_file()
     # nothing changed: nothing reruns
-    again = snakemake(workflow, "--cores", "1", "report/ab.json", "--configfile", "ab.yaml", "--config", "ab={'against': 'v1'}")
+    again = snakemake(workflow, "--cores", "1", "report/ab.json", "--configfile", "ab.yaml", "--config",
+                      "ab={'against_rev': 'HEAD'}")
     assert "Nothing to be done" in again

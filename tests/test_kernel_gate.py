@@ -2,10 +2,12 @@
 edit to the PyTorch reference kernel that makes decode slower at long contexts only (from 2,048 cells on it computes
 the attention scores 128 times over: the same work each time, so the slowdown is steady; a slowdown that allocates a
 large buffer a step varied 30% from trial to trial with malloc and gave intervals too wide to call), the rerun,
-`longctx gate`; then the edit reverted, the rerun, the gate against the first version; then the same code measured
-again while other processes take the cores, and the gate, which allows for the drift the runs' metronomes measured. The config's margin, 30%, is
-above what this shared VM drifts between whole runs of unchanged code (bench/rerun_drift.sh; once 25% in decode at
-every length, with the 5% default the revert failed the gate then)."""
+`longctx gate`; then the edit reverted and measured again while another process competes for the cores, and the gate
+against the first version: the same code on a machine that moved, which the gate allows for by the drift the two runs'
+metronomes measured, and says so. The config's margin, 30%, was set above what this shared VM drifts between whole runs
+of unchanged code before that drift was measured (bench/rerun_drift.sh; once 25% in decode at every length, with the 5%
+default the revert failed the gate then); it stays, beside the measured drift, for what a short request and a probe
+may not see of a machine that moves."""
 
 from __future__ import annotations
 
@@ -73,26 +75,20 @@ def test_a_kernel_edit_that_slows_long_contexts_fails_the_gate_and_its_revert_pa
     assert "The change to kernel paged\\_mla\\_decode\\_torch since v1 (measured in another run) made decode in page16" in twin
     assert "## Change since v1" in twin and "**Slower beyond the margin**" in twin
 
+    # the edit reverted, and measured again while another process competes for the cores for the whole run: the same
+    # code as v1, on a machine that moved; the drift between the two runs' metronomes is what the gate allows for, and
+    # it says so: no length is called slower
     kernel.write_text(original)
-    run(work)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        run(work)
+    finally:
+        busy.kill()
+        busy.wait()
     code, lines = gate(work, "--against", "v1")
     print(lines)
-    assert code == 0 and lines.startswith("no regression beyond the 30% margin against v1: 4 configuration and lengths"), lines
-    assert gate(work)[0] == 0  # against v2, the previous version: faster again, no regression
-
-    # the same code measured again while other processes take the cores for the whole run: the drift between the two
-    # runs' metronomes is what the gate allows for, and it says so; no length is called slower
-    shutil.rmtree(work / "data" / "partial")  # nothing reused: every length measured again
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
-    try:
-        run(work, "--forcerun", "bench_configuration")
-    finally:
-        for p in busy:
-            p.kill()
-            p.wait()
-    code, lines = gate(work)
-    print(lines)
     assert code == 0, lines
-    assert re.fullmatch(r"no regression beyond the 30% margin against v3: 4 configuration and lengths compared \(8 one-sided "
+    assert re.fullmatch(r"no regression beyond the 30% margin against v1: 4 configuration and lengths compared \(8 one-sided "
                         r"bounds, bonferroni over the table\); a slowdown under \d+% at page16 [\d,]+ tokens \((TTFT|decode)\) "
                         r"could go unseen; the machine moved by up to \d+% between the two runs \(metronome: .*\)\n", lines), lines
+    assert gate(work)[0] == 0  # against v2, the previous version: faster again, no regression

@@ -83,6 +83,13 @@ def raw(work: Path, length: int, configuration: str = "real") -> dict:
     return json.loads((work / "data" / "raw" / configuration / f"{length}.json").read_text())
 
 
+def metronome(work: Path, configuration: str = "real", points: tuple[str, ...] | None = None) -> list[dict]:
+    """The requests the run's metronome sent (longctx.measure.metronome: the same short request at fixed points of the
+    run), in order, at the points named (all where None)."""
+    readings = json.loads((work / "data" / "raw" / configuration / "metronome.json").read_text())["readings"]
+    return [q for r in readings if points is None or r["point"] in points for q in r["requests"]]
+
+
 def pdf_text(work: Path) -> str:
     return subprocess.run(["pdftotext", "-layout", str(work / "report" / "longctx.pdf"), "-"],
                           capture_output=True, text=True, check=True).stdout
@@ -214,8 +221,15 @@ def test_llamacpp_counted_and_timed_each_prompt_as_longctx_recorded(llamacpp_wor
     loaded = [r for w in json.loads((llamacpp_workflow["work"] / "data" / "raw" / "real" / "load.json").read_text())["workloads"]
               for r in w["requests"]]
     assert all(r["completion_tokens"] == 8 and not r["early_stop"] for r in loaded), loaded
+    # ... but for the metronome's last reading, after them (its requests of its own short length)
+    last = metronome(llamacpp_workflow["work"], points=("end",))
+    assert last and [r["prompt_tokens"] for r in records[-len(last):]] == [q["prompt_tokens"] for q in last]
+    records = records[:-len(last)]
     assert [r["prompt_tokens"] for r in records[-len(loaded):]] == [256] * len(loaded)
     records = records[:-len(loaded)]
+    between = metronome(llamacpp_workflow["work"], points=("after_sweep",))  # the reading between the sweep and the load
+    assert between and [r["prompt_tokens"] for r in records[-len(between):]] == [q["prompt_tokens"] for q in between]
+    records = records[:-len(between)]
     n, starts, i = WARMUP + TRIALS, [], 0
     for length in LENGTHS:
         while i + n <= len(records) and any(r["prompt_tokens"] != length for r in records[i:i + n]):
@@ -343,7 +357,8 @@ def test_vllm_every_length_is_measured_and_counted_as_vllm_counted(vllm_workflow
     probe = raw(work, VLLM_LENGTHS[0])["provenance"]["prompt_probe"]
     assert probe["prompt"] == "token_ids" and probe["text_source"]["kind"] == "text", probe
     needles = [raw(work, length)["needle"] for length in VLLM_LENGTHS]
-    # beside the lengths: the load stage's requests, and the request that primed the server (the run's longest prompt)
+    # beside the lengths: the load stage's requests, the metronome's, and the request that primed the server (the run's
+    # longest prompt)
     loaded = [r for w in json.loads((work / "data" / "raw" / "real" / "load.json").read_text())["workloads"]
               for r in w["requests"]]
     (primed,) = raw(work, VLLM_LENGTHS[0])["provenance"]["primed"]
@@ -351,7 +366,7 @@ def test_vllm_every_length_is_measured_and_counted_as_vllm_counted(vllm_workflow
     before, after = vllm_workflow["before"], vllm_workflow["after"]
     tokens = counter(after, "vllm:prompt_tokens") - counter(before, "vllm:prompt_tokens")
     requests = counter(after, "vllm:request_success") - counter(before, "vllm:request_success")
-    kept = recorded + needles + loaded
+    kept = recorded + needles + loaded + metronome(work)
     ours = sum(r["prompt_tokens"] for r in kept) + primed["length"]
     print(f"\nvLLM counted {tokens:.0f} prompt tokens in {requests:.0f} requests; longctx kept {ours} in {len(kept) + 1}")
     # at most 3 probe requests and 2 earlier needle tries per length beside what longctx kept

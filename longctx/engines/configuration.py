@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..core.hashing import canonical_json, digest
-from ..core.secrets import mask, mask_argv, mask_url, url_parts
+from ..core.secrets import mask, mask_argv, url_parts
 
 # protocol keys that do not make two measurements unlike (ConfigurationSpec.settings)
 # what ConfigurationSpec.settings records: 2 since they hold no secret's value (env names, not values; the URL masked)
@@ -142,17 +142,18 @@ class ConfigurationSpec:
     def settings(self) -> dict[str, Any]:
         """What must be the same for two measurements of this configuration to be compared (longctx.analysis.identity):
         {"shown": the settings as dotted keys (args.page-size, protocol.output_tokens, model.architecture.hidden_size,
-        env: the environment's variable names, url, command...), "hash": a digest of them, "scheme": SETTINGS_SCHEME}.
-        No secret is among them, so none is in the hash either: every secret-named value is hidden, the URL is without
-        its user, password and secret query values, a secret flag's word is hidden, and of the environment only the
-        variables' names are kept (a value may be a token). Not in them: the name, the lengths, the kernel (what a
-        comparison looks at), how many trials and warm-ups and the timeouts (more trials compare with fewer), the
-        description, and what only schedules or watches the job (server, telemetry, load, prefix, metronome)."""
+        env: the environment's variable names, command...), "hash": a digest of them, "scheme": SETTINGS_SCHEME}.
+        No secret is among them, so none is in the hash either: every secret-named value is hidden, a secret flag's
+        word is hidden, and of the environment only the variables' names are kept (a value may be a token). Not in
+        them: where an external server listens (its URL: the same server on another port is the same deployment), the
+        name, the lengths, the kernel (what a comparison looks at), how many trials and warm-ups and the timeouts (more
+        trials compare with fewer), the description, and what only schedules or watches the job (server, telemetry,
+        load, prefix, metronome)."""
         d = self.to_dict()
         protocol = {k: v for k, v in d["protocol"].items() if k not in SETTINGS_PROTOCOL_LEFT_OUT}
         kept = {"engine": d["engine"], "api": d["api"], "device": d.get("device"), "model": d["model"], "args": d["args"],
                 "extra_args": mask_argv(d["extra_args"]), "protocol": protocol, "env": sorted(d["env"] or {}),
-                "url": mask_url(self.base_url()), "command": mask_argv(d["command"])}
+                "command": mask_argv(d["command"])}
         shown = _dotted(mask(kept))
         return {"shown": shown, "hash": digest(shown), "scheme": SETTINGS_SCHEME}
 
