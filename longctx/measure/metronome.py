@@ -8,10 +8,10 @@ At each point of the run (POINTS; `points` says which this configuration's run h
   flushed before it where the API can, its counts checked); the point's figures are their median TTFT and TPOT. An
   edit of the engine or of the kernel under study can change these, so they are compared across versions only where
   the code is the same (longctx.analysis.drift.between).
-- the machine probe: in this process, nothing of the server's or the kernel's code in it: per repeat an n x n float64
-  matmul (numpy's BLAS, with the threads it is given: the job's CPUs, which Snakemake passes as OMP_NUM_THREADS) and a
-  copy of a buffer, timed together, after one untimed repeat; the point's figure is their median. It is taken before
-  the requests, so that what follows the matmul (its BLAS threads spin a moment) is the same at every point.
+- the machine probe: nothing of the server's or the kernel's code in it, in a process of its own
+  (longctx.measure.machineprobe, whose BLAS threads end with it): per repeat an n x n float64 matmul (numpy's BLAS,
+  with the threads it is given: the job's CPUs, which Snakemake passes as OMP_NUM_THREADS) and a copy of a buffer,
+  timed together, after one untimed repeat; the point's figure is their median. It is taken before the requests.
 
 Every reading is written to data/raw/<configuration>/metronome.json as soon as it is taken, with its wall-clock time
 (and kept in the resume directory): the readings of an earlier run whose lengths this one reuses are carried over,
@@ -25,14 +25,17 @@ metronome never costs a measurement.
 from __future__ import annotations
 
 import copy
+import json
 import logging
-import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from ..engines import ConfigurationSpec
+from . import machineprobe
 from .prompts import check_counts
 from .provenance import now_iso
 from .rawfiles import FORMATS, read_kept, write_kept
@@ -46,10 +49,6 @@ POINTS = {"start": "after the server's first bring-up and its prime, before the 
           "after_sweep": "between the sweep and the load workloads",
           "after_load": "between the load and the reused-context workloads",
           "end": "at the end, before the server goes down"}
-# the environment variables the BLAS under numpy takes its thread count from, in the order it reads them
-BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
-
-
 def points(spec: ConfigurationSpec) -> list[str]:
     """The points of this configuration's run: start and end always; between the sweep and the load workloads where a
     workload follows the sweep; between the load and the reused-context workloads where both are measured."""
@@ -61,36 +60,18 @@ def points(spec: ConfigurationSpec) -> list[str]:
     return out + ["end"]
 
 
-def blas_threads() -> int:
-    """The threads numpy's BLAS runs a matmul with: what its environment variables say, else the CPUs usable."""
-    for var in BLAS_THREAD_VARS:
-        value = os.environ.get(var, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return len(os.sched_getaffinity(0))
+PROBE_TIMEOUT_S = 120
 
 
 def probe(settings: dict) -> dict:
-    """The machine probe (module docstring): per repeat the matmul's and the copy's seconds, and their sum's median."""
-    n, mib, repeats = settings["matmul_size"], settings["copy_mib"], settings["repeats"]
-    rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
-    src = np.ones(mib * 2**20 // 8)
-    dst = np.empty_like(src)
-    matmul, copied = [], []
-    for i in range(repeats + 1):  # the first untimed: the BLAS's threads started, the pages touched
-        t0 = time.perf_counter()
-        a @ b
-        t1 = time.perf_counter()
-        np.copyto(dst, src)
-        t2 = time.perf_counter()
-        if i:
-            matmul.append(round(t1 - t0, 7))
-            copied.append(round(t2 - t1, 7))
-    seconds = [m + c for m, c in zip(matmul, copied)]
-    return {"matmul_size": n, "copy_mib": mib, "repeats": repeats, "threads": blas_threads(),
-            "cpus": len(os.sched_getaffinity(0)), "matmul_s": matmul, "copy_s": copied,
-            "seconds": [round(s, 7) for s in seconds], "median_s": float(np.median(seconds))}
+    """The machine probe (module docstring), in a process of its own (longctx.measure.machineprobe: its BLAS threads
+    end with it, and take no core from what the run measures next): per repeat the matmul's and the copy's seconds,
+    and their sum's median."""
+    proc = subprocess.run([sys.executable, machineprobe.__file__, json.dumps(settings)], capture_output=True, text=True,
+                          timeout=PROBE_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the machine probe exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+    return json.loads(proc.stdout)
 
 
 def requests(session, spec: ConfigurationSpec, run_id: str, point: str) -> tuple[list[dict], str | None]:
@@ -165,8 +146,7 @@ class Metronome:
         reading = {"point": point, "run_id": self.common["run_id"], "started_at": now_iso(),
                    "t_s": round(time.monotonic() - self.t0, 3), "length": settings["length"],
                    "output_tokens": settings["output_tokens"]}
-        # the probe first: the BLAS's threads spin a moment after a matmul, and the requests, not the next stage's
-        # measurements, are what follows it (the same at every point)
+        # the probe first, the same at every point (its process, and the BLAS threads in it, gone before the requests)
         try:
             reading["probe"] = probe(settings["probe"])
         except Exception as exc:  # noqa: BLE001 - a bug or a surprise here must not cost what the run measures

@@ -132,7 +132,8 @@ class Session:
         self.api_key = spec.api_key()  # unset variable: a config error, before any server starts
         self.headers = spec.auth_headers()  # every client of this server sends them (measure.load's too)
         self.client = timed_client(headers=self.headers)
-        self.prov.update(installed_version=self.version, engine_build=self.build, api=self.api.kind, flush_path=self.api.flush_path,
+        self.prov.update(installed_version=self.version, engine_build=self.build, api=self.api.kind,
+                         flush_path=self.api.flush_path,
                          server_log=str(server_log) if adapter.managed else spec.server_log, starts=0,
                          listen=spec.server["host"] if adapter.managed else None,
                          # where an external server computes is its configuration's word (remote by default), known
