@@ -1,7 +1,8 @@
 """The loop after a kernel edit, end to end: real Snakemake, the real reference engine, real TeX. The workflow, then an
-edit to the PyTorch reference kernel that makes decode slower at long contexts only (from 2,048 cells on it computes
-the attention scores 128 times over: the same work each time, so the slowdown is steady; a slowdown that allocates a
-large buffer a step varied 30% from trial to trial with malloc and gave intervals too wide to call), the rerun,
+edit to the PyTorch reference kernel that makes decode slower at long contexts only (from 2,048 cells on each call
+sleeps 5 ms more, 2-4x the call: a sleep costs the same on a busy machine as on a quiet one, where 128 more score
+matmuls, the slowdown this test used before, sat at the margin at 2,048 on this machine's noise and failed the gate
+test once in three runs; a slowdown that allocates a large buffer a step varied 30% with malloc), the rerun,
 `longctx gate`; then the edit reverted and measured again while another process competes for the cores, and the gate
 against the first version: the same code on a machine that moved, which the gate allows for by the drift the two runs'
 metronomes measured, and says so. The config's margin, 30%, was set above what this shared VM drifts between whole runs
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.slow
 
 KERNEL = "kernels/reference/paged_mla_decode.py"
 CELLS = "        kv = _cells(pages, page_table[b, : -(-n // page_size)], n, dim)\n"
-SLOW = CELLS + "        for _ in range(128 if n >= 2048 else 0):  # long contexts: the scores computed 128 times over\n" \
-                "            torch.matmul(q[b], kv.t())\n"
+SLOW = CELLS + "        if n >= 2048:  # long contexts: 5 ms more a call\n" \
+                "            __import__('time').sleep(0.005)\n"
 
 
 def gate(cwd, *args) -> tuple[int, str]:
