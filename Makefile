@@ -24,9 +24,12 @@ test: setup parsers vllm llamacpp models tex slurm
 
 setup: $(STAMP) $(HOOK)
 
-$(STAMP): envs/requirements.txt pyproject.toml
+# envs/otava.txt: Apache Otava's change-point code without the numpy, scipy and cloud clients it pins (what longctx
+# imports of it needs only the numpy and scipy of envs/requirements.txt)
+$(STAMP): envs/requirements.txt envs/otava.txt pyproject.toml
 	bash envs/make-venv.sh "$(PYTHON)" "$(VENV)"
 	$(BIN)/pip install -r envs/requirements.txt
+	$(BIN)/pip install --no-deps -r envs/otava.txt
 	$(BIN)/pip install --no-deps --no-build-isolation -e .
 	touch $@
 

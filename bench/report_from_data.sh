@@ -29,7 +29,12 @@ if ls data/raw/*/load.json > /dev/null 2>&1 && longctx aggregate-load --help > /
   longctx plot-load --load data/load.json --metrics data/load_metrics.csv --style templates/plot.mplstyle --outdir report/figures > /dev/null
   LOAD=(--load data/load.json --load-metrics data/load_metrics.csv)
 fi
-longctx render --template templates/longctx.tex.j2 --results data/results.csv --fits data/fits.json --provenance data/provenance.json --itl-depth data/itl_depth.csv --planner data/planner.json "${LOAD[@]}" --config-json "$CFGJSON" --out report/longctx.tex --version-out report/version.json
+HIST=()  # the history and its figure, in trees that have them (a tree before them has no plot-history)
+if longctx plot-history --help > /dev/null 2>&1; then HIST=(--history-out report/history.json); fi
+longctx render --template templates/longctx.tex.j2 --results data/results.csv --fits data/fits.json --provenance data/provenance.json --itl-depth data/itl_depth.csv --planner data/planner.json "${LOAD[@]}" --config-json "$CFGJSON" --out report/longctx.tex --version-out report/version.json "${HIST[@]}"
+if [ ${#HIST[@]} -gt 0 ]; then
+  longctx plot-history --history report/history.json --style templates/plot.mplstyle --outdir report/figures > /dev/null
+fi
 longctx pdf --tex report/longctx.tex --provenance data/provenance.json --version report/version.json --out report/longctx.pdf > /dev/null
 longctx markdown --template templates/longctx.md.j2 --version report/version.json --results data/results.csv --fits data/fits.json --provenance data/provenance.json --itl-depth data/itl_depth.csv --planner data/planner.json "${LOAD[@]}" --config-json "$CFGJSON" --out report/longctx.md
 pdftotext -layout report/longctx.pdf report/longctx.txt

@@ -5,8 +5,8 @@ slower, and how often it finds a real slowdown, by simulation at the noise a rea
 Each seed draws two versions of a table of configurations and lengths: every trial lognormal about a fixed centre,
 with the log-sd that row and figure (TTFT, decode rate) showed in a real run (tests/data/default_run_noise.json: the
 default workflow, config/longctx.yaml, 4 configurations by 5 lengths, 3 trials each), then compares them through the
-very code the report and the gate use. Unchanged: the share of seeds with any wrong verdict, any "slower", any
-regression. Slowed by a factor at every row and figure (under Bonferroni a row's verdict does not depend on the other
+very code the report and the gate use. Unchanged: the share of seeds with any wrong verdict (a false "slower" or a false
+"faster": two one-sided families, each held at 5%), any "slower", any regression. Slowed by a factor at every row and figure (under Bonferroni a row's verdict does not depend on the other
 rows' data, so one pass gives every row's detection rate): the share of seeds where each is found slower beyond the
 margin, beside the smallest change each row could show (detectable_change at its true noise) and what the report said.
 
@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from longctx.analysis.compare import FASTER, SLOWER, detectable_change, family_level  # noqa: E402
+from longctx.analysis.compare import FASTER, MARGIN, METRICS, SLOWER, detectable_change, family_level  # noqa: E402
 from longctx.report import changes  # noqa: E402
 
 NOISE = ROOT / "tests" / "data" / "default_run_noise.json"
@@ -57,7 +57,7 @@ def load_noise(path: str | Path = NOISE) -> list[dict]:
 def record(n: int, trials: dict[tuple[str, int], dict[str, np.ndarray]]) -> dict:
     """A version record as longctx.report.versions keeps one, with these trials and one identity for all."""
     identity = {"engine": "reference", "engine_version": "0.1.0", "hardware": {"cpu": "sim"}, "model": {"name": "m"},
-                "settings": {"engine": "reference"}, "settings_hash": "s", "kernel": None, "spec_hash": "h"}
+                "settings": {"engine": "reference"}, "settings_scheme": 2, "kernel": None, "spec_hash": "h"}
     rows = [{"configuration": c, "length": length, "trial": i, "run_id": f"run{n}", "ttft_s": float(v["ttft"][i]),
              "tpot_s": float(1 / v["decode"][i]), "decode_tok_s": float(v["decode"][i])}
             for (c, length), v in trials.items() for i in range(len(v["ttft"]))]
@@ -75,7 +75,7 @@ def draw(rng, noise: list[dict], trials: int, factor: float = 1.0) -> dict:
     return out
 
 
-def simulate(noise: list[dict], seeds: int, trials: int, factor: float = 1.0, margin: float = changes.MARGIN,
+def simulate(noise: list[dict], seeds: int, trials: int, factor: float = 1.0, margin: float = MARGIN,
              confidence: float = 0.95) -> dict:
     """The comparison of two drawn versions (the later one slowed by `factor`), over `seeds` seeds: the share of
     seeds with any wrong verdict, any "slower", any regression, and per row and figure the share found slower
@@ -87,7 +87,7 @@ def simulate(noise: list[dict], seeds: int, trials: int, factor: float = 1.0, ma
         rng = np.random.default_rng(seed)
         cmp = changes.compare(record(1, draw(rng, noise, trials)), record(2, draw(rng, noise, trials, factor)),
                               margin, confidence)
-        verdicts = [(r, f) for r in cmp["rows"] for f in changes.FIGURES if r[f]]
+        verdicts = [(r, f) for r in cmp["rows"] for f in METRICS if r[f]]
         truth = FASTER if factor < 1 else SLOWER if factor > 1 else None
         wrong += any(r[f]["verdict"] in (FASTER, SLOWER) and r[f]["verdict"] != truth for r, f in verdicts)
         slower += any(r[f]["verdict"] == SLOWER for r, f in verdicts)
@@ -101,7 +101,7 @@ def simulate(noise: list[dict], seeds: int, trials: int, factor: float = 1.0, ma
                                                                                if (r["configuration"], r["length"]) == (c, length)),
              "found": found[(c, length, f)] / seeds, "said_median": statistics.median(said[(c, length, f)]),
              "detectable": detectable_change(next(r[f] for r in noise if (r["configuration"], r["length"]) == (c, length)),
-                                             trials, trials, level, margin)}
+                                             trials, trials, 2 * level - 1, margin)}
             for c, length, f in sorted(found)]
     return {"seeds": seeds, "trials": trials, "factor": factor, "tests": 2 * len(noise), "level": level,
             "wrong": wrong / seeds, "slower": slower / seeds, "regression": regression / seeds, "rows": rows}
@@ -137,7 +137,7 @@ def main() -> int:
         slow = simulate(rows, a.seeds, trials, a.slowdown)
         spent = time.perf_counter() - t0
         found = [r["found"] for r in slow["rows"]]
-        print(f"\n{trials} trials a side, {null['tests']} intervals, each at {null['level']:.5f} (Bonferroni), "
+        print(f"\n{trials} trials a side, {null['tests']} one-sided bounds, each at {null['level']:.5f} (Bonferroni), "
               f"{a.seeds} seeds ({spent:.1f} s):")
         print(f"  unchanged: any wrong verdict in {null['wrong']:.1%} of seeds, any 'slower' in {null['slower']:.1%}, "
               f"any regression in {null['regression']:.1%}")

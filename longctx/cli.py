@@ -93,6 +93,54 @@ def _bench_kernel(a) -> int:
     return 0
 
 
+def _ab_kernel(a) -> int:
+    import torch
+
+    from .analysis import kernel_ab as verdicts
+    from .attention import kernel_ab
+    from .attention.shapes import Shape
+
+    if a.device == "cpu" and a.threads:
+        torch.set_num_threads(a.threads)
+    shape = Shape(a.heads, a.kv_lora_rank, a.rope, a.dtype)
+    try:
+        kernel_a, kernel_b = kernel_ab.load_pair(a.a, a.b, a.device)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"no kernel to time: {exc}") from None
+    ids = {side: kernel_ab.identity(k) for side, k in (("A", kernel_a), ("B", kernel_b))}
+    _say_lines(a, [f"A {ids['A']['name']} {ids['A']['target']} build {ids['A']['build_hash']} ({a.a}) against B "
+                   f"{ids['B']['name']} {ids['B']['target']} build {ids['B']['build_hash']} ({a.b}); shape "
+                   f"{shape.describe()}; {a.blocks} blocks a side of {a.calls} calls, ABBA"
+                   + (f"; {torch.get_num_threads()} threads" if a.device == "cpu" else "")])
+    measured = kernel_ab.alternate(kernel_a, kernel_b, shape, a.lengths, a.blocks, a.calls, a.device,
+                                   progress=lambda line: logging.getLogger(__name__).info("%s", line))
+    v = verdicts.verdicts(measured, a.confidence, a.margin, a.statistic)
+    code = 1 if v["regressions"] or v["lost"] else 2 if len(v["no_interval"]) == len(v["rows"]) else 0
+    lost = "; ".join(f"B failed at {x['length']} tokens ({x['why']})" for x in v["lost"])
+    summary = ("no length got an interval (it takes 2 pairs: --blocks 2 or more)" if code == 2 else
+               "; ".join(filter(None, [f"B slower beyond {a.margin:.0%} at {', '.join(map(str, v['regressions']))} tokens"
+                                       if v["regressions"] else "", lost])) if code == 1 else
+               f"no regression beyond {a.margin:.0%} at {len(v['rows'])} lengths")
+    _say_lines(a, [verdicts.line(r) for r in v["rows"]] +
+               [f"{summary} (one-sided bounds at {v['level']:.4f}: {a.confidence:g} over the {v['family']} lengths); "
+                f"the A/B took {measured['wall_s']:.1f} s"])
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(a.out, json.dumps({"a": a.a, "b": a.b, "exit": code, "measured": measured, "verdicts": v},
+                                       indent=1) + "\n")
+    return code
+
+
+def _confidence(text: str) -> float:
+    try:
+        c = float(text)
+    except ValueError:
+        c = math.nan
+    if not 0 < c < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a confidence is a fraction between 0 and 1 (0.95 is 95%)")
+    return c
+
+
 def _aggregate(a) -> int:
     from .analysis.aggregate import aggregate
 
@@ -207,6 +255,14 @@ def _plot_prefix(a) -> int:
     return 0
 
 
+def _plot_history(a) -> int:
+    from .report.figures.history import plot_history
+
+    for p in plot_history(a.history, a.style, a.outdir):
+        print(p)
+    return 0
+
+
 def _report_inputs(a):
     """The report's inputs from the options report_inputs adds: the data files, the configuration (from
     --config-json or --configfile) and the baseline (--baseline, else the configuration's)."""
@@ -221,7 +277,8 @@ def _report_inputs(a):
 def _render(a) -> int:
     from .report.latex import render_report
 
-    record = render_report(a.template, a.out, a.version_out, _report_inputs(a), versions_dir=a.versions)
+    record = render_report(a.template, a.out, a.version_out, _report_inputs(a), versions_dir=a.versions,
+                           history_out=a.history_out)
     print(f"{a.out}: version {record['n']} ({record['name']})")
     return 0
 
@@ -281,7 +338,7 @@ def _say_lines(a, lines: list[str]) -> None:
 
 
 def _gate(a) -> int:
-    from .report.changes import gate
+    from .report.gate import gate
 
     code, answer, lines = gate(a.version, a.versions, a.against, a.margin)
     text = json.dumps(answer, indent=1, sort_keys=True) + "\n"
@@ -295,7 +352,7 @@ def _gate(a) -> int:
 
 
 def _compare(a) -> int:
-    from .report import changes, versions
+    from .report import change_words, changes, versions
 
     try:
         records = []
@@ -311,8 +368,55 @@ def _compare(a) -> int:
     if a.json:
         print(json.dumps(cmp, indent=1, sort_keys=True))
     else:
-        _say_lines(a, changes.table_lines(cmp) + ([cmp["sentence"]] if cmp["sentence"] else []))
+        _say_lines(a, change_words.table_lines(cmp) + ([cmp["sentence"]] if cmp["sentence"] else []))
     return 0
+
+
+def _ab_config(a) -> dict:
+    """The config `longctx ab` runs with: --configfile (or as the workflow merged them, LONGCTX_CONFIG_SOURCES; else
+    config/longctx.yaml), its --config values, then the command line's baseline and level over ab.*."""
+    from . import config as cfg
+
+    sources = json.loads(os.environ.get(cfg.CONFIG_SOURCES_VAR) or "{}")
+    files = a.configfile or sources.get("configfiles") or ["config/longctx.yaml"]
+    overrides = json.loads(a.config_overrides) if a.config_overrides else sources.get("overrides")
+    config = cfg.load(files, overrides)
+    asked = {k: v for k, v in (("against", a.against), ("against_rev", a.against_rev), ("level", a.level)) if v}
+    if asked.get("against") or asked.get("against_rev"):  # the command line's baseline replaces the config's
+        config["ab"].update(against=None, against_rev=None)
+    config["ab"].update(asked)
+    if config["ab"]["against"]:
+        from .report.changes import version_number
+
+        config["ab"]["against"] = f"v{version_number(config['ab']['against'])}"
+    return config
+
+
+def _ab(a) -> int:
+    from .report import ab
+
+    if a.from_measurements:
+        m = json.loads(Path(a.from_measurements).read_text())
+    else:
+        config = _ab_config(a)
+        ab.check(config)
+        plan = ab.plan(config, config["ab"]["against"], config["ab"]["against_rev"], a.versions)
+        TERMINAL.info("A/B against %s: %s; measuring %s", plan["baseline"],
+                      "no kernel source differs (an A/A run)" if plan["aa"] else
+                      "; ".join(f"{k['name']}: {', '.join(k['differs'])} differ" for k in plan["kernels"]),
+                      ", ".join(plan["configurations"]) if config["ab"]["level"] == "server" else "the kernels alone")
+        m = ab.measure(config, plan, a.data, a.server_logs)
+        Path(a.measurements).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(a.measurements, json.dumps(m, indent=1, sort_keys=True) + "\n")
+        if a.measure_only:
+            TERMINAL.info("%s", ab.cost_line(m))
+            return 0
+    code, answer, lines = ab.write_outputs(m, a.out, a.markdown)
+    if a.json:
+        print(json.dumps(answer, indent=1, sort_keys=True))
+    if not a.json or a.log:
+        _say_lines(a, lines)
+    return code
 
 
 def _check_config(a) -> int:
@@ -378,6 +482,32 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=None)
     s.add_argument("--out", required=True)
     s.set_defaults(func=_bench_kernel)
+
+    s = sub.add_parser("ab-kernel", help="two builds of one kernel (A: the baseline, B: the candidate) timed in one "
+                       "process, calls alternated in ABBA blocks at each length on the same inputs: per length B/A with "
+                       "its paired one-sided bounds over the lengths' family, the verdict and whether it is a regression "
+                       "beyond the margin; exit 1 where one is, 2 where no length got an interval, else 0")
+    s.add_argument("--a", required=True, metavar="BUILD_DIR", help="the baseline's build directory (build/kernels/<name>/, "
+                   "or a directory holding a PyTorch kernel's source)")
+    s.add_argument("--b", required=True, metavar="BUILD_DIR", help="the candidate's, the same kernel built from other sources")
+    s.add_argument("--lengths", type=int, nargs="+", required=True, help="KV lengths (the sweep's: config lengths)")
+    s.add_argument("--heads", type=int, default=2, help="query heads on one tensor-parallel rank (default 2: the default "
+                   "config's model; the shape options are bench-kernel's)")
+    s.add_argument("--kv-lora-rank", type=int, default=64)
+    s.add_argument("--rope", type=int, default=16)
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the KV cache's dtype, as served")
+    s.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    s.add_argument("--blocks", type=int, default=16, help="blocks of each side per length (default 16: 16 pairs)")
+    s.add_argument("--calls", type=int, default=5, help="timed calls per block (default 5)")
+    s.add_argument("--statistic", default="median", choices=["median", "min", "all"],
+                   help="what a block gives its pair's difference: its median call (default), its fastest, or every call")
+    s.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: on a shared machine a kernel's "
+                   "threads wait at their barrier for a neighbour's time slice, docs/kernels.md; 0 leaves PyTorch's)")
+    s.add_argument("--confidence", type=_confidence, default=0.95, help="of the whole family of lengths (default 0.95)")
+    s.add_argument("--margin", type=_margin, default=0.05, help="a regression's bound clears 1 + margin (default 0.05)")
+    s.add_argument("--out", help='the answer as JSON: {"a", "b", "exit", "measured": the raw blocks per length, '
+                   '"verdicts": per length ratio, ci, verdict, regression, ...}')
+    s.set_defaults(func=_ab_kernel)
 
     s = sub.add_parser("aggregate", help="raw JSON files -> results.csv and provenance.json")
     s.add_argument("--out-csv", required=True)
@@ -468,6 +598,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--outdir", required=True)
     s.set_defaults(func=_plot_prefix)
 
+    s = sub.add_parser("plot-history", help="history.json -> the history figure: each version's TTFT and decode rate, "
+                       "the steps marked")
+    s.add_argument("--history", required=True, help="report/history.json (from render --history-out)")
+    s.add_argument("--style", required=True)
+    s.add_argument("--outdir", required=True)
+    s.set_defaults(func=_plot_history)
+
     s = sub.add_parser("plot-analysis", help="fits.json + planner.json -> roofline, residual, extrapolation and planner figures")
     s.add_argument("--results", required=True)
     s.add_argument("--fits", required=True)
@@ -507,6 +644,7 @@ def parser() -> argparse.ArgumentParser:
     report_inputs(s, "templates/longctx.tex.j2")
     s.add_argument("--out", required=True)
     s.add_argument("--version-out", required=True, help="the version record (report/version.json)")
+    s.add_argument("--history-out", help="the history and its change points, for the history figure (report/history.json)")
     s.set_defaults(func=_render)
 
     s = sub.add_parser("pdf", help="report .tex -> PDF with latexmk, kept as a version")
@@ -557,6 +695,28 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="the whole comparison as JSON")
     s.add_argument("--versions", default="report/versions", help="where versions are kept (default: report/versions)")
     s.set_defaults(func=_compare)
+
+    s = sub.add_parser("ab", help="the kernel sources of the working tree against an earlier version's, measured in one "
+                       "run, interleaved in blocks (A B B A ...), and gated: exit 1 where a length got slower beyond the margin "
+                       "or was lost, 0 where none did, 2 where nothing can be compared; run in the workflow's directory")
+    s.add_argument("--against", help="the baseline: a kept report version, vN (its kernel sources, report/versions/sources/)")
+    s.add_argument("--against-rev", help="the baseline: a git revision, whose kernel sources are taken with git show")
+    s.add_argument("--level", choices=["server", "kernel"], help="server (default: ab.level): each configuration's server, "
+                   "TTFT and decode, the kernel micro-benchmark beside; kernel: the micro-benchmark alone")
+    s.add_argument("--configfile", action="append", help="config files, merged in order (default: as the workflow merged "
+                   "them, else config/longctx.yaml)")
+    s.add_argument("--config-overrides", help="--config values as JSON")
+    s.add_argument("--json", action="store_true", help="print the answer as JSON: as `longctx gate --json`, with \"lost\", "
+                   "\"not_compared\", each row's detectable change and \"cost\" (server starts, wall time)")
+    s.add_argument("--versions", default="report/versions", help="where versions are kept (default: report/versions)")
+    s.add_argument("--data", default="data/ab", help="where each length's blocks are written as measured (default: data/ab)")
+    s.add_argument("--server-logs", default="data/logs/server/ab", help="the servers' logs (default: data/logs/server/ab)")
+    s.add_argument("--measurements", default="data/ab/measurements.json", help="all measurements, written once done")
+    s.add_argument("--measure-only", action="store_true", help="measure and write --measurements, no verdict")
+    s.add_argument("--from-measurements", metavar="PATH", help="no measuring: the verdict over measurements written before")
+    s.add_argument("--out", default="report/ab.json", help="the JSON answer (default: report/ab.json)")
+    s.add_argument("--markdown", default="report/ab.md", help="the A/B's page (default: report/ab.md)")
+    s.set_defaults(func=_ab)
 
     s = sub.add_parser("check-config", help="validate a config file and print it with defaults filled in")
     s.add_argument("configfile")

@@ -186,6 +186,9 @@ def requests_of(config: dict[str, Any]) -> list[tuple[str, int, int]]:
     depth = proto["itl_depth"]
     if depth["length"]:
         out.append(("protocol.itl_depth.length", depth["length"], depth["output_tokens"]))
+    metronome = config.get("metronome") or {}
+    if metronome.get("enabled"):
+        out.append(("metronome.length", metronome["length"], metronome["output_tokens"]))
     return out
 
 
@@ -210,6 +213,15 @@ def prefix_of(config: dict[str, Any], name: str) -> dict[str, Any] | None:
     if not (prefix["lengths"] and prefix["hit_rates"]) and not prefix["conversation"]["max_context"]:
         return None
     return prefix
+
+
+def metronome_of(config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The metronome configuration `name`'s run takes (config key metronome), or None: it takes none (metronome.enabled
+    false, or its results are imported: no run of longctx's measured them)."""
+    metronome = config["metronome"]
+    if not metronome["enabled"] or not get_adapter(config["configurations"][name]["engine"]).measures:
+        return None
+    return metronome
 
 
 def _check_context(name: str, conf: dict, config: dict, adapter) -> None:
@@ -308,6 +320,7 @@ def configuration_spec(config: dict[str, Any], name: str) -> ConfigurationSpec:
     imported = {k: v for k, v in config["configurations"][name].items() if k in IMPORTED_KEYS}
     conf["load"] = load_of(config, name)
     conf["prefix"] = prefix_of(config, name)
+    conf["metronome"] = metronome_of(config, name)
     kernel = conf["kernel"]
     return ConfigurationSpec.from_dict({
         "name": name,

@@ -95,3 +95,23 @@ rule calibrate_hardware:
         ENV
     shell:
         "longctx calibrate --plan {params.plan:q} --out {output} --log {log}"
+
+
+# The kernel A/B (`snakemake --cores 1 report/ab.json`; longctx.report.ab): the kernel sources of the working tree
+# against ab.against's (a kept version) or ab.against_rev's (a git revision), both measured in this one job,
+# interleaved in blocks. An edit to a kernel source, or to the A/B's settings, reruns it. Each length's blocks are kept
+# in data/ab/<configuration>/ as they are measured.
+rule measure_ab:
+    input:
+        sources=ab_sources,
+    output:
+        "data/ab/measurements.json",
+    log:
+        "data/logs/measure_ab.log",
+    params:
+        settings=lambda w: canonical_json({**CFG["ab"], "rev": ab_revision()}),
+    threads: workflow.cores
+    conda:
+        ENV
+    shell:
+        "longctx ab --measure-only --measurements {output} --log {log}"

@@ -8,7 +8,7 @@ import re
 from longctx import config as lcfg
 from longctx.core.hashing import canonical_json, digest
 from longctx.measure.calibration import plan as calibration_plan
-from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, LOAD_FIGURES, PREFIX_FIGURES
+from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, HISTORY_FIGURES, LOAD_FIGURES, PREFIX_FIGURES
 from longctx.measure.resources import bench_resources
 from longctx.measure import imports
 from longctx.measure.rawfiles import retry_input
@@ -63,6 +63,7 @@ REPORT_PARAMS = dict(baseline=BASELINE, config=REPORT_CONFIG)
 localrules:
     aggregate_results,
     check_regressions,
+    check_ab,
     aggregate_load,
     analyze_load,
     whatif,
@@ -75,6 +76,7 @@ localrules:
     plot_figures,
     plot_analysis_figures,
     render_report,
+    plot_history,
     build_pdf,
     render_markdown,
     render_plan_section,
@@ -99,11 +101,13 @@ ITL_DEPTH = bool(CFG["protocol"]["itl_depth"]["length"])
 def raw_names(configuration, load=True):
     """The names of the files a bench (or import) job writes in data/raw/<configuration>/: a file per length (an
     imported configuration's own lengths), the ITL-against-depth request when configured, an adaptive sweep's path,
-    and (with load) load.json and prefix.json: the load and the reused-context workloads, or a record that the
+    a measured configuration's metronome readings (longctx.measure.metronome; or a record that it takes none), and
+    (with load) load.json and prefix.json: the load and the reused-context workloads, or a record that the
     configuration measures none."""
     c = configuration
     names = [str(n) for n in CONFIGURATION_LENGTHS.get(c, LENGTHS)] + (["itl_depth"] if ITL_DEPTH else [])
     names += ["sweep"] if ADAPTIVE and c not in IMPORTED else []
+    names += ["metronome"] if c not in IMPORTED else []
     return names + (["load", "prefix"] if load else [])
 
 
@@ -162,3 +166,19 @@ def report_shell(command, options):
     data = " ".join(f"--{name.replace('_', '-')} {{input.{name}}}" for name in REPORT_DATA)
     return (f"longctx {command} --template {{input.template}} {data} --baseline {{params.baseline:q}} "
             f"--config-json {{params.config:q}} {options} --log {{log}}")
+
+
+def ab_sources(wildcards):
+    """The sources of every kernel a configuration uses: an edit to one reruns the A/B."""
+    return sorted({s for c in CFG["configurations"].values() if c.get("kernel") for s in CFG["kernels"][c["kernel"]]["sources"]})
+
+
+def ab_revision():
+    """The commit ab.against_rev names now (a branch moves), or None."""
+    rev = CFG["ab"]["against_rev"]
+    if not rev:
+        return None
+    import subprocess
+
+    proc = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True, text=True)
+    return proc.stdout.strip() or rev

@@ -71,8 +71,9 @@ rule plot_prefix_figures:
         "longctx plot-prefix --prefix {input.prefix} --style {input.style} --outdir {params.outdir} --log {log}"
 
 
-# The .tex and its version record (number, hash, previous version, the medians it keeps); the
-# version is assigned from report/versions/log.json, which build_pdf appends to.
+# The .tex, its version record (number, hash, previous version, the trials it keeps) and its history (every kept
+# version up to it, with the change points: longctx.report.history); the version is assigned from
+# report/versions/log.json, which build_pdf appends to, so the history is known here and not before.
 rule render_report:
     input:
         **REPORT_DATA,
@@ -81,6 +82,7 @@ rule render_report:
     output:
         tex="report/longctx.tex",
         version="report/version.json",
+        history="report/history.json",
     log:
         "data/logs/render_report.log",
     params:
@@ -88,7 +90,24 @@ rule render_report:
     conda:
         ENV
     shell:
-        report_shell("render", "--out {output.tex} --version-out {output.version}")
+        report_shell("render", "--out {output.tex} --version-out {output.version} --history-out {output.history}")
+
+
+# The history figure: each version's TTFT and decode rate per configuration and length, its steps marked.
+rule plot_history:
+    input:
+        history="report/history.json",
+        style="templates/plot.mplstyle",
+    output:
+        expand("report/figures/{figure}.{ext}", figure=HISTORY_FIGURES, ext=FORMATS),
+    log:
+        "data/logs/plot_history.log",
+    params:
+        outdir=lambda w, output: os.path.dirname(output[0]),
+    conda:
+        ENV
+    shell:
+        "longctx plot-history --history {input.history} --style {input.style} --outdir {params.outdir} --log {log}"
 
 
 # Also keeps the PDF as report/versions/longctx-v{N}-{hash}.pdf and logs it.
@@ -97,7 +116,7 @@ rule build_pdf:
         tex="report/longctx.tex",
         version="report/version.json",
         provenance="data/provenance.json",
-        figures=expand("report/figures/{figure}.pdf", figure=FIGURES + ANALYSIS_FIGURES + LOAD_FIGURES + PREFIX_FIGURES),
+        figures=expand("report/figures/{figure}.pdf", figure=FIGURES + ANALYSIS_FIGURES + LOAD_FIGURES + PREFIX_FIGURES + HISTORY_FIGURES),
     output:
         "report/longctx.pdf",
     log:
@@ -116,7 +135,7 @@ rule render_markdown:
         partials=MARKDOWN_PARTIALS,
         version="report/version.json",
         pdf="report/longctx.pdf",
-        figures=expand("report/figures/{figure}.png", figure=FIGURES + ANALYSIS_FIGURES + LOAD_FIGURES + PREFIX_FIGURES),
+        figures=expand("report/figures/{figure}.png", figure=FIGURES + ANALYSIS_FIGURES + LOAD_FIGURES + PREFIX_FIGURES + HISTORY_FIGURES),
     output:
         "report/longctx.md",
     log:
@@ -183,3 +202,20 @@ rule check_regressions:
         ENV
     shell:
         "longctx gate --version {input.version} --out {output} --log {log}"
+
+
+# The A/B's verdict (longctx.report.gate, as `longctx ab`): the job fails where a length got slower beyond
+# report.regression_margin or was lost, naming each; report/ab.md is its page (what it compared, which level the
+# verdict comes from, what it cost).
+rule check_ab:
+    input:
+        "data/ab/measurements.json",
+    output:
+        json="report/ab.json",
+        page="report/ab.md",
+    log:
+        "data/logs/check_ab.log",
+    conda:
+        ENV
+    shell:
+        "longctx ab --from-measurements {input} --out {output.json} --markdown {output.page} --log {log}"

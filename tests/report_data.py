@@ -241,7 +241,8 @@ def run_report_chain(data: Path, out: Path, configuration: dict, calibration: di
         ["plot-analysis", "--results", f["results.csv"], "--fits", f["fits.json"], "--planner", f["planner.json"],
          "--style", style, "--outdir", str(out / "figures")],
         ["render", "--template", str(templates / "longctx.tex.j2"), *common, "--out", str(out / "longctx.tex"),
-         "--version-out", str(out / "version.json")],
+         "--version-out", str(out / "version.json"), "--history-out", str(out / "history.json")],
+        ["plot-history", "--history", str(out / "history.json"), "--style", style, "--outdir", str(out / "figures")],
         ["pdf", "--tex", str(out / "longctx.tex"), "--provenance", f["provenance.json"], "--version",
          str(out / "version.json"), "--out", str(out / "longctx.pdf")],
         ["markdown", "--template", str(templates / "longctx.md.j2"), "--version", str(out / "version.json"), *common,
@@ -257,12 +258,15 @@ def build_report(paths: dict, out: Path, report_inputs: ReportInputs) -> None:
     rules make them (a caller draws any other figures its inputs need, load or prefix, before)."""
     from longctx.report import latex, markdown
     from longctx.report.figures.analysis import plot_analysis
+    from longctx.report.figures.history import plot_history
     from longctx.report.figures.measured import plot_all
 
     templates = Path(__file__).resolve().parents[1] / "templates"
     style = templates / "plot.mplstyle"
     plot_all(paths["results_csv"], paths["fits_json"], style, out / "figures", paths["itl_depth_csv"])
     plot_analysis(paths["results_csv"], paths["fits_json"], paths["planner_json"], style, out / "figures")
-    latex.render_report(templates / "longctx.tex.j2", out / "longctx.tex", out / "version.json", report_inputs)
+    latex.render_report(templates / "longctx.tex.j2", out / "longctx.tex", out / "version.json", report_inputs,
+                        history_out=out / "history.json")
+    plot_history(out / "history.json", style, out / "figures")
     latex.build_pdf(out / "longctx.tex", out / "longctx.pdf", paths["provenance_json"], out / "version.json")
     markdown.render_twin(templates / "longctx.md.j2", out / "longctx.md", out / "version.json", report_inputs)

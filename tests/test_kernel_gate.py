@@ -1,10 +1,14 @@
 """The loop after a kernel edit, end to end: real Snakemake, the real reference engine, real TeX. The workflow, then an
-edit to the PyTorch reference kernel that makes decode slower at long contexts only (from 2,048 cells on it computes
-the attention scores 128 times over: the same work each time, so the slowdown is steady; a slowdown that allocates a
-large buffer a step varied 30% from trial to trial with malloc and gave intervals too wide to call), the rerun,
-`longctx gate`; then the edit reverted, the rerun, the gate against the first version. The config's margin, 30%, is
-above what this shared VM drifts between whole runs of unchanged code (bench/rerun_drift.sh; once 25% in decode at
-every length, with the 5% default the revert failed the gate then)."""
+edit to the PyTorch reference kernel that makes decode slower at long contexts only (from 2,048 cells on each call
+sleeps 5 ms more, 2-4x the call: a sleep costs the same on a busy machine as on a quiet one, where 128 more score
+matmuls, the slowdown this test used before, sat at the margin at 2,048 on this machine's noise and failed the gate
+test once in three runs; a slowdown that allocates a large buffer a step varied 30% with malloc), the rerun,
+`longctx gate`; then the edit reverted and measured again while another process competes for the cores, and the gate
+against the first version: the same code on a machine that moved, which the gate allows for by the drift the two runs'
+metronomes measured, and says so. The config's margin, 30%, was set above what this shared VM drifts between whole runs
+of unchanged code before that drift was measured (bench/rerun_drift.sh; once 25% in decode at every length, with the 5%
+default the revert failed the gate then); it stays, beside the measured drift, for what a short request and a probe
+may not see of a machine that moves."""
 
 from __future__ import annotations
 
@@ -22,8 +26,8 @@ pytestmark = pytest.mark.slow
 
 KERNEL = "kernels/reference/paged_mla_decode.py"
 CELLS = "        kv = _cells(pages, page_table[b, : -(-n // page_size)], n, dim)\n"
-SLOW = CELLS + "        for _ in range(128 if n >= 2048 else 0):  # long contexts: the scores computed 128 times over\n" \
-                "            torch.matmul(q[b], kv.t())\n"
+SLOW = CELLS + "        if n >= 2048:  # long contexts: 5 ms more a call\n" \
+                "            __import__('time').sleep(0.005)\n"
 
 
 def gate(cwd, *args) -> tuple[int, str]:
@@ -51,8 +55,10 @@ def test_a_kernel_edit_that_slows_long_contexts_fails_the_gate_and_its_revert_pa
     code, lines = gate(work)
     print(lines)
     assert code == 1, lines
+    # beyond the margin and the drift the two runs' metronomes measured (the machine probe's: the kernel changed, so the
+    # short request, which runs it, is not a measure of the machine alone)
     named = re.findall(r"^page16 at ([\d,]+) tokens: (\w+) now/before ([\d.]+) \[([\d.]+), ([\d.]+)\], n=3/3, slower beyond "
-                       r"the 30% margin against v1$", lines, re.M)
+                       r"the 30% margin(?: and the machine's drift between the runs \(\d+%\))? against v1$", lines, re.M)
     assert len(named) == len(lines.splitlines()), lines
     assert {(L, f) for L, f, *_ in named} >= {("2,048", "decode"), ("4,096", "decode")}, lines
     assert not {L for L, *_ in named} & {"256", "512"}, lines  # the short lengths did not get slower
@@ -62,16 +68,28 @@ def test_a_kernel_edit_that_slows_long_contexts_fails_the_gate_and_its_revert_pa
     # page one of the PDF and the Markdown twin say it in one sentence
     page_one = pdftotext(work / "report" / "longctx.pdf").split("\f")[0]
     flat = " ".join(page_one.split())
-    assert re.search(r"The change to kernel paged_mla_decode_torch since v1 made decode in page16 [\d.]+x \[[\d.]+, [\d.]+\] "
+    assert re.search(r"The change to kernel paged_mla_decode_torch since v1 \(measured in another run\) made decode in page16 "
+                     r"[\d.]+x \[[\d.]+, [\d.]+\] "
                      r"slower at [\d,]+ tokens, n=3/3; slower beyond the 30% margin: decode in page16 at [\d, and]*4,096 tokens",
                      flat), flat
     twin = (work / "report" / "longctx.md").read_text()
-    assert "The change to kernel paged\\_mla\\_decode\\_torch since v1 made decode in page16" in twin
+    assert "The change to kernel paged\\_mla\\_decode\\_torch since v1 (measured in another run) made decode in page16" in twin
     assert "## Change since v1" in twin and "**Slower beyond the margin**" in twin
 
+    # the edit reverted, and measured again while another process competes for the cores for the whole run: the same
+    # code as v1, on a machine that moved; the drift between the two runs' metronomes is what the gate allows for, and
+    # it says so: no length is called slower
     kernel.write_text(original)
-    run(work)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        run(work)
+    finally:
+        busy.kill()
+        busy.wait()
     code, lines = gate(work, "--against", "v1")
     print(lines)
-    assert code == 0 and lines.startswith("no regression beyond the 30% margin against v1: 4 configuration and lengths"), lines
+    assert code == 0, lines
+    assert re.fullmatch(r"no regression beyond the 30% margin against v1: 4 configuration and lengths compared \(8 one-sided "
+                        r"bounds, bonferroni over the table\); a slowdown under \d+% at page16 [\d,]+ tokens \((TTFT|decode)\) "
+                        r"could go unseen; the machine moved by up to \d+% between the two runs \(metronome: .*\)\n", lines), lines
     assert gate(work)[0] == 0  # against v2, the previous version: faster again, no regression

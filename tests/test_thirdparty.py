@@ -241,7 +241,12 @@ def test_vllms_load_points_are_predicted_from_its_own_fits_and_scheduler(vllm_wo
     woke = load["wake"]["points"]
     assert [(p["gap_s"], p["n"]) for p in woke] == [(0.02, 3), (0.1, 3), (0.3, 3), (1.2, 3)], woke
     assert c["costs"]["wake"] == [[p["idle_s"], p["extra_s"]] for p in woke]
-    assert c["errors"]["p50"]["median_abs"] <= 0.15 and c["errors"]["p50"]["n"] == 4, table
+    # held to 15% where the drift the run's metronome measured around the sweep and the load stage leaves the verdict
+    # to the model; within that drift the check is inconclusive, and the report says so; it fails only beyond what
+    # the machine's move could explain (longctx.analysis.drift.verdict)
+    judged = c["drift"]["verdict"]
+    assert c["errors"]["p50"]["n"] == 4 and judged["verdict"] != "fail", (table, judged)
+    assert judged["verdict"] == "inconclusive" or c["errors"]["p50"]["median_abs"] <= 0.15, (table, judged)
     twin = " ".join((vllm_workflow / "report" / "longctx.md").read_text().split())
     assert "## What if: the deployment under load, predicted" in twin and "vLLM's V1 scheduler's" in twin
     # both loops held the workload simulated (test_vllms_own_metrics_...): every row counts
@@ -298,7 +303,9 @@ def test_kv_bytes_and_pool_are_what_vllm_allocated(vllm_workflow):
     # the budget longctx recorded (the number and the block, never the environment), and the planner's prediction from it
     assert prov["kv_pool"]["budget"] == {"bytes": budget, "source": "VLLM_CPU_KVCACHE_SPACE", "block_size": block,
                                          "block_source": "vLLM's CPU default"}
-    assert "HF_HUB_OFFLINE" not in json.dumps(prov)
+    # of the environment, a configuration's identity keeps the variables' names, never their values
+    assert prov["settings"]["shown"]["env"] == ["HF_HUB_OFFLINE", "VLLM_CPU_KVCACHE_SPACE"]
+    assert '"HF_HUB_OFFLINE": "1"' not in json.dumps(prov) and '"VLLM_CPU_KVCACHE_SPACE": "1"' not in json.dumps(prov)
     rule = plan["budget_rule"]
     print(f"planner: {rule['budget_bytes']:,} B // ({rule['block_size']} x {plan['memory']['cell_bytes']:,} B) = {rule['blocks']:,} "
           f"blocks, {rule['logged_tokens']:,} tokens predicted; vLLM logged {tokens:,} ({plan['check']})")

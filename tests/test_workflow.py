@@ -111,7 +111,8 @@ def test_every_stage_left_its_outputs_and_logs(workflow):
                  "report/version.json", "report/longctx.md", "data/logs/bench/page1.log", "data/logs/server/page16.log",
                  "data/logs/build_pdf.log", "data/logs/render_markdown.log",
                  "data/calibration.json", "data/logs/calibrate_hardware.log", "data/planner.json", "data/logs/plan_memory.log",
-                 "report/figures/roofline.pdf", "report/figures/planner.png", "data/logs/plot_analysis_figures.log"):
+                 "report/figures/roofline.pdf", "report/figures/planner.png", "data/logs/plot_analysis_figures.log",
+                 "report/history.json", "report/figures/history.pdf", "report/figures/history.png", "data/logs/plot_history.log"):
         assert (workflow / path).is_file(), path
 
 
@@ -124,7 +125,7 @@ def test_template_edit_rerenders_without_measuring(workflow):
     original = template.read_text()
     template.write_text(original + "%# edited\n")
     try:
-        assert planned_jobs(workflow) == {"render_report": 1, "build_pdf": 1}
+        assert planned_jobs(workflow) == {"render_report": 1, "plot_history": 1, "build_pdf": 1}
     finally:
         template.write_text(original)
 
@@ -157,8 +158,8 @@ def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream
         # the calibration stands: it measures the machine, not the kernel
         assert planned_jobs(workflow) == {
             "build_kernel": 1, "bench_configuration": len(configurations), "aggregate_results": 1, "fit_models": 1,
-            "plan_memory": 1, "plot_figures": 1, "plot_analysis_figures": 1, "render_report": 1, "build_pdf": 1,
-            "aggregate_load": 1, "analyze_load": 1, "whatif": 1, "plot_load_figures": 1,
+            "plan_memory": 1, "plot_figures": 1, "plot_analysis_figures": 1, "render_report": 1, "plot_history": 1,
+            "build_pdf": 1, "aggregate_load": 1, "analyze_load": 1, "whatif": 1, "plot_load_figures": 1,
             "aggregate_prefix": 1, "analyze_prefix": 1, "plot_prefix_figures": 1,
             **({"bench_kernel": 1} if "page16" in configurations else {}),  # the native kernel, timed alone
         }
@@ -177,7 +178,7 @@ def test_the_studys_deployment_config_plans_its_jobs_without_a_gpu(workflow):
     jobs = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m[1] != "total"}
     assert jobs == {"build_kernel": 1, "bench_kernel": 1, "bench_configuration": 3, "calibrate_hardware": 1,
                     "aggregate_results": 1, "fit_models": 1, "plan_memory": 1, "plot_figures": 1,
-                    "plot_analysis_figures": 1, "render_report": 1, "build_pdf": 1, "aggregate_load": 1,
+                    "plot_analysis_figures": 1, "render_report": 1, "plot_history": 1, "build_pdf": 1, "aggregate_load": 1,
                     "analyze_load": 1, "whatif": 1, "plot_load_figures": 1, "aggregate_prefix": 1, "analyze_prefix": 1,
                     "plot_prefix_figures": 1}
     for configuration in ("triton-page1", "sm120-kernel", "sm120-kernel-defrag"):
@@ -273,6 +274,29 @@ def test_the_load_workloads_are_measured_analysed_and_reported(workflow):
     # on page one, unless the weightier findings there left it too few of the 150 words
     assert said in page_one or len(page_one.split()) + len(said.split()) > WORDS, (said, page_one)
     assert "figures/frontier.png" in md and "figures/interference.png" in md
+
+
+def test_every_measured_run_has_its_metronome_and_its_drift_in_the_report(workflow):
+    """Issue 53, item 7: each measured configuration's bench job writes its metronome's readings (a raw file the
+    workflow lists: rules/common.smk raw_names), at the points its run has; aggregation gives each run its drift
+    figure; the appendix states it per configuration, and the what-if's check is quoted against it."""
+    prov = json.loads((workflow / "data" / "provenance.json").read_text())["configurations"]
+    for name, points in (("page1", ["start", "after_sweep", "after_load", "end"]), ("page16", ["start", "end"]),
+                         ("page16-ngram", ["start", "end"])):
+        raw = json.loads((workflow / "data" / "raw" / name / "metronome.json").read_text())
+        assert raw["status"] == "ok" and [r["point"] for r in raw["readings"]] == points, (name, raw["reason"])
+        assert all(r["ttft_s"] > 0 and r["probe"]["median_s"] > 0 for r in raw["readings"])
+        assert prov[name]["metronome"]["readings"] == raw["readings"]
+        assert prov[name]["metronome"]["drift"]["drift"] >= 0
+    # the PDF's words, a word LaTeX broke at a line's end joined again
+    text = " ".join(re.sub(r"-\n\s*", "", pdftotext(workflow / "report" / "longctx.pdf")).split())
+    md = (workflow / "report" / "longctx.md").read_text()
+    assert text.count("Drift the machine moved by up to") == 3, text[-3000:]
+    assert md.count("Drift: the machine moved by up to") == 3
+    whatif = json.loads((workflow / "data" / "whatif.json").read_text())["configurations"]["page1"]
+    words = whatif["drift"]["drift"]["words"]
+    assert words.startswith("the machine moved by up to") and words in md
+    assert "were measured minutes apart, and the machine moved by up to" in text
 
 
 def test_the_reused_context_workloads_are_measured_analysed_and_reported(workflow):

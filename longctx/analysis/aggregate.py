@@ -1,4 +1,8 @@
-"""data/raw/<configuration>/<length>.json -> data/results.csv (a row per trial) and data/provenance.json."""
+"""data/raw/<configuration>/<length>.json -> data/results.csv (a row per trial) and data/provenance.json.
+
+Each configuration's metronome.json (longctx.measure.metronome) goes into provenance.json as its entry's `metronome`:
+the readings, the run's drift figure over them (longctx.analysis.drift.within), and the file's status and reason.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from ..core.errors import write_atomic
 from ..measure.rawfiles import read_raw
 from ..measure.telemetry import NVML_METRICS, PSUTIL_METRICS
 from ..specs.pool import observed_pool
+from .drift import within
 
 log = logging.getLogger("longctx.analysis.aggregate")
 terminal = logging.getLogger("longctx.progress")  # what a stage run with --log (longctx.cli) also says on the terminal
@@ -194,8 +199,9 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
     prov: dict = {"configurations": {}}
     # a configuration's load.json and prefix.json hold its load and reused-context workloads (longctx.analysis.load
     # and .prefix read them), not a length
-    paths = [p for p in map(Path, raw_files) if p.stem not in ("load", "prefix", "sweep")]
+    paths = [p for p in map(Path, raw_files) if p.stem not in ("load", "prefix", "sweep", "metronome")]
     sweeps = {p.parent.name: p for p in map(Path, raw_files) if p.stem == "sweep"}
+    metronomes = {p.parent.name: p for p in map(Path, raw_files) if p.stem == "metronome"}
     depth_rows = [r for p in sorted(paths) if p.stem == "itl_depth" for r in itl_depth_rows(p)]
     if out_itl_depth:
         write_atomic(out_itl_depth, pd.DataFrame(depth_rows, columns=ITL_DEPTH_COLUMNS).to_csv(index=False))
@@ -221,6 +227,8 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
         prov["configurations"].setdefault(name, {})["sweep"] = (
             {k: sweep.get(k) for k in ("settings", "grid", "path", "outcome", "spent_s", "predicted_s", "at_max", "reason")}
             if sweep else {"reason": f"unreadable {path}: {problem}"})
+    for name, path in sorted(metronomes.items()):  # the run's drift (longctx.measure.metronome)
+        prov["configurations"].setdefault(name, {})["metronome"] = metronome_entry(path, Path(partial_dir) if partial_dir else None)
     df = pd.DataFrame(rows, columns=COLUMNS).sort_values(["configuration", "length", "concurrency", "trial", "request"],
                                                          kind="stable")
     df = flag_contended(df, prov)
@@ -228,6 +236,25 @@ def aggregate(raw_files: list[str | Path], out_csv: str | Path, out_provenance: 
     write_atomic(out_csv, df.to_csv(index=False))
     write_atomic(out_provenance, json.dumps(prov, indent=1, sort_keys=True) + "\n")
     return df
+
+
+def metronome_entry(path: Path, partial_dir: Path | None = None) -> dict:
+    """A configuration's provenance `metronome`: its metronome.json's settings, status, reason and readings, and the
+    run's drift over them (longctx.analysis.drift.within; None with fewer than two readings); a file that cannot be
+    read is taken from its intact copy in partial_dir/<configuration>/ (said in `recovered_from`), else said so."""
+    raw, problem = read_raw(path)
+    if raw is None and partial_dir is not None:
+        copy = partial_dir / path.parent.name / path.name
+        kept, _ = read_raw(copy)
+        if kept is not None:
+            raw = {**kept, "recovered_from": str(copy), "recovered_because": f"{path}: {problem}"}
+            terminal.warning("%s is unreadable (%s): its readings recovered from its intact copy %s", path, problem, copy)
+    if raw is None:
+        return {"status": "failed", "reason": f"unreadable {path}: {problem}", "readings": [], "drift": None}
+    readings = raw.get("readings") or []
+    return {"settings": raw.get("metronome"), "status": raw.get("status"), "reason": raw.get("reason"),
+            "points": raw.get("points") or [], "readings": readings, "drift": within(readings),
+            **{k: raw[k] for k in ("recovered_from", "recovered_because") if k in raw}}
 
 
 def missing(df: pd.DataFrame) -> dict[str, list[tuple[int, str]]]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -42,8 +43,18 @@ from .tables import ok_rows
 
 FASTER, SLOWER, SAME, NO_INTERVAL = "faster", "slower", "no measurable difference", "no interval"
 VERDICTS = (FASTER, SLOWER, SAME, NO_INTERVAL)
-# metric: (column of results.csv, whether a smaller value is faster)
-METRICS = {"ttft": ("ttft_s", True), "decode": ("decode_tok_s", False)}
+
+
+class Metric(NamedTuple):
+    column: str  # of results.csv (and of a version's kept trials)
+    smaller_is_faster: bool
+    words: str  # its name in a sentence
+
+
+# the figures every comparison looks at: a configuration against the baseline, a version against an earlier one, an
+# A/B's two sides, a drafting configuration against its twin
+METRICS = {"ttft": Metric("ttft_s", True, "TTFT"), "decode": Metric("decode_tok_s", False, "decode")}
+MARGIN = 0.05  # a change whose interval lies wholly within 1 +- MARGIN is no change worth the name (report.regression_margin)
 MIN_TRIALS = 3  # on each side, for an interval (its coverage is shown from 3; at 2 it over-covers)
 METHOD = "welch-log"  # recorded with the verdicts (headline.intervals.method)
 CORRECTION = "bonferroni"  # how a family of intervals holds together (family_level)
@@ -123,7 +134,7 @@ def against_baseline(df: pd.DataFrame, baseline: str, settings: dict | None = No
         if name == baseline or ref is None:
             continue
         row = {}
-        for metric, (column, smaller) in METRICS.items():
+        for metric, (column, smaller, _) in METRICS.items():
             if column not in g:
                 continue
             s = speedup(ref[column], g[column], smaller, st["confidence"])
@@ -190,24 +201,33 @@ def detectable_change(noise: float, n_before: int, n_now: int, level: float, mar
     return float((1 + margin) * math.exp(noise * _detection_quantile(int(n_before), int(n_now), float(level), detection)) - 1)
 
 
-def change(before, now, smaller_is_faster: bool, level: float, margin: float) -> dict | None:
+def change(before, now, smaller_is_faster: bool, level: float, margin: float, tolerance: float = 0.0,
+           one_sided: bool = False) -> dict | None:
     """`now`'s trials against `before`'s (non-positive and NaN values left out), as a row of a family at `level`
-    (family_level): {ratio: now/before of the geometric means, ci: its Welch interval [low, high] or None, speedup and
-    speedup_ci: the same as a speedup (above 1 faster: a TTFT ratio and its interval inverted), verdict
-    (as `verdict` reads the speedup: faster, slower, no measurable difference, no interval), beyond_margin (the
-    whole interval lies beyond `margin` on the side of its verdict: a TTFT ratio above 1 + margin, a rate ratio
-    below 1 / (1 + margin), or the reverse), regression (slower beyond the margin), trials now and before, noise
-    (log_noise) and detectable (detectable_change at that noise, median_unbiased)}. None where a side has no trial."""
+    (family_level): {ratio: now/before of the geometric means, ci: its Welch interval [low, high] or None (one_sided:
+    the two one-sided bounds at `level`, each missing the truth in at most 1 - level of reruns: the interval at
+    2 level - 1), speedup and speedup_ci: the same as a speedup (above 1 faster: a TTFT ratio and its interval
+    inverted), verdict (as `verdict` reads the speedup: faster, slower, no measurable difference, no interval),
+    beyond_margin (the whole interval lies beyond the threshold (1 + margin)(1 + tolerance) on the side of its
+    verdict: a TTFT ratio above it, a rate ratio below its inverse, or the reverse; tolerance: what else may have
+    moved between the two sides, such as the machine between two runs), regression (slower beyond it), trials now and
+    before, noise (log_noise), threshold and detectable (detectable_change at that noise beyond the threshold,
+    median_unbiased)}. None where a side has no trial."""
     b, o = np.asarray(before, float), np.asarray(now, float)
     b, o = b[np.isfinite(b) & (b > 0)], o[np.isfinite(o) & (o > 0)]
     if not len(b) or not len(o):
         return None
+    two_sided = 2 * level - 1 if one_sided else level  # the two-sided interval whose ends are the one-sided bounds
     ratio = math.exp(np.log(o).mean() - np.log(b).mean())
-    ci = [float(x) for x in welch_log_interval(o, b, level)] if min(len(b), len(o)) >= MIN_TRIALS else None
+    ci = [float(x) for x in welch_log_interval(o, b, two_sided)] if min(len(b), len(o)) >= MIN_TRIALS else None
     speed = None if ci is None else ([1 / ci[1], 1 / ci[0]] if smaller_is_faster else ci)  # as a speedup: above 1 faster
     said = verdict(speed)
-    beyond = speed is not None and (speed[1] < 1 / (1 + margin) if said == SLOWER else speed[0] > 1 + margin if said == FASTER else False)
+    threshold = (1 + margin) * (1 + tolerance)
+    beyond = speed is not None and (speed[1] < 1 / threshold if said == SLOWER else speed[0] > threshold if said == FASTER else False)
     noise = log_noise(b, o) if min(len(b), len(o)) >= 2 else math.nan
-    return {"ratio": ratio, "ci": ci, "speedup": 1 / ratio if smaller_is_faster else ratio, "speedup_ci": speed, "verdict": said, "beyond_margin": bool(beyond), "regression": bool(beyond and said == SLOWER),
+    return {"ratio": ratio, "ci": ci, "speedup": 1 / ratio if smaller_is_faster else ratio, "speedup_ci": speed,
+            "verdict": said, "beyond_margin": bool(beyond), "regression": bool(beyond and said == SLOWER),
             "trials": int(len(o)), "trials_before": int(len(b)), "noise": noise if math.isfinite(noise) else None,
-            "detectable": detectable_change(median_unbiased(noise, len(b) + len(o) - 2), len(b), len(o), level, margin)}
+            "threshold": threshold,
+            "detectable": detectable_change(median_unbiased(noise, len(b) + len(o) - 2), len(b), len(o), two_sided,
+                                            threshold - 1)}

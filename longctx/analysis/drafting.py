@@ -3,9 +3,9 @@ drafting, per length: acceptance (tokens per verify step, from the server's own 
 its interval, and the length where the drafter stops paying.
 
 A configuration drafts where its trials carry acceptance (the server's spec_* counts: SGLang's meta_info, vLLM's
-/metrics counters differenced per trial). Its twin is the configuration measured in the same run with the same
-settings (ConfigurationSpec.settings: engine, model, flags, protocol) but the engine's drafting flags
-(EngineAdapter.drafting_flag), the same kernel and the same engine version, and no acceptance of its own; none
+/metrics counters differenced per trial). Its twin is the configuration measured in the same run that is like with like (longctx.analysis.identity, the
+rule a version's comparison uses too) but for the engine's drafting flags (EngineAdapter.drafting_flag): the same
+engine, version and code, model, settings and kernel, and no acceptance of its own; none
 found, the configuration's acceptance is reported without a speedup, and why.
 
 The speedup at a length is the drafting configuration's decode rate over its twin's (ratio of geometric means of
@@ -25,37 +25,30 @@ import numpy as np
 import pandas as pd
 
 from ..engines import get_adapter
-from .compare import FASTER, SLOWER, change, family_level, welch_df, width_cost
+from .compare import FASTER, MARGIN, SLOWER, change, family_level, welch_df, width_cost
+from .identity import identity, unlike
 from .tables import ok_rows
 
-MARGIN = 0.05  # a speedup whose interval lies wholly under 1 + MARGIN is no gain worth drafting for
 
-
-def _shown_without_drafting(entry: dict) -> dict | None:
-    """The configuration's settings as shown, without its engine's drafting flags; None without settings."""
-    shown = (entry.get("settings") or {}).get("shown")
-    if shown is None:
-        return None
+def _drafting_keys(entry: dict):
+    """The settings keys the entry's engine drafts with (its args' drafting flags: EngineAdapter.drafting_flag)."""
     try:
         adapter = get_adapter(entry.get("engine") or "")
     except ValueError:
-        return None
-    return {k: v for k, v in shown.items() if not (k.startswith("args.") and adapter.drafting_flag(k[len("args."):]))}
-
-
-def _identity(entry: dict) -> tuple:
-    kernel = entry.get("kernel") or {}
-    return (kernel.get("name") if isinstance(kernel, dict) else kernel, entry.get("engine_version"))
+        return lambda key: False
+    return lambda key: key.startswith("args.") and adapter.drafting_flag(key[len("args."):])
 
 
 def twin(name: str, entries: dict, drafting: set[str]) -> tuple[str | None, str]:
-    """The configuration `name` is compared with, and why (or why none)."""
+    """The configuration `name` is compared with, and why (or why none): one of this run's that does not draft and
+    is like with like but for the drafting flags (longctx.analysis.identity.unlike: the same engine, version and
+    code, hardware, model, settings and kernel)."""
     me = entries.get(name) or {}
-    mine = _shown_without_drafting(me)
-    if mine is None:
+    if (me.get("settings") or {}).get("shown") is None:
         return None, "its settings are not in the provenance (measured before they were recorded)"
+    mine, ignored = identity(me), _drafting_keys(me)
     same = [other for other, e in sorted(entries.items()) if other != name and other not in drafting
-            and _shown_without_drafting(e) == mine and _identity(e) == _identity(me)]
+            and (e.get("settings") or {}).get("shown") is not None and unlike(mine, identity(e), (), ignored) is None]
     if not same:
         return None, ("no configuration of this run has its settings without drafting (the same engine and version, "
                       "model, flags but the drafting ones, protocol and kernel): add one to measure what drafting buys")
@@ -134,8 +127,8 @@ def drafting(df: pd.DataFrame, provenance: dict | None, confidence: float) -> di
                                baseline_decode_tok_s=float(np.exp(np.log(ref["decode_tok_s"]).mean())))
             rows.append(row)
         probe = entry.get("prompt_probe") or {}
-        flags = {k: v for k, v in ((entry.get("settings") or {}).get("shown") or {}).items()
-                 if k not in (_shown_without_drafting(entry) or {})}
+        drafts_with = _drafting_keys(entry)
+        flags = {k: v for k, v in ((entry.get("settings") or {}).get("shown") or {}).items() if drafts_with(k)}
         out["configurations"][name] = {
             "baseline": base, "why": why, "rows": rows, "stops_paying": stops_paying(rows),
             "model": (entry.get("model") or {}).get("name") if isinstance(entry.get("model"), dict) else entry.get("model"),

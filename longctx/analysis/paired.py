@@ -1,7 +1,7 @@
 """A and B measured in one run, interleaved in blocks: the paired interval an A/B gates on.
 
 The two sides (A, the baseline; B, the candidate) are measured alternately in blocks, in ABBA order
-(`schedule`: A B B A A B B A ...), each block a few trials (or kernel calls) of one side. Neighbouring blocks pair
+(longctx.core.interleave.schedule: A B B A A B B A ...), each block a few trials (or kernel calls) of one side. Neighbouring blocks pair
 up, (1st, 2nd), (3rd, 4th), ..., so each pair holds one block of each side taken back to back: what the machine
 did over the pair (a clock that drifts, a neighbour that competes for the cores) hits both. The unit of
 replication is the pair, not the trial: trials of one block share its moment and are not independent of each
@@ -24,18 +24,14 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
+from ..core.interleave import SIDES, schedule
 from .compare import DETECTION, FASTER, NO_INTERVAL, SAME, SLOWER, median_unbiased
 
-SIDES = ("A", "B")
+__all__ = ["MIN_PAIRS", "SIDES", "detectable", "pair_differences", "paired_change", "schedule"]
+
 MIN_PAIRS = 2  # pairs of neighbouring blocks with both sides measured, for an interval (1 degree of freedom)
 METHOD = "paired-blocks-t"  # recorded with the verdicts
 UNIT = "pair of neighbouring blocks (one of each side, back to back)"
-
-
-def schedule(blocks_per_side: int) -> list[str]:
-    """The order of the blocks: A B B A A B B A ..., blocks_per_side of each side (at least 1)."""
-    n = max(1, int(blocks_per_side))
-    return [side for i in range(n) for side in (("A", "B") if i % 2 == 0 else ("B", "A"))]
 
 
 def _clean(values) -> np.ndarray:

@@ -15,7 +15,10 @@ settings nobody measured -> data/whatif.json.
   points only (leave one point out: left_out), so that no figure checked was fitted on. Per point the measured and
   predicted p50 and p90 of TTFT and TPOT (p90 only where the point has the samples for it:
   longctx.analysis.load_summary.MIN_SAMPLES) and the interference's worst stall, with the error predicted /
-  measured - 1. The headline: the median absolute error at p50. A closed loop that did not hold its level
+  measured - 1. The headline: the median absolute error at p50. The check compares a model calibrated on the sweep with
+  load points measured minutes later, so it is read against the drift the run's metronome measured around the two
+  (longctx.analysis.drift: within the readings of through_load): each row's `verdict` and the headline's are pass,
+  fail or inconclusive against TOLERANCE widened by that drift (`quoted`). A closed loop that did not hold its level
   (longctx.analysis.load_summary's `held`: the client kept off its CPUs) ran another workload than the one
   simulated: its rows say so and stay out of the headline and of r's fit.
 - What if: the `whatif` grid (max-running-requests, chunked-prefill size, mem-fraction-static through the memory
@@ -44,6 +47,7 @@ from ..specs.pool import observed_pool
 from .load import page_size, victim_figures
 from .load_summary import min_samples
 from .memory import adapter_of, memory_model, pool_tokens
+from .drift import AROUND_LOAD, through_load, verdict, within
 from .simulate import TOKEN_BUDGET, Costs, Rules, simulate
 from .slo import goodput
 
@@ -54,6 +58,7 @@ DRAWS = 24  # bootstrap draws simulated per measured point (the intervals)
 R_GRID = 41  # values of r tried in each of two grids, the second around the first's best
 QUANTITIES = ("ttft", "tpot")
 FRONTIER_TOLERANCE = 0.02  # the predicted frontier is bisected to within 2% of its length
+TOLERANCE = 0.15  # the issue's target: a figure further off than this, outside the model's interval, is a miss
 DEFAULT_GRID = {"configurations": None, "max_running_requests": [], "chunked_prefill_size": [],
                 "mem_fraction_static": [], "concurrency": [], "rates": [], "arrival": "poisson", "burstiness": 1.0,
                 "seed": 0, "lengths": [], "output_tokens": 64, "requests": 32}
@@ -292,6 +297,23 @@ def errors(rows: list[dict]) -> dict:
     return {"p50": med("p50"), "p90": med("p90")}
 
 
+def quoted(rows: list[dict], readings: list[dict] | None) -> dict:
+    """The check read against the drift it was measured under (module docstring): the drift of the readings around
+    the sweep and the load stage (longctx.analysis.drift.within of through_load; None without a metronome), each
+    row's `verdict` (pass, fail or inconclusive: longctx.analysis.drift.verdict against TOLERANCE) and the
+    headline's: the verdict of the median figure at p50 (by the size of its error, the lower of two middle ones; its
+    error signed: a machine that moved by D could have made a figure D times slower or faster), None without one."""
+    figure = within(through_load(readings), where=AROUND_LOAD)
+    drift = figure["drift"] if figure else None
+    for r in rows:
+        r["verdict"] = verdict(r["error"], drift, TOLERANCE)["verdict"] if r["error"] is not None else None
+    p50 = sorted((r["error"] for r in rows if r["which"] == "p50" and r["error"] is not None and not r.get("excluded")),
+                 key=abs)
+    median = p50[(len(p50) - 1) // 2] if p50 else None
+    return {"drift": figure, "verdict": verdict(median, drift, TOLERANCE, "the median error at p50")
+            if median is not None else None}
+
+
 def _grid_point(costs: Costs, rules: Rules, kind: str, level: float, L: int, g: dict, slo: dict,
                 conf: float, stagger: float = 0.0) -> tuple[dict, int]:
     """One predicted point of the grid, a closed loop of `level` clients or an open loop of `level` arrivals a
@@ -462,7 +484,8 @@ def whatif(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, int
             "rules_notes": (said.get("notes") or []) + [f"the {k} fit failed its quality gate: the model stands on it"
                                                          for k in ("prefill", "decode")
                                                          if not ((fit.get("quality") or {}).get(k) or {}).get("usable", True)],
-            "check": rows, "errors": errors(rows), "whatif": settings, "chunk_effect": chunk_effect(settings, rules, costs),
+            "check": rows, "errors": errors(rows), "drift": quoted(rows, (entry.get("metronome") or {}).get("readings")),
+            "whatif": settings, "chunk_effect": chunk_effect(settings, rules, costs),
             "events": events,
             "seconds": round(time.perf_counter() - t, 3)}
     return out

@@ -82,7 +82,9 @@ def load_module(path: Path):
 
 
 def load_extension(path: Path, module: str):
-    """A compiled extension module from its file (torch must be imported first: it holds the symbols)."""
+    """A compiled extension module from its file (torch must be imported first: it holds the symbols). One module
+    per name in a process (its PyInit symbol carries the name): a name already loaded is returned as it is, which
+    is right because a build's module name carries the hash of its source (build_cpu_twin, build_cuda_extension)."""
     import torch  # noqa: F401
 
     if module in sys.modules:
@@ -103,6 +105,8 @@ class Kernel:
     target: str  # "torch", "cpu" (the CPU twin) or "cuda"
     decode: Callable
     verify: Callable | None
+    build_hash: str | None = None  # the manifest's (a source directory's: of its module's source)
+    kernel_dir: str | None = None  # where it was loaded from
 
 
 def _native_kernel(name: str, target: str, fn: Callable) -> Kernel:
@@ -118,7 +122,12 @@ def _native_kernel(name: str, target: str, fn: Callable) -> Kernel:
 
 
 def load_kernel(kernel_dir: str | Path, device: str = "cpu") -> Kernel:
-    """The kernel built into kernel_dir (its manifest.json), or the PyTorch module in a source directory."""
+    """The kernel built into kernel_dir (its manifest.json), or the PyTorch module in a source directory.
+
+    Two directories give two kernels, side by side in one process (the kernel A/B, longctx.attention.kernel_ab): a
+    PyTorch kernel is a fresh module executed from the directory's own copy, and a native one an extension module
+    whose name carries the hash of its source (build_cpu_twin, build_cuda_extension), so two different sources are
+    two modules; the same source built twice is one module, the same code."""
     kernel_dir = Path(kernel_dir)
     manifest_path = kernel_dir / "manifest.json"
     if not manifest_path.is_file():
@@ -126,18 +135,22 @@ def load_kernel(kernel_dir: str | Path, device: str = "cpu") -> Kernel:
         if not path.is_file():
             raise FileNotFoundError(f"no kernel in {kernel_dir}: neither manifest.json (a build) nor {KERNEL_MODULE}")
         m = load_module(path)
-        return Kernel(path.stem, "torch", m.paged_mla_decode, getattr(m, "paged_mla_verify", None))
+        return Kernel(path.stem, "torch", m.paged_mla_decode, getattr(m, "paged_mla_verify", None),
+                      build_hash(path.stem, "torch", source_hashes([path])), str(kernel_dir))
     manifest = json.loads(manifest_path.read_text())
     if manifest["kind"] == "torch":
         m = load_module(kernel_dir / manifest["entry"])
-        return Kernel(manifest["name"], "torch", m.paged_mla_decode, getattr(m, "paged_mla_verify", None))
+        return Kernel(manifest["name"], "torch", m.paged_mla_decode, getattr(m, "paged_mla_verify", None),
+                      manifest.get("build_hash"), str(kernel_dir))
     target = "cuda" if str(device).startswith("cuda") else "cpu"
     built = manifest["targets"].get(target)
     if not built or "library" not in built:
         why = (built or {}).get("skipped", "not built")
         raise FileNotFoundError(f"kernel {manifest['name']} in {kernel_dir} has no {target} build: {why}")
     ext = load_extension(kernel_dir / built["library"], built["module"])
-    return _native_kernel(manifest["name"], target, ext.paged_mla_attention)
+    kernel = _native_kernel(manifest["name"], target, ext.paged_mla_attention)
+    kernel.build_hash, kernel.kernel_dir = manifest.get("build_hash"), str(kernel_dir)
+    return kernel
 
 
 # ---------------------------------------------------------------------------------------- checks

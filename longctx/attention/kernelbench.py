@@ -23,7 +23,8 @@ from .shapes import Shape
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "kernels/reference"
 
 
-def _sync(device: str):
+def synchronizer(device: str):
+    """What waits for the device to finish its queued work: torch.cuda.synchronize on a GPU, nothing on the CPU."""
     import torch
 
     return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -35,18 +36,19 @@ def best_time(fn, device: str = "cpu", repeats: int = 20, min_total_s: float = 0
     shared machine."""
     times: list[float] = []
     while sum(times) < min_total_s and len(times) < 100 * repeats:
-        times += microbench.timed(fn, _sync(device), repeats)
+        times += microbench.timed(fn, synchronizer(device), repeats)
     return min(times)
 
 
 def copy_bandwidth(nbytes: int, device: str, repeats: int = 20) -> float:
     """Bytes read + written per second copying a buffer of nbytes on device (the calibrate step's copy)."""
-    return 2 * max(4, nbytes // 4 * 4) / min(microbench.copy_seconds(nbytes, device, _sync(device), repeats))
+    return 2 * max(4, nbytes // 4 * 4) / min(microbench.copy_seconds(nbytes, device, synchronizer(device), repeats))
 
 
-def _inputs(shape: Shape, length: int, device: str, contiguous: bool, seed: int = 0, huge_pages: bool = True):
-    """q, pool, page table and lengths; a CPU pool is allocated as the reference engine's is (on
-    2 MiB pages where the host allows, see longctx.attention.hostmem) unless huge_pages is False."""
+def inputs(shape: Shape, length: int, device: str, contiguous: bool, seed: int = 0, huge_pages: bool = True):
+    """q, pool, page table and lengths of one request of `length` cells at `shape` (page_size 1; contiguous: one
+    run of slots, else scattered by a permutation from `seed`); a CPU pool is allocated as the reference engine's
+    is (on 2 MiB pages where the host allows, see longctx.attention.hostmem) unless huge_pages is False."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -63,12 +65,18 @@ def _inputs(shape: Shape, length: int, device: str, contiguous: bool, seed: int 
 
 def measure(kernel: Kernel, shape: Shape, length: int, device: str, contiguous: bool, huge_pages: bool = True) -> tuple[float, int]:
     """Best seconds per call, and the bytes of the pool on huge pages."""
-    q, pool, table, lens = _inputs(shape, length, device, contiguous, huge_pages=huge_pages)
+    q, pool, table, lens = inputs(shape, length, device, contiguous, huge_pages=huge_pages)
     huge = hostmem.huge_page_bytes(pool) if device == "cpu" else 0
+    return best_time(call(kernel, shape, q, pool, table, lens), device), huge
+
+
+def call(kernel: Kernel, shape: Shape, q, pool, table, lens):
+    """One call of the kernel on inputs (from `inputs`), as the engine makes it: decode where the shape has one query
+    token (q [batch, 1, heads, dim] taken as [batch, heads, dim]), else verify; page_size 1, scale 0.1."""
     if shape.n_q == 1:
         q1 = q[:, 0]
-        return best_time(lambda: kernel.decode(q1, pool, table, lens, 1, shape.kv_lora_rank, 0.1), device), huge
-    return best_time(lambda: kernel.verify(q, pool, table, lens, 1, shape.kv_lora_rank, 0.1), device), huge
+        return lambda: kernel.decode(q1, pool, table, lens, 1, shape.kv_lora_rank, 0.1)
+    return lambda: kernel.verify(q, pool, table, lens, 1, shape.kv_lora_rank, 0.1)
 
 
 def run(lengths: list[int], shape: Shape, native_dir: str | Path | None, devices: tuple[str, ...] = ("cpu",),

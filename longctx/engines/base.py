@@ -4,6 +4,7 @@ what the engine's flags mean (parallelism, KV dtype, speculative width, device, 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -165,20 +166,39 @@ class EngineAdapter(ABC):
         is read and its command line checked too: an env such as PYTHONPATH can choose the engine."""
         return {**os.environ, **{k: str(v) for k, v in (spec.env or {}).items()}}
 
-    def installed_version(self, spec: ConfigurationSpec) -> str | None:
-        """The engine's version in the environment that will run it (None when not installed)."""
+    def installed_build(self, spec: ConfigurationSpec) -> dict | None:
+        """The engine's code as it is installed in the environment that will run it (None when not installed):
+        {"version", "distribution", "installed_from": the URL or path it was installed from and its commit or
+        whether it is editable (pip's direct_url.json; absent for an index release), "torch": the torch beside it}.
+        Part of a configuration's identity (longctx.analysis.identity): two builds of one version (a patched
+        checkout, another torch) are not like with like."""
         if not self.package:
             return None
-        code = ("import importlib.metadata as m\n"
+        code = ("import importlib.metadata as m, json\n"
+                "out = {}\n"
                 f"for d in {self.package!r}.split():\n"
-                "    try: print(m.version(d)); break\n"
-                "    except m.PackageNotFoundError: pass\n")
+                "    try: dist = m.distribution(d)\n"
+                "    except m.PackageNotFoundError: continue\n"
+                "    out = {'version': dist.version, 'distribution': d}\n"
+                "    try: url = json.loads(dist.read_text('direct_url.json') or 'null')\n"
+                "    except ValueError: url = None\n"
+                "    if url: out['installed_from'] = {'url': url.get('url'), 'commit': (url.get('vcs_info') or {}).get('commit_id'),\n"
+                "                                     'editable': bool((url.get('dir_info') or {}).get('editable'))}\n"
+                "    break\n"
+                "try: out['torch'] = m.version('torch') if out else None\n"
+                "except m.PackageNotFoundError: pass\n"
+                "print(json.dumps(out))\n")
         try:
-            out = subprocess.run([self.python(spec), "-c", code], capture_output=True, text=True, timeout=60,
-                                 env=self.run_env(spec))
-        except (OSError, subprocess.SubprocessError):
+            proc = subprocess.run([self.python(spec), "-c", code], capture_output=True, text=True, timeout=60,
+                                  env=self.run_env(spec))
+            out = json.loads(proc.stdout.strip() or "{}")
+        except (OSError, subprocess.SubprocessError, ValueError):
             return None
-        return out.stdout.strip() or None
+        return {k: v for k, v in out.items() if v is not None} or None
+
+    def installed_version(self, spec: ConfigurationSpec) -> str | None:
+        """The engine's version in the environment that will run it (None when not installed)."""
+        return (self.installed_build(spec) or {}).get("version")
 
     def parser(self) -> argparse.ArgumentParser | None:
         """The engine's own argument parser where it can be imported here, else None."""

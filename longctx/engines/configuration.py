@@ -22,6 +22,8 @@ from ..core.hashing import canonical_json, digest
 from ..core.secrets import mask, mask_argv, url_parts
 
 # protocol keys that do not make two measurements unlike (ConfigurationSpec.settings)
+# what ConfigurationSpec.settings records: 2 since they hold no secret's value (env names, not values; the URL masked)
+SETTINGS_SCHEME = 2
 SETTINGS_PROTOCOL_LEFT_OUT = ("trials", "warmup", "request_timeout_s", "timeout_factor", "itl_depth", "needle", "concurrency")
 
 
@@ -87,6 +89,9 @@ class ConfigurationSpec:
     # config key lengths.adaptive: the sweep chooses its lengths (from `lengths`, the grid) while it runs
     # (longctx.measure.adaptive); None for a fixed sweep, left out of to_dict then
     adaptive: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+    # config key metronome, where this configuration's run takes its readings (longctx.measure.metronome); None where it
+    # takes none (metronome.enabled false, or results imported), left out of to_dict then
+    metronome: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
 
     def api_key(self) -> str | None:
         """The server's API key, from the environment variable api_key_env names (None where it names none);
@@ -135,18 +140,22 @@ class ConfigurationSpec:
         return d
 
     def settings(self) -> dict[str, Any]:
-        """What must be the same for two measurements of this configuration to be compared (a version against an
-        earlier one, longctx.report.changes): {"shown": the settings as dotted keys (args.page-size, protocol.
-        output_tokens, model.architecture.hidden_size...) with every secret-named value hidden and env values and
-        the URL left out, "hash": a digest of them with env values and the URL}. Not in them: the name, the lengths,
-        the kernel (what a comparison looks at), how many trials and warm-ups and the timeouts (more trials compare
-        with fewer), the description, and what only schedules or watches the job (server, telemetry, load, prefix)."""
+        """What must be the same for two measurements of this configuration to be compared (longctx.analysis.identity):
+        {"shown": the settings as dotted keys (args.page-size, protocol.output_tokens, model.architecture.hidden_size,
+        env: the environment's variable names, command...), "hash": a digest of them, "scheme": SETTINGS_SCHEME}.
+        No secret is among them, so none is in the hash either: every secret-named value is hidden, a secret flag's
+        word is hidden, and of the environment only the variables' names are kept (a value may be a token). Not in
+        them: where an external server listens (its URL: the same server on another port is the same deployment), the
+        name, the lengths, the kernel (what a comparison looks at), how many trials and warm-ups and the timeouts (more
+        trials compare with fewer), the description, and what only schedules or watches the job (server, telemetry,
+        load, prefix, metronome)."""
         d = self.to_dict()
         protocol = {k: v for k, v in d["protocol"].items() if k not in SETTINGS_PROTOCOL_LEFT_OUT}
         kept = {"engine": d["engine"], "api": d["api"], "device": d.get("device"), "model": d["model"], "args": d["args"],
-                "extra_args": d["extra_args"], "protocol": protocol}
-        shown = _dotted(mask({**kept, "extra_args": mask_argv(d["extra_args"])}))
-        return {"shown": shown, "hash": digest({**kept, "env": d["env"], "url": d["url"], "command": d["command"]})}
+                "extra_args": mask_argv(d["extra_args"]), "protocol": protocol, "env": sorted(d["env"] or {}),
+                "command": mask_argv(d["command"])}
+        shown = _dotted(mask(kept))
+        return {"shown": shown, "hash": digest(shown), "scheme": SETTINGS_SCHEME}
 
     def to_json(self) -> str:
         """Canonical JSON of to_dict(): what the workflow passes to `longctx bench --spec`."""

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import os
 import sys
+from pathlib import Path
 
 from ..refengine.args import API_KEY_VAR, DEFAULT_TORCH_DTYPE, build_parser
 from ..specs.model import ModelSpec
 from .base import EngineAdapter, RaisingParser, arg_value, args_to_argv, sglang_scheduler
 from .configuration import ConfigurationSpec
 from .sglang import SGLANG_METRICS
+
+# the packages whose code is the reference engine's (its identity's "source"): the kernels it runs are not among them
+ENGINE_CODE = ("refengine", "attention", "specs")
 
 
 class ReferenceAdapter(EngineAdapter):
@@ -67,10 +73,20 @@ class ReferenceAdapter(EngineAdapter):
 
         return ByteTokenizer()
 
-    def installed_version(self, spec: ConfigurationSpec) -> str | None:
+    def installed_build(self, spec: ConfigurationSpec) -> dict | None:
+        """Its version, the hash of its own code (the engine and what it runs on: longctx/refengine, attention and
+        specs; the kernels under study are the configuration's kernel, not the engine) and the torch it runs on."""
         from .. import __version__
 
-        return __version__
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256()
+        for p in sorted(f for d in ENGINE_CODE for f in (root / d).rglob("*.py") if "__pycache__" not in f.parts):
+            h.update(f"{p.relative_to(root).as_posix()}\0".encode() + p.read_bytes() + b"\0")
+        try:
+            torch = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            torch = None
+        return {"version": __version__, "source": h.hexdigest()[:16], **({"torch": torch} if torch else {})}
 
     @staticmethod
     def torch_device(args: dict) -> str:

@@ -110,28 +110,41 @@ def _gone_quiet(session: "Session", failure: str | None) -> bool:
     return may_pass(failure) and not session.healthy()
 
 
+def one_request(session: "Session", spec: ConfigurationSpec, length: int, tag: str, timeout_s: float,
+                stall_s: float | None = None) -> dict | None:
+    """One lone request of the protocol: a prompt of exactly `length` tokens with a prefix unique to `tag`, the cache
+    flushed before it (protocol.flush_cache), streamed and timed, speculative acceptance from the server's counters
+    where its stream has none, its counts checked (its status says what went wrong). None where the flush found the
+    server gone quiet (nothing is sent to it)."""
+    proto = spec.protocol
+    client, base, adapter, api, prompter = session.client, session.base, session.adapter, session.api, session.prompter
+    body = prompter.body(length, tag, proto["output_tokens"])
+    flush_error = session.flush(timeout_s) if proto["flush_cache"] else None
+    if _gone_quiet(session, flush_error):
+        return None
+    counters = adapter.spec_counters(client, base)
+    summary = prompter.generate(client, base + api.generate_path, body, timeout_s, length, stall_s=stall_s)
+    summary["timeout_s"] = timeout_s
+    if counters is not None and summary["spec_verify_ct"] is None:
+        summary.update(_spec_from_counters(counters, adapter.spec_counters(client, base)))
+    summary["flush_error"] = flush_error
+    check_counts(summary, length, proto["output_tokens"])
+    return summary
+
+
 def _requests(session: "Session", spec: ConfigurationSpec, length: int, run_id: str, timeout_s: float,
               tracker: Progress | None, stall_s: float | None = None) -> dict:
     proto = spec.protocol
     name = spec.name
-    client, base, adapter, api, prompter = session.client, session.base, session.adapter, session.api, session.prompter
     warmup, trials = [], []
     total = proto["warmup"] + proto["trials"]
     quiet = False  # the server stopped answering: nothing more is sent to it
     for i in range(total):
         is_warmup = i < proto["warmup"]
-        body = prompter.body(length, f"{run_id}/{name}/{length}/{i}", proto["output_tokens"])
-        flush_error = session.flush(timeout_s) if proto["flush_cache"] else None
-        if _gone_quiet(session, flush_error):
+        summary = one_request(session, spec, length, f"{run_id}/{name}/{length}/{i}", timeout_s, stall_s)
+        if summary is None:
             quiet = True
             break
-        counters = adapter.spec_counters(client, base)
-        summary = prompter.generate(client, base + api.generate_path, body, timeout_s, length, stall_s=stall_s)
-        summary["timeout_s"] = timeout_s
-        if counters is not None and summary["spec_verify_ct"] is None:
-            summary.update(_spec_from_counters(counters, adapter.spec_counters(client, base)))
-        summary["flush_error"] = flush_error
-        check_counts(summary, length, proto["output_tokens"])
         if is_warmup:
             summary.pop("itl_s", None)
             warmup.append(summary)

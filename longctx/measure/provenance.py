@@ -20,7 +20,7 @@ from ..specs.model import ModelNotDescribed, ModelSpecError, as_reported
 from .health import ServerError
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("longctx", "torch", "httpx", "snakemake", "pandas", "scipy", "matplotlib", "jinja2", "nvidia-ml-py")
+PACKAGES = ("longctx", "torch", "httpx", "snakemake", "pandas", "scipy", "matplotlib", "jinja2", "nvidia-ml-py", "apache-otava")
 
 
 def now_iso() -> str:

@@ -1,7 +1,8 @@
 """The raw files of a sweep: written whole as each length is measured, kept for resuming, said when absent.
 
 data/raw/<configuration>/<length>.json per length (RAW_FORMAT), load.json and prefix.json for the
-workloads after the lengths, itl_depth.json, sweep.json for an adaptive sweep. Every file is written
+workloads after the lengths, itl_depth.json, sweep.json for an adaptive sweep, metronome.json for the readings of
+the run's metronome (measure.metronome). Every file is written
 through a temporary file and renamed, so that a reader never sees half of one. With a resume
 directory (data/partial/<configuration>) each is also kept there, under a resume key (what a reused
 measurement must share with this run); a later run reuses what succeeded under the same key.
@@ -24,7 +25,7 @@ from ..engines import ConfigurationSpec
 
 progress = logging.getLogger("longctx.progress")
 RAW_FORMAT = "longctx.raw/1"
-FORMATS = {"load": "longctx.load/1", "prefix": 1}
+FORMATS = {"load": "longctx.load/1", "prefix": 1, "metronome": "longctx.metronome/1"}
 # what a workloads file holds when nothing of it was measured
 EMPTY_WORKLOADS = {"load": {"workloads": []}, "prefix": {"points": [], "conversations": []}}
 
@@ -55,9 +56,9 @@ def write_kept(name: str, doc: dict, outdir: Path, resume_dir: Path | None) -> N
 
 
 def resume_key(spec: ConfigurationSpec, kernel: dict | None, version: str | None) -> str:
-    """What a reused measurement must share with this run: the spec (lengths aside), the kernel
-    build and the engine version."""
-    return digest({"spec": {k: v for k, v in spec.to_dict().items() if k not in ("lengths", "load", "prefix")},
+    """What a reused measurement must share with this run: the spec (lengths, workloads and metronome aside), the
+    kernel build and the engine version."""
+    return digest({"spec": {k: v for k, v in spec.to_dict().items() if k not in ("lengths", "load", "prefix", "metronome")},
                    "kernel": kernel and kernel["build_hash"], "version": version})
 
 
@@ -235,7 +236,8 @@ def write_absent(spec: ConfigurationSpec, outdir: Path, common: dict, statuses: 
     """After a run: every file the workflow expects that the run did not write, saying why (`failure`, the
     server error that stopped it, or nothing): the ITL-depth request, the workloads (not configured, or not
     measured), an adaptive sweep's lengths it did not choose and its sweep.json, every length not measured
-    (a failed length, told on the progress log too). `statuses` gains the lengths written. Where the failure
+    (a failed length, told on the progress log too), the metronome's file (not configured, or no reading taken).
+    `statuses` gains the lengths written. Where the failure
     may pass (may_pass: a server that could not be reached or started, not one that rejects its command line),
     each file not measured records it as its `fault`: the same command, run again, measures it (`lost`)."""
     fault = {"fault": failure} if may_pass and failure else {}
@@ -251,6 +253,12 @@ def write_absent(spec: ConfigurationSpec, outdir: Path, common: dict, statuses: 
         elif not (outdir / f"{what}.json").exists():
             write_json(outdir / f"{what}.json", {**common, "format": FORMATS[what], "status": "failed",
                                                  "reason": f"not measured: {failure}", **fault, **empty})
+    if not (outdir / "metronome.json").exists():  # the run stopped before its metronome was set up
+        write_json(outdir / "metronome.json", {**common, "format": FORMATS["metronome"], "metronome": spec.metronome,
+                                                "status": "not configured" if spec.metronome is None else "failed",
+                                                "reason": None if spec.metronome is None else
+                                                f"not taken: {failure or 'the run stopped before its first point'}",
+                                                "points": [], "readings": []})
     if spec.adaptive and failure is None:  # the grid's other lengths: files the workflow expects, with no trial
         for length in spec.lengths:
             if length not in statuses:

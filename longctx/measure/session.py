@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -109,13 +110,18 @@ class Session:
         # the health probes in order (the first that answers 200 is used), or the configured path alone
         self.health_paths = (spec.server["health_path"],) if spec.server.get("health_path") else self.api.health_paths
         self.health_path: str | None = None  # the one chosen at start-up
-        self.version = adapter.installed_version(spec) if adapter.managed else None
+        # the engine's code as installed (its identity: version, build, torch; EngineAdapter.installed_build)
+        self.build = adapter.installed_build(spec) if adapter.managed else None
+        self.version = (self.build or {}).get("version")
         self.server = None
         self.base: str | None = None
         self.source = None
         self.random_weights = bool(spec.model.get("random_weights"))
         self.starts = 0
+        self.planned = 0  # starts that followed a planned stop (pause), not a fault: not restarts
         self.preflight_done = False
+        # called once, the first time the server is up and primed (the metronome's first reading: measure.metronome)
+        self.on_ready: Callable[[], None] | None = None
         # a model.tokenizer that is not there, or documents to cut prompts from with no tokenizer to cut them with, is a
         # config error, before any server starts
         known = tokenizer_path(spec.model)[0] is not None
@@ -126,7 +132,8 @@ class Session:
         self.api_key = spec.api_key()  # unset variable: a config error, before any server starts
         self.headers = spec.auth_headers()  # every client of this server sends them (measure.load's too)
         self.client = timed_client(headers=self.headers)
-        self.prov.update(installed_version=self.version, api=self.api.kind, flush_path=self.api.flush_path,
+        self.prov.update(installed_version=self.version, engine_build=self.build, api=self.api.kind,
+                         flush_path=self.api.flush_path,
                          server_log=str(server_log) if adapter.managed else spec.server_log, starts=0,
                          listen=spec.server["host"] if adapter.managed else None,
                          # where an external server computes is its configuration's word (remote by default), known
@@ -142,7 +149,7 @@ class Session:
         if self.server is not None and self.server.alive():
             return
         self.down()
-        limit = 1 + self.spec.server["max_restarts"]
+        limit = 1 + self.spec.server["max_restarts"] + self.planned
         last = None
         while self.starts < limit:
             self.starts += 1
@@ -153,13 +160,17 @@ class Session:
                 self._start()
                 self._probe()
                 self._prime()
-                return
             except (FatalServerError, NoHealthPath):
                 raise
             except ServerError as exc:
                 last = self.scrub(str(exc))
                 progress.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
                 self.down()
+                continue
+            ready, self.on_ready = self.on_ready, None
+            if ready is not None:
+                ready()
+            return
         raise ServerError((f"the server could not be (re)started after {self.starts} starts" if self.adapter.managed
                            else f"the external server at {mask_url(self.spec.url)} failed {self.starts} times") + f"; last: {last}")
 
@@ -327,7 +338,14 @@ class Session:
 
     def restarts_left(self) -> bool:
         """Whether the server may be started again (within server.max_restarts)."""
-        return self.starts < 1 + self.spec.server["max_restarts"]
+        return self.starts < 1 + self.spec.server["max_restarts"] + self.planned
+
+    def pause(self) -> None:
+        """Stop the server for now, as planned (an A/B whose sides cannot share the device): its next start is not
+        a restart after a fault, so it does not count against server.max_restarts."""
+        if self.alive():
+            self.down()
+            self.planned += 1
 
     def alive(self) -> bool:
         return self.server is not None and self.server.alive()

@@ -93,6 +93,12 @@ class StreamRecord:
             **{k: meta.get(k) for k in SPEC_FIELDS},
             server_timestamps=meta.get("timestamps"),
         )
+        finish = meta.get("finish_reason")
+        if out["status"] == "ok" and (finish.get("type") if isinstance(finish, dict) else finish) == "abort":
+            # SGLang (and the reference engine) end a request they gave up on with finish_reason abort: its tokens
+            # stop there, so it is not a measurement of what was asked
+            message = finish.get("message") if isinstance(finish, dict) else None
+            out.update(status="failed", reason=f"the server aborted the request: {message or 'no message'}")
         ts = meta.get("timestamps") or {}
         if "first_token_sent" in ts and "received" in ts:
             out["server_ttft_s"] = ts["first_token_sent"] - ts["received"]

@@ -4,7 +4,8 @@ Each length gives data/raw/<configuration>/<length>.json, written as soon as it 
 (measure.rawfiles). A failed length is a file with status "failed" and the reason (with the server
 log's path), never a gap; the sweep goes on while the server can be (re)started (measure.session).
 One length's protocol is measure.protocol; an adaptive sweep's choices, measure.adaptive; the load
-and reused-context workloads after the lengths, measure.load and measure.prefix.
+and reused-context workloads after the lengths, measure.load and measure.prefix; the metronome's readings at fixed
+points of the run (before the first length, between the stages, at the end), measure.metronome.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..core.secrets import mask
 from ..engines import ConfigurationSpec, get_adapter
 from .adaptive import run_adaptive
 from .loadrun import run_load
+from .metronome import Metronome
 from .prefix import cache_facts, run_prefix
 from .health import ServerError
 from .progress import EVERY_S, Progress, fitted
@@ -90,6 +92,9 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         kept_before = {i: kept for i, kept in earlier.items() if i not in lost_before}
         for i, kept in kept_before.items():
             tracker.known(i, samples(spec.lengths[i], kept))
+        metronome = Metronome(spec, common, prov, key, outdir, resume_dir)
+        metronome.carry({kept["run_id"] for kept in kept_before.values()})  # what those runs measured is in this one's
+        metronome.ready(session)  # its first reading once the server is first up and primed
         for i, length in enumerate([] if spec.adaptive else spec.lengths):
             tracker.begin(i)
             kept = kept_before.get(i)
@@ -125,10 +130,13 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
             session.up()
             write_json(outdir / "itl_depth.json", {**common, "provenance": copy.deepcopy(prov),
                                                    **measure_itl_depth(session, spec, run_id, history)})
+        metronome.tick(session, "after_sweep")
         if spec.load:
             _measure_load(session, spec, run_id, history, common, prov, key, outdir, resume_dir)
+        metronome.tick(session, "after_load")
         if spec.prefix:
             _measure_prefix(session, spec, run_id, history, common, prov, key, outdir, resume_dir)
+        metronome.tick(session, "end")
         tracker.finish()
     except ServerError as exc:
         failure, may_pass = str(exc), getattr(exc, "may_pass", True)

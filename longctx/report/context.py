@@ -7,7 +7,8 @@ a plan's Results section (longctx.report.markdown).
 and load_metrics.csv, longctx.report.load), the prefix cache where it was (prefix_fits.json,
 longctx.report.prefix), one diagnosis (longctx.report.diagnosis) and one headline
 table (longctx.report.headline). `version_of` makes this build's version record and
-`with_version` adds it, with the comparison to an earlier version (longctx.report.changes).
+`with_version` adds it, with the comparison to an earlier version (longctx.report.changes) and the history of
+every version up to it, with its change points (longctx.report.history).
 `render_text` and `render` fill a template in a dialect's Jinja environment; an error names the
 template and its line.
 """
@@ -35,7 +36,8 @@ from ..analysis import bands
 from ..analysis.tables import concurrency_table, decode_absent, length_cause, medians
 from ..measure.provenance import git_info, package_versions
 from ..specs.hardware import TABLE_PATH
-from . import changes, drafting as draftview, load as loadview, prefix as prefixview, versions, whatif as whatifview, wording
+from . import (changes, drafting as draftview, drift as driftview, history as historyview, load as loadview,
+               prefix as prefixview, versions, whatif as whatifview, wording)
 from .diagnosis import bound_words, diagnose
 from .headline import choose_baseline, compact, headline
 
@@ -47,7 +49,7 @@ __all__ = ["DATA_FILES", "ReportError", "ReportInputs", "command_lines", "contex
 # this order; a section file not named here (a new analysis) comes after the named ones that precede
 # "comparison". Files named appendix_* make the appendix, in APPENDIX_ORDER, then by name.
 BODY_ORDER = ("diagnosis", "prefill", "decode", "intervals", "roofline", "hardware", "speculative", "telemetry", "planner", "needle",
-              "concurrency", "load", "whatif", "prefix", "itl_depth", "comparison", "failures")
+              "concurrency", "load", "whatif", "prefix", "itl_depth", "comparison", "history", "failures")
 APPENDIX_ORDER = ("appendix_configuration", "appendix_servers", "appendix_model", "appendix_hardware", "appendix_results",
                   "appendix_versions")
 FRONT = ("summary",)
@@ -356,6 +358,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "flags": wording.trial_flags(df[df["configuration"] == name], p),
             "stray_server": p.get("stray_server"),
             "recovered": p.get("recovered") or [],
+            "drift_words": driftview.run_words(p.get("metronome")),  # the run's drift (longctx.report.drift)
             "served": wording.model_served(fit, plans.get(name), (p.get("model") or {}).get("name")),
             "planner_reason": wording.planner_reason(plans[name]) if name in plans else None,
             "kv_pool": {"tokens": None, "log": None, **(p.get("kv_pool") or {})},
@@ -461,6 +464,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "planner_groups": planner_groups(configs, plans),
         # the load workloads (longctx.report.load.view): the load section and its figures where any was measured
         "load": loadview.view(load, loadview.read_metrics(inputs.load_metrics), order),
+        # the sweep's lone request against the load stage's, read against the drift around them (longctx.report.drift)
+        "lone": driftview.lone_requests(df, load, prov, order),
         # the serving model simulated against the load points, and the what-if grid (longctx.report.whatif.view)
         "whatif": whatifview.view(whatifview.read(inputs.whatif), order, load),
         # the prefix cache's hit rates and conversations (longctx.report.prefix.view): its section where measured
@@ -476,6 +481,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "sections": sections(template_dir) if template_dir else {"front": [], "body": [], "appendix": []},
         "version": None,
         "comparison": None,
+        "history": None,
     }
     # page one's answer and the diagnosis: the headline's speedups (with their intervals) are what it compares
     out["compact"] = compact(out["headline"])
@@ -512,9 +518,10 @@ def version_of(ctx: dict, inputs: ReportInputs, template_dir: str | Path, versio
 
 
 def with_version(ctx: dict, record: dict, versions_dir: str | Path) -> dict:
-    """The context with this build's version and its comparison with the version it is compared with
+    """The context with this build's version, its comparison with the version it is compared with
     (longctx.report.changes; `missing` says why there is none; a row's partial_now: the length is partial in this
-    version, marked like every per-length row)."""
+    version, marked like every per-length row) and its history over every version up to it, with its change points
+    (longctx.report.history)."""
     settings = record.get("compare") or {}
     try:
         before, why = changes.baseline_of(versions_dir, record, settings.get("against"))
@@ -525,7 +532,8 @@ def with_version(ctx: dict, record: dict, versions_dir: str | Path) -> dict:
     keys = set((ctx.get("partial") or {}).get("keys") or [])
     for r in cmp.get("rows") or []:
         r["partial_now"] = r["key"] in keys
-    return {**ctx, "version": record, "comparison": cmp}
+    history = historyview.view(versions_dir, record, settings.get("confidence", 0.95))
+    return {**ctx, "version": record, "comparison": cmp, "history": history}
 
 
 def render_text(template: str | Path, ctx: dict, env: jinja2.Environment) -> str:

@@ -3,8 +3,8 @@ drafting configuration, the speculative section's rows, and what the figures can
 
 from __future__ import annotations
 
-from ..analysis.compare import FASTER, SLOWER
-from ..analysis.drafting import MARGIN, pays
+from ..analysis.compare import FASTER, MARGIN, SLOWER
+from ..analysis.drafting import pays
 from ..core.numbers import is_number
 from ..core.words import listed
 from ..measure.prompts import text_words

@@ -19,7 +19,7 @@ from pathlib import Path
 import jinja2
 
 from ..core.errors import write_atomic
-from . import versions
+from . import history as historyview, versions
 from .context import ReportError, ReportInputs, context, render, shown_path, source_date_epoch, version_of, with_version
 from .dialect import Dialect
 from .numbers import SISETUP
@@ -107,13 +107,17 @@ def environment(template_dir: str | Path) -> jinja2.Environment:
     return env
 
 
-def render_report(template, out_tex, version_out, inputs: ReportInputs, *, versions_dir=None) -> dict:
-    """The .tex and its version record (report/version.json), which the PDF build and the twin read."""
+def render_report(template, out_tex, version_out, inputs: ReportInputs, *, versions_dir=None, history_out=None) -> dict:
+    """The .tex and its version record (report/version.json), which the PDF build and the twin read; with
+    history_out, the history and its change points (report/history.json), which the history figure is drawn from."""
     template = Path(template)
     versions_dir = Path(versions_dir) if versions_dir else Path(out_tex).parent / "versions"
     ctx = context(inputs, template_dir=template.parent)
     record = version_of(ctx, inputs, template.parent, versions_dir)
-    render(template, out_tex, with_version(ctx, record, versions_dir), environment(template.parent))
+    full = with_version(ctx, record, versions_dir)
+    render(template, out_tex, full, environment(template.parent))
+    if history_out:
+        historyview.write(history_out, full["history"])
     write_atomic(version_out, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
 

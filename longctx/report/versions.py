@@ -6,8 +6,13 @@ commit, package versions). The same inputs give the same hash and so the same ve
 rebuild of unchanged inputs is the same version with the same bytes, and N counts up only when
 something changed. Beside each PDF, longctx-v{N}-{hash}.json keeps its record: every successful
 single-request trial (TTFT, TPOT, decode rate, the run that measured it) and what identifies each
-configuration's measurements (engine and version, hardware, model and settings, kernel sources, spec
-hash), so that any later version can be compared with it, with intervals (longctx.report.changes).
+configuration's measurements (longctx.analysis.identity: engine, its version and code, hardware, model
+and settings, kernel sources, spec hash), per configuration and length how many trials succeeded and why others did
+not, and each configuration's metronome readings (longctx.measure.metronome), so that any later version can be
+compared with it, with intervals and the drift between the two runs (longctx.report.changes,
+longctx.analysis.drift.between), and a length it lost is told from one it no longer measures. Under versions/sources/
+it keeps the kernel sources each version measured (by content hash), so that any kept version can be the baseline of
+an A/B.
 """
 
 from __future__ import annotations
@@ -19,14 +24,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analysis.tables import ok_rows
+from ..analysis.identity import identity
+from ..analysis.tables import ok_rows, single
 from ..core.errors import write_atomic
 from ..core.hashing import digest
-from ..core.secrets import mask
 from .numbers import is_number
-from .wording import engine_version
 
 LOG = "log.json"
+SOURCES = "sources"  # versions/sources/<sha256>: each kernel source a version measured, once per content
 CODE_DIR = Path(__file__).resolve().parents[1]  # the longctx package, every stage
 # What a version keeps of each trial, for any later version to compare with.
 TRIAL_COLUMNS = ("ttft_s", "tpot_s", "decode_tok_s")
@@ -76,29 +81,33 @@ def _plain(value):
     return float(value) if is_number(value) else None
 
 
-def machine(hw: dict | None) -> dict | None:
-    """What makes two machines the same for a comparison: the CPU, the CPUs usable, the GPUs' names."""
-    if not hw:
-        return None
-    return {"cpu": hw.get("cpu"), "usable_cpus": hw.get("usable_cpus"),
-            "gpus": sorted(str(g.get("name")) for g in hw.get("gpus") or [])}
-
-
-def identity(entry: dict) -> dict:
-    """What identifies a configuration's measurements, from its provenance.json entry: engine and version, hardware,
-    model, settings (ConfigurationSpec.settings: shown and hashed), kernel (name, build hash, source hashes) and
-    spec hash."""
-    settings = entry.get("settings") or {}
-    kernel = entry.get("kernel")
-    return {"engine": entry.get("engine"), "engine_version": engine_version(entry), "hardware": machine(entry.get("hardware")),
-            "model": mask(entry.get("model")), "settings": settings.get("shown"), "settings_hash": settings.get("hash"),
-            "kernel": {k: kernel.get(k) for k in ("name", "build_hash", "sources")} if kernel else None,
-            "spec_hash": entry.get("spec_hash")}
+def _lengths(df: pd.DataFrame) -> list[dict]:
+    """Per configuration and length measured: its successful single-request trials and, where any failed, why
+    (the length's fault, else its reason, else the first failed trial's): what a later version reads to tell a
+    length it lost from one it no longer measures."""
+    one = single(df)
+    ok = ok_rows(df)
+    counts = ok.groupby(["configuration", "length"]).size().to_dict() if len(ok) else {}
+    out = []
+    for (conf, length), rows in one.groupby(["configuration", "length"], sort=True):
+        n = int(counts.get((conf, length), 0))
+        bad = rows[~rows["status"].eq("ok")]
+        reasons = [bad[c].dropna().astype(str) for c in ("length_fault", "length_reason", "reason") if c in bad]
+        why = next((r.iloc[0] for r in reasons if len(r)), None) if len(bad) or not n else None
+        good = ok[(ok["configuration"] == conf) & (ok["length"] == length)]
+        no_rate = good[good["decode_tok_s"].isna()] if "decode_tok_s" in good else good.iloc[0:0]
+        said = [no_rate[c].dropna().astype(str) for c in ("decode_unmeasured", "reason") if c in no_rate]
+        why_decode = next((r.iloc[0] for r in said if len(r)), "no decode rate measured") if len(no_rate) else None
+        out.append({"configuration": str(conf), "length": int(length), "ok": n, "tried": int(len(rows)),
+                    "why": why if why else (None if n else "no successful trial"), "why_decode": why_decode})
+    return out
 
 
 def measurements(df: pd.DataFrame, provenance: dict) -> dict:
     """What a version keeps: every successful single-request trial (results.csv's ok_rows) with the run that
-    measured it, and per configuration its identity."""
+    measured it, per configuration and length how many succeeded and why others did not (_lengths), per configuration
+    its identity (longctx.analysis.identity), and under "metronome" per configuration its metronome readings
+    (provenance.json's, as longctx.analysis.drift.between takes them; a configuration without any is left out)."""
     ok = ok_rows(df).sort_values(["configuration", "length", "trial"], kind="stable")
     trials = [{"configuration": str(r["configuration"]), "length": int(r["length"]),
                "trial": int(r["trial"]) if is_number(r.get("trial")) else None,
@@ -106,7 +115,51 @@ def measurements(df: pd.DataFrame, provenance: dict) -> dict:
                **{k: _plain(r.get(k)) for k in TRIAL_COLUMNS}} for r in ok.to_dict("records")]
     entries = provenance.get("configurations") or {}
     names = sorted(str(n) for n in df["configuration"].unique())
-    return {"configurations": {n: identity(entries.get(n) or {}) for n in names}, "trials": trials}
+    metronome = {n: [kept_reading(r) for r in entries[n]["metronome"]["readings"]] for n in names
+                 if ((entries.get(n) or {}).get("metronome") or {}).get("readings")}
+    return {"configurations": {n: identity(entries.get(n) or {}) for n in names}, "trials": trials,
+            "lengths": _lengths(df), "metronome": metronome}
+
+
+def keep_sources(versions_dir: str | Path, record: dict, root: str | Path = ".") -> dict[str, str]:
+    """Each configuration's kernel sources, kept under versions/sources/<sha256> (once per content), so that any
+    kept version can be the baseline of an A/B (longctx.analysis.ab) after the working tree moved on. A source is
+    read where its path is (under root, the workflow's directory) or, for a PyTorch kernel, from its build; only
+    content whose hash is the one the version recorded is kept. Returns {path: why} for those that could not be."""
+    store = Path(versions_dir) / SOURCES
+    missing: dict[str, str] = {}
+    for ident in (record.get("measurements") or {}).get("configurations", {}).values():
+        kernel = ident.get("kernel") or {}
+        for path, sha in (kernel.get("sources") or {}).items():
+            target = store / sha
+            if target.exists():
+                continue
+            candidates = [Path(root) / path, Path(root) / "build" / "kernels" / str(kernel.get("name")) / Path(path).name]
+            data = next((d for c in candidates if c.is_file() and hashlib.sha256(d := c.read_bytes()).hexdigest() == sha), None)
+            if data is None:
+                missing[path] = "its content is no longer where it was measured (edited since)"
+                continue
+            store.mkdir(parents=True, exist_ok=True)
+            write_atomic(target, data)
+    return missing
+
+
+def kept_source(versions_dir: str | Path, sha: str) -> bytes | None:
+    """A kernel source a version kept (keep_sources), by its content hash; None where none was kept."""
+    path = Path(versions_dir) / SOURCES / sha
+    return path.read_bytes() if path.is_file() else None
+
+
+# What a version keeps of a metronome reading (longctx.measure.metronome), and of each of its requests and its probe
+READING_KEYS = ("point", "run_id", "started_at", "t_s", "status", "ttft_s", "tpot_s", "server_start")
+PROBE_KEYS = ("median_s", "seconds", "threads", "cpus", "matmul_size", "copy_mib")
+
+
+def kept_reading(r: dict) -> dict:
+    """A metronome reading as a version keeps it: its figures, each request's TTFT and TPOT, the probe's seconds."""
+    return {**{k: r.get(k) for k in READING_KEYS},
+            "requests": [{k: q.get(k) for k in ("status", "ttft_s", "tpot_s")} for q in r.get("requests") or []],
+            "probe": {k: (r.get("probe") or {}).get(k) for k in PROBE_KEYS}}
 
 
 def register(versions_dir: str | Path, record: dict, pdf: str | Path) -> Path:
@@ -117,6 +170,7 @@ def register(versions_dir: str | Path, record: dict, pdf: str | Path) -> Path:
     if target.exists() and target.read_bytes() != Path(pdf).read_bytes():
         print(f"warning: {target} existed with other bytes (a build that is not reproducible?); replaced")
     shutil.copyfile(pdf, target)
+    record["sources_missing"] = keep_sources(versions_dir, record) or None
     write_atomic(versions_dir / f"{record['name']}.json", json.dumps(record, indent=1, sort_keys=True) + "\n")
     log = read_log(versions_dir)
     if not any(e["hash"] == record["hash"] for e in log):

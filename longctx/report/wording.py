@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from ..analysis.identity import engine_version
 from ..core.net import listen_words
 from ..core.numbers import is_number
 from ..core.words import listed
@@ -68,14 +69,6 @@ def managed(entry: dict) -> bool | None:
         return get_adapter(entry["engine"]).managed
     except (KeyError, ValueError, TypeError):
         return None
-
-
-def engine_version(entry: dict) -> str | None:
-    """The engine's version: as recorded at measurement, else as the server reported it (its /version
-    or server_info's version)."""
-    info = entry.get("server_info") or {}
-    v = entry.get("engine_version") or (info.get("version") if isinstance(info, dict) else None)
-    return str(v) if v else None
 
 
 def imported(entry: dict) -> dict | None:

@@ -8,5 +8,7 @@ ANALYSIS_FIGURES = ("roofline", "residuals", "extrapolation", "planner", "predic
 LOAD_FIGURES = ("load_latency", "interference", "load_metrics", "frontier")
 # made by `longctx plot-prefix` (data/prefix_fits.json; longctx.report.figures.prefix)
 PREFIX_FIGURES = ("prefix_ttft", "prefix_saving", "prefix_conversation")
+# made by `longctx plot-history` (report/history.json, which the render step writes; longctx.report.figures.history)
+HISTORY_FIGURES = ("history",)
 # the formats each figure is saved in (PDF for LaTeX, PNG for Markdown): the files the plot rules expect
 FORMATS = ("pdf", "png")
