@@ -25,7 +25,7 @@ from ..core.secrets import mask, mask_argv, mask_url, scrub
 from ..engines import ConfigurationSpec, EngineAdapter
 from ..specs.pool import observed_pool
 from .health import ExternalServer, NoHealthPath, ServerError
-from .process import ManagedServer, PortTaken, free_port, pid_file, reap_stray
+from .process import ManagedServer, PortTaken, free_port, pid_file, reap_stray, will_not_pass
 from .provenance import model_provenance
 from .rawfiles import may_pass
 from .probe import NO_TOKENIZER
@@ -151,6 +151,7 @@ class Session:
         self.down()
         limit = 1 + self.spec.server["max_restarts"] + self.planned
         last = None
+        causes: dict[str, int] = {}  # each start-up failure's cause (the server log's, process.root_cause): its first start
         while self.starts < limit:
             self.starts += 1
             progress.info("%s: %s%s", self.spec.name, "starting the server" if self.adapter.managed
@@ -164,8 +165,18 @@ class Session:
                 raise
             except ServerError as exc:
                 last = self.scrub(str(exc))
-                progress.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
+                cause = getattr(self.server, "cause", None)
                 self.down()
+                if will_not_pass(cause):  # a missing file, a flag the engine does not take: the same at every start
+                    raise FatalServerError(f"{last}; no restart can change that cause: the server is not started again "
+                                           f"(fix the configuration, then run the same command)") from None
+                if cause is not None and cause in causes:  # said once, with its log, at the start it first came
+                    progress.warning("%s: start %d of at most %d failed: the same cause as start %d: %s", self.spec.name,
+                                     self.starts, limit, causes[cause], self.scrub(cause))
+                else:
+                    progress.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
+                if cause is not None:
+                    causes.setdefault(cause, self.starts)
                 continue
             ready, self.on_ready = self.on_ready, None
             if ready is not None:
@@ -250,30 +261,50 @@ class Session:
         progress.info("%s: prompt probe: %s", spec.name, plan.describe())
 
     def _prime(self) -> None:
-        """Each server, before its first measured request: one request at the longest prompt of the run
+        """Each server, before its first measured request: one request at the longest length the sweep measures
         (protocol.prime), its cache flushed after. A server's first long prompt grows its memory (the allocator's
         arenas, a GPU caching allocator's blocks), and until then every request pays for what it touches fresh: the
         reference engine's 1,024-token TTFT was 35-41 ms before its first 16k prompt and 28-30 ms after
         (bench/server_age.py). Primed, the sweep's first lengths and the load stage after them measure the same
-        server. Recorded in provenance (`primed`), never as a trial; a prime that fails is said and the run goes on
-        (the length itself fails with its own reason)."""
+        server. Never longer than a length the sweep measures (not the ITL-depth request nor the reused-context
+        conversation, which may be longer): a prompt that kills the server in a way refuses() cannot foresee (an
+        out-of-memory in the activations, a crash on long input) must not cost the lengths that would have measured
+        without it. Recorded in provenance (`primed`), never as a trial. A prime that fails (an error, a timeout, the
+        server's death) is said once and not sent again at a restart; a server it killed is started again before the
+        sweep goes on (a start, as any restart)."""
         if not self.spec.protocol.get("prime", True):
             return
-        # the longest prompt the server will be sent: one it refuses with the run's output tokens is not
         out, asked = 2, self.spec.protocol["output_tokens"]
-        length = next((x for x in prompt_lengths(self.spec) if x and not self.refuses(x, asked)), None)
-        entry: dict = {"start": self.starts, "length": length}
+        entry: dict = {"start": self.starts}
+        failed = next((p for p in self.prov.get("primed", ()) if p["status"] not in ("ok", "skipped")), None)
+        # the longest length the sweep measures that the server does not refuse with the run's output tokens
+        length = next((x for x in sorted(self.spec.lengths, reverse=True) if x and not self.refuses(x, asked)), None)
+        if failed is not None:
+            entry.update(length=failed["length"], status="skipped",
+                         reason=f"the prime failed at start {failed['start']} ({failed['reason']}): not sent again")
+            self.prov["primed"].append(entry)
+            return
+        entry["length"] = length
         if length is None:
-            entry.update(status="skipped", reason=self.refuses(longest_prompt(self.spec), asked))
+            entry.update(status="skipped", reason=self.refuses(max(self.spec.lengths, default=0), asked)
+                         or "no length to measure")
         else:
             timeout = self.spec.protocol["request_timeout_s"]
             body = self.prompter.body(length, f"prime/{self.spec.name}/{self.starts}", out)
             summary = self.prompter.generate(self.client, self.base + self.api.generate_path, body, timeout, length)
-            entry.update(status=summary["status"], reason=summary.get("reason"), ttft_s=summary.get("ttft_s"),
-                         flush_error=self.flush(timeout))
+            entry.update(status=summary["status"], reason=summary.get("reason"), ttft_s=summary.get("ttft_s"))
+            if entry["status"] == "ok" or self.healthy():
+                entry["flush_error"] = self.flush(timeout)
         self.prov.setdefault("primed", []).append(entry)
-        progress.info("%s: primed with one %s-token prompt: %s", self.spec.name, length,
-                      f"TTFT {entry['ttft_s']:.3g} s" if entry.get("ttft_s") else f"{entry['status']} ({entry['reason']})")
+        if entry["status"] in ("ok", "skipped"):
+            progress.info("%s: primed with one %s-token prompt: %s", self.spec.name, length,
+                          f"TTFT {entry['ttft_s']:.3g} s" if entry.get("ttft_s") else f"{entry['status']} ({entry['reason']})")
+            return
+        progress.warning("%s: the prime (one %s-token prompt, the longest length the sweep measures) failed: %s; it is "
+                         "not sent again, and the sweep goes on", self.spec.name, length, entry["reason"])
+        if not self.healthy():  # it took the server with it: started again (a restart) before any length is sent
+            raise ServerError(self.server.died_message("the server stopped answering after the prime")
+                              if self.server is not None else "the server stopped answering after the prime")
 
     def _start_managed(self, timeout: float) -> tuple[list[str], float]:
         """Launch on a free port; when another process takes that port first (another bench job
