@@ -142,11 +142,12 @@ def test_a_length_that_fails_the_same_way_every_run_is_given_up_after_three_and_
             runs.append(readme_command())
             print(runs[-1].stderr[-1500:])
         sent = [len(r["prompt"]) for r in seen if isinstance(r.get("prompt"), list)].count(128)
+        raw = json.loads((work / "data" / "raw" / "ext" / "128.json").read_text())
+        log = json.loads((work / "report" / "versions" / "log.json").read_text())["versions"]
         forced = readme_command("--forcerun", "bench_configuration")
         sent_forced = [len(r["prompt"]) for r in seen if isinstance(r.get("prompt"), list)].count(128) - sent
     assert [r.returncode for r in runs] == [1, 1, 1, 1], [r.stderr[-2000:] for r in runs]
-    assert sent == 3, sent  # one trial a run, three runs; the prompt probe's are shorter
-    raw = json.loads((work / "data" / "raw" / "ext" / "128.json").read_text())
+    assert sent == 6, sent  # a run's prime (the sweep's longest length) and its one trial, three runs
     assert raw["status"] == "failed" and raw["lost_runs"] == 3 and raw["gave_up"] == 3, raw.get("reason")
     gave_up = re.compile(r"longctx: 1 configured length\(s\) have no successful measurement: ext L=128 \(gave up after 3 "
                          r"runs: .*HTTP 503.*; fix: what the server's log says of it; then `snakemake --forcerun "
@@ -154,10 +155,9 @@ def test_a_length_that_fails_the_same_way_every_run_is_given_up_after_three_and_
     assert not gave_up.search(runs[1].stderr) and gave_up.search(runs[2].stderr) and gave_up.search(runs[3].stderr), \
         runs[2].stderr[-2000:]
     assert "Nothing to be done" in runs[3].stdout + runs[3].stderr
-    log = json.loads((work / "report" / "versions" / "log.json").read_text())["versions"]
     assert [e["n"] for e in log] == [1], log
     # forced, the job sends it again: its count starts again (lost once)
-    assert forced.returncode == 1 and sent_forced == 1, forced.stderr[-2000:]
+    assert forced.returncode == 1 and sent_forced == 2, forced.stderr[-2000:]
     raw = json.loads((work / "data" / "raw" / "ext" / "128.json").read_text())
     assert raw["lost_runs"] == 1 and not raw.get("gave_up"), raw
 
