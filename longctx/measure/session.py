@@ -28,6 +28,7 @@ from .health import ExternalServer, NoHealthPath, ServerError
 from .process import ManagedServer, PortTaken, free_port, pid_file, reap_stray, will_not_pass
 from .provenance import model_provenance
 from .rawfiles import may_pass
+from .prime import prime
 from .probe import NO_TOKENIZER
 from .probe import probe as prompt_probe
 from .prompts import Prompter, PromptError, tokenizer_path
@@ -261,50 +262,7 @@ class Session:
         progress.info("%s: prompt probe: %s", spec.name, plan.describe())
 
     def _prime(self) -> None:
-        """Each server, before its first measured request: one request at the longest length the sweep measures
-        (protocol.prime), its cache flushed after. A server's first long prompt grows its memory (the allocator's
-        arenas, a GPU caching allocator's blocks), and until then every request pays for what it touches fresh: the
-        reference engine's 1,024-token TTFT was 35-41 ms before its first 16k prompt and 28-30 ms after
-        (bench/server_age.py). Primed, the sweep's first lengths and the load stage after them measure the same
-        server. Never longer than a length the sweep measures (not the ITL-depth request nor the reused-context
-        conversation, which may be longer): a prompt that kills the server in a way refuses() cannot foresee (an
-        out-of-memory in the activations, a crash on long input) must not cost the lengths that would have measured
-        without it. Recorded in provenance (`primed`), never as a trial. A prime that fails (an error, a timeout, the
-        server's death) is said once and not sent again at a restart; a server it killed is started again before the
-        sweep goes on (a start, as any restart)."""
-        if not self.spec.protocol.get("prime", True):
-            return
-        out, asked = 2, self.spec.protocol["output_tokens"]
-        entry: dict = {"start": self.starts}
-        failed = next((p for p in self.prov.get("primed", ()) if p["status"] not in ("ok", "skipped")), None)
-        # the longest length the sweep measures that the server does not refuse with the run's output tokens
-        length = next((x for x in sorted(self.spec.lengths, reverse=True) if x and not self.refuses(x, asked)), None)
-        if failed is not None:
-            entry.update(length=failed["length"], status="skipped",
-                         reason=f"the prime failed at start {failed['start']} ({failed['reason']}): not sent again")
-            self.prov["primed"].append(entry)
-            return
-        entry["length"] = length
-        if length is None:
-            entry.update(status="skipped", reason=self.refuses(max(self.spec.lengths, default=0), asked)
-                         or "no length to measure")
-        else:
-            timeout = self.spec.protocol["request_timeout_s"]
-            body = self.prompter.body(length, f"prime/{self.spec.name}/{self.starts}", out)
-            summary = self.prompter.generate(self.client, self.base + self.api.generate_path, body, timeout, length)
-            entry.update(status=summary["status"], reason=summary.get("reason"), ttft_s=summary.get("ttft_s"))
-            if entry["status"] == "ok" or self.healthy():
-                entry["flush_error"] = self.flush(timeout)
-        self.prov.setdefault("primed", []).append(entry)
-        if entry["status"] in ("ok", "skipped"):
-            progress.info("%s: primed with one %s-token prompt: %s", self.spec.name, length,
-                          f"TTFT {entry['ttft_s']:.3g} s" if entry.get("ttft_s") else f"{entry['status']} ({entry['reason']})")
-            return
-        progress.warning("%s: the prime (one %s-token prompt, the longest length the sweep measures) failed: %s; it is "
-                         "not sent again, and the sweep goes on", self.spec.name, length, entry["reason"])
-        if not self.healthy():  # it took the server with it: started again (a restart) before any length is sent
-            raise ServerError(self.server.died_message("the server stopped answering after the prime")
-                              if self.server is not None else "the server stopped answering after the prime")
+        prime(self)
 
     def _start_managed(self, timeout: float) -> tuple[list[str], float]:
         """Launch on a free port; when another process takes that port first (another bench job
