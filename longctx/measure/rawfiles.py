@@ -145,8 +145,9 @@ def lost(raw_dir: str | Path, partial_dir: str | Path, names: list[str]) -> dict
     partial_dir (aggregation recovers one that has), and a workload (load, prefix, the ITL-depth request) the run
     never reached for a reason that may pass (its `fault`) or one of whose points a server's death or hang cost. A
     file that is not there is Snakemake's to rerun; a length that failed for a reason that would repeat is not
-    measured again until its cause changes (its configuration, and with it the job's spec hash). An adaptive sweep (names hold "sweep") replays the trials it
-    kept, failed ones too: of its lengths, only those it never reached (their `fault`) are measured again."""
+    measured again until its cause changes (its configuration, and with it the job's spec hash). An adaptive sweep
+    (names hold "sweep") replays the trials it kept, failed ones too: of its lengths, only those it never reached
+    (their `fault`) are measured again."""
     raw_dir, partial_dir = Path(raw_dir), Path(partial_dir)
     replayed = "sweep" in names
     out: dict[str, str] = {}
