@@ -13,14 +13,21 @@ LLAMACPP := $(LLAMACPP_VENV)/.longctx-installed
 MODELS := $(VENV)/.longctx-models
 RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: report test setup parsers vllm llamacpp models tex slurm clean
+.PHONY: report test flake-hunt setup parsers vllm llamacpp models tex slurm clean
 
 report: setup tex
 	$(RUN) snakemake --cores 1
 
+TEST_ENV := LONGCTX_REQUIRE_ENGINE_PARSERS=1 LONGCTX_VLLM_PYTHON="$(CURDIR)/$(VLLM_VENV)/bin/python" \
+  LONGCTX_LLAMACPP_PYTHON="$(CURDIR)/$(LLAMACPP_VENV)/bin/python" LONGCTX_SLURM=1
+ROUNDS ?= 3
+
 test: setup parsers vllm llamacpp models tex slurm
-	$(RUN) LONGCTX_REQUIRE_ENGINE_PARSERS=1 LONGCTX_VLLM_PYTHON="$(CURDIR)/$(VLLM_VENV)/bin/python" \
-	  LONGCTX_LLAMACPP_PYTHON="$(CURDIR)/$(LLAMACPP_VENV)/bin/python" LONGCTX_SLURM=1 python -m pytest $(PYTEST_ARGS)
+	$(RUN) $(TEST_ENV) python -m pytest $(PYTEST_ARGS)
+
+# the suite's slow tests (or TARGETS) ROUNDS times, listing any that failed in a round (bench/flake_hunt.py)
+flake-hunt: setup parsers vllm llamacpp models tex slurm
+	$(RUN) $(TEST_ENV) python bench/flake_hunt.py --rounds $(ROUNDS) $(TARGETS)
 
 setup: $(STAMP) $(HOOK)
 

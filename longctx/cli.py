@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from .core.errors import ConfigError, write_atomic, write_fix
-from .core.hashing import digest
 
 LOG_FORMAT = "[%(asctime)s] %(name)s: %(message)s"
 TERMINAL = logging.getLogger("longctx.progress")  # the lines a stage run with --log shows on the terminal
@@ -32,7 +31,7 @@ def _job_spec(a):
     elif files and a.configuration:
         overrides = json.loads(a.config_overrides) if a.config_overrides else sources.get("overrides")
         spec = cfg.configuration_spec(cfg.load(files, overrides), a.configuration)
-        if a.spec_hash and digest(spec.to_dict()) != a.spec_hash:
+        if a.spec_hash and spec.spec_hash() != a.spec_hash:
             raise ConfigError(f"configuration {a.configuration!r} in {', '.join(files)} is not the one the workflow "
                               "planned this job for (the file changed since): run the workflow again")
     else:

@@ -66,7 +66,7 @@ for _name in IMPORTED:
             f"data/logs/import/{_name}.log",
         params:
             configuration=_name,
-            spec_hash=lambda w, _n=_name: digest(lcfg.configuration_spec(CFG, _n).to_dict()),
+            spec_hash=lambda w, _n=_name: lcfg.configuration_spec(CFG, _n).spec_hash(),
             outdir=lambda w, output: os.path.dirname(output[0]),
         localrule: True
         conda:

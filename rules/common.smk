@@ -6,7 +6,7 @@ import os
 import re
 
 from longctx import config as lcfg
-from longctx.core.hashing import canonical_json, digest
+from longctx.core.hashing import canonical_json
 from longctx.measure.calibration import plan as calibration_plan
 from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, HISTORY_FIGURES, LOAD_FIGURES, PREFIX_FIGURES
 from longctx.measure.resources import bench_resources
@@ -151,7 +151,7 @@ def kernel_bench_shape(wildcards):
 
 def bench_spec_hash(wildcards):
     """The hash of the configuration's spec (longctx.engines.ConfigurationSpec): a changed spec reruns its bench."""
-    return digest(lcfg.configuration_spec(CFG, wildcards.configuration).to_dict())
+    return lcfg.configuration_spec(CFG, wildcards.configuration).spec_hash()
 
 
 def bench_resource(name):

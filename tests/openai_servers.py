@@ -65,14 +65,17 @@ class Seen(list):
 @contextlib.contextmanager
 def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | None = None, default: int = 404,
                   broken: bool = False, refuse_ids_with: int = 422, basic: str | None = None, buffered: bool = False,
-                  port: int = 0):
+                  port: int = 0, dies_over: int | None = None, fail_lengths: dict[int, int] | None = None):
     """The server of one behaviour on loopback, counting prompts with tokenizer_dir/tokenizer.json
     (encoded with special tokens: a BOS server's tokenizer adds one). With `codes`, GET answers
     codes[path] (else `default`) instead of the behaviour's health paths; `broken`, every POST is HTTP 500
     with BROKEN; refuse_ids_with, the code a text-only server refuses token ids with; `basic`, the HTTP Basic
     credential every request must carry (else 401); `buffered`, a stream's events are decoded at the same pace
     but written in one write after the last, as a buffering proxy in front of the server (nginx's default
-    proxy_buffering) hands them on; `port`, the port to listen on (0: any free one). Yields (base URL, Seen)."""
+    proxy_buffering) hands them on; `port`, the port to listen on (0: any free one); `dies_over`, a prompt longer than
+    that many tokens kills the server (the request's connection closed with no answer, nothing listens after: a
+    server that dies on long input in a way no context length or KV pool foresees); `fail_lengths`, {prompt tokens: HTTP
+    status} answered to every prompt of that many tokens (e.g. 503, overloaded, every time). Yields (base URL, Seen)."""
     from tokenizers import Tokenizer
 
     b = BEHAVIOURS[behaviour]
@@ -126,6 +129,13 @@ def openai_server(behaviour: str, tokenizer_dir: Path, codes: dict[str, int] | N
                 n_prompt = len(prompt) + (1 if b["bos"] else 0)
             else:
                 n_prompt = len(tok.encode(prompt, add_special_tokens=True).ids)
+            if fail_lengths and n_prompt in fail_lengths:
+                return self._json(fail_lengths[n_prompt], {"error": {"message": f"no capacity for {n_prompt} tokens",
+                                                                     "type": "ServiceUnavailable"}})
+            if dies_over is not None and n_prompt > dies_over:
+                self.close_connection = True
+                threading.Thread(target=lambda: (server.shutdown(), server.server_close()), daemon=True).start()
+                return
             n = req["max_tokens"]
             usage = {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n}
             words = ["" if b["empty_every"] and i % b["empty_every"] == 1 else f" w{i}" for i in range(n)]

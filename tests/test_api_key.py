@@ -248,3 +248,44 @@ def test_sglangs_key_goes_in_a_file_of_its_own_and_never_into_its_log(tmp_path):
         os.killpg(server.pid, signal.SIGKILL)  # no clean stop: nothing scrubs the log afterwards
         server.proc.wait()
     assert key not in (tmp_path / "server.log").read_text()
+
+
+@pytest.mark.parametrize("form", ["--config F", "--config=F"])
+def test_sglangs_key_goes_in_a_copy_of_the_users_own_config_never_on_its_command_line(tmp_path, form):
+    """Issue 54, item 5: a command that has the user's own SGLang --config (either form): the key goes in a private
+    copy of that file (SGLang takes one --config), the user's flags kept; SGLang's own parser reads both from it."""
+    import os
+    import subprocess
+    import sys
+
+    key = "sk-" + secrets.token_hex(8)
+    own = tmp_path / "mine.yaml"
+    own.write_text("mem-fraction-static: 0.61\nmax-running-requests: 7\n")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    given = ["--config", str(own)] if form == "--config F" else [f"--config={own}"]
+    cmd, env = get_adapter("sglang").with_api_key(["python", "-m", "sglang.launch_server", "--model-path", "m", *given],
+                                                  {}, key, private)
+    assert key not in " ".join(cmd) and env == {} and str(own) not in " ".join(cmd)
+    (i,) = [n for n, w in enumerate(cmd) if w.startswith("--config")]
+    assert cmd[i] == "--config" and os.stat(cmd[i + 1]).st_mode & 0o777 == 0o600 and key not in own.read_text()
+    show = ("import sys; from sglang.srt.server_args import prepare_server_args; a = prepare_server_args(sys.argv[1:]); "
+            "print(a.mem_fraction_static, a.max_running_requests, a.api_key)")
+    probe = subprocess.run([sys.executable, "-c", "import sglang.srt.server_args"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("SGLang's argument parser is not installed (make test installs it)")
+    out = subprocess.run([sys.executable, "-c", show, *cmd[3:]], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["0.61", "7", key], out.stderr[-2000:]
+
+
+def test_a_secret_key_value_word_is_masked_on_every_command_line_shown():
+    """Issue 54, item 5: `--config hf_token=...` (Snakemake's KEY=VALUE words), a lock holder's command line as the
+    lock message shows it, and a configuration's own `command` in the redacted config."""
+    from longctx.core.secrets import HIDDEN, mask_argv, redact_config
+
+    token = "hf_" + secrets.token_hex(12)
+    words = ["snakemake", "--cores", "1", "--config", f"hf_token={token}", "lengths=[64]", f"API_KEY={token}"]
+    assert mask_argv(words) == ["snakemake", "--cores", "1", "--config", f"hf_token={HIDDEN}", "lengths=[64]",
+                                f"API_KEY={HIDDEN}"]
+    config = {"configurations": {"v": {"engine": "vllm", "command": ["vllm", "serve", "--hf-token", token, f"--api-key={token}"]}}}
+    assert token not in json.dumps(redact_config(config))

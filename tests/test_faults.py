@@ -371,3 +371,127 @@ def test_an_output_directory_that_cannot_be_written_is_said_before_any_server_st
         (tmp_path / "ro").mkdir(mode=0o500)
         with pytest.raises(Exception, match="cannot write to"):
             run_configuration(spec, tmp_path / "ro", tmp_path / "server.log")
+
+
+def test_the_prime_never_costs_a_length_that_would_have_measured_without_it(tmp_path):
+    """Issue 54, item 1: an OpenAI server that dies on any prompt over 3,000 tokens (tests/openai_servers.py,
+    `dies_over`; no context length or KV pool foresees it), lengths 1,000 and 2,000 and an ITL-depth request of 4,000.
+    The prime goes at the sweep's longest length, 2,000, not the ITL-depth request's 4,000: both lengths are measured,
+    and the ITL-depth request, sent last, is lost with its reason. Before, the prime at 4,000 killed the server
+    before the first length and both lengths were lost, the fault put on length 1,000."""
+    from longctx import config as lcfg
+
+    from .openai_servers import openai_server
+
+    with openai_server("no-health", tmp_path / "tok", dies_over=3000) as (base, seen):
+        config = lcfg.validate({
+            "lengths": [1000, 2000], "model": {"name": "bpe", "tokenizer": str(tmp_path / "tok" / "no-health")},
+            "protocol": {"warmup": 0, "trials": 1, "output_tokens": 4, "token_id_range": [3, 300],
+                         "itl_depth": {"length": 4000, "output_tokens": 2}},
+            "telemetry": {"enabled": False}, "server": {"startup_timeout_s": 5, "max_restarts": 1},
+            "configurations": {"ext": {"engine": "external", "url": base, "api": "openai", "load": False, "prefix": False}}})
+        failed = run_configuration(lcfg.configuration_spec(config, "ext"), tmp_path / "raw", tmp_path / "x.log")
+    raws = {n: json.loads((tmp_path / "raw" / f"{n}.json").read_text()) for n in (1000, 2000)}
+    assert [raws[n]["status"] for n in (1000, 2000)] == ["ok", "ok"], {n: raws[n].get("reason") for n in raws}
+    (primed,) = raws[1000]["provenance"]["primed"]
+    assert (primed["length"], primed["status"]) == (2000, "ok"), primed
+    depth = json.loads((tmp_path / "raw" / "itl_depth.json").read_text())
+    assert depth.get("status") == "failed" and depth.get("reason"), depth
+    assert failed == 0  # (the count of lengths that failed: the ITL-depth request is not one)
+
+
+def test_a_prime_that_failed_is_said_once_and_not_sent_again_at_a_restart(tmp_path, monkeypatch, servers, caplog):
+    """Issue 54, item 1: the prime (the first request at the sweep's longest length, 96; the metronome's are 128 tokens)
+    fails; the sweep goes on and measures every length; the server killed while measuring 64 is started again, and
+    its new server is not primed again: provenance says the prime was skipped and why."""
+    import logging
+
+    from longctx.measure import prompts
+
+    real, primes = prompts.Prompter.generate, []
+
+    def generate(self, client, url, body, timeout_s, length, record=None, stall_s=None):
+        if length == 96 and not primes:  # the prime: the first request at 96, before any length
+            primes.append(length)
+            return {"status": "failed", "reason": "HTTP 500: injected"}
+        return real(self, client, url, body, timeout_s, length, record=record, stall_s=stall_s)
+
+    monkeypatch.setattr(prompts.Prompter, "generate", generate)
+    inject_at(monkeypatch, 64, lambda: os.killpg(servers[-1].pid, signal.SIGKILL))
+    with caplog.at_level(logging.INFO, logger="longctx.progress"):
+        failed, raws = sweep(tmp_path, lengths=(32, 64, 96))
+    assert failed == 0 and [raws[n]["status"] for n in (32, 64, 96)] == ["ok", "ok", "ok"]
+    assert primes == [96] and len(servers) == 2
+    first, again = raws[96]["provenance"]["primed"]
+    assert (first["start"], first["status"], first["reason"]) == (1, "failed", "HTTP 500: injected"), first
+    assert again["start"] == 2 and again["status"] == "skipped" and \
+        again["reason"] == "the prime failed at start 1 (HTTP 500: injected): not sent again", again
+    said = [r.getMessage() for r in caplog.records if "the prime" in r.getMessage()]
+    assert len(said) == 1 and "failed: HTTP 500: injected; it is not sent again" in said[0], said
+
+
+def test_a_load_point_lost_to_a_server_death_is_measured_again_by_the_same_command(tmp_path, monkeypatch, servers):
+    """Issue 54, item 6: the server SIGKILLed as the load stage's closed loop starts. The point fails with the
+    server's fault, the stage goes on; the workflow's reading of the run (lost) has the load workload measured
+    again, and the job run again measures that point on a new server and reuses every point and length that
+    succeeded. Before, a workload a death cut short kept its failed point and was never measured again."""
+    from longctx.measure import loadrun
+
+    real, killed = loadrun.run_point, []
+
+    async def run_point(ctx, kind, length, level, *rest):
+        if kind == "closed" and not killed:
+            killed.append(level)
+            os.killpg(servers[-1].pid, signal.SIGKILL)
+        return await real(ctx, kind, length, level, *rest)
+
+    monkeypatch.setattr(loadrun, "run_point", run_point)
+    spec = tiny_spec("page1", lengths=[32, 64], prefix=None)
+    spec.load.update({"lengths": [64], "closed": {**spec.load["closed"], "concurrency": [1, 2]}, "open": {**spec.load["open"], "rates": []},
+                      "interference": {**spec.load["interference"], "lengths": []}, "wake": {**spec.load["wake"], "idle_s": []},
+                      "metrics": {**spec.load["metrics"], "enabled": False}})
+    spec.protocol.update({"warmup": 0, "trials": 1, "output_tokens": 3, "itl_depth": {"length": None, "output_tokens": 2}})
+    spec.server.update({"stop_timeout_s": 2})
+    names = ["32", "64", "load"]
+
+    def run():
+        run_configuration(spec, tmp_path / "raw", tmp_path / "server.log", tmp_path / "partial")
+        return json.loads((tmp_path / "raw" / "load.json").read_text())["workloads"]
+
+    first = run()
+    assert [(p["concurrency"], p["status"]) for p in first] == [(1, "failed"), (2, "ok")], first
+    assert "the server died" in first[0]["fault"] and str(tmp_path / "server.log") in first[0]["fault"]
+    found = lost(tmp_path / "raw", tmp_path / "partial", names)
+    assert list(found) == ["load"] and found["load"].startswith("closed point: the server died"), found
+    again = run()
+    assert [(p["concurrency"], p["status"], bool(p.get("resumed"))) for p in again] == [(1, "ok", False), (2, "ok", True)], again
+    assert lost(tmp_path / "raw", tmp_path / "partial", names) == {}
+
+
+def test_a_start_up_failures_cause_is_the_first_tracebacks_last_line_and_a_missing_file_will_not_pass():
+    """process.root_cause on the shapes server logs take (the real vLLM case: tests/test_thirdparty.py): a chained
+    exception (its cause printed first), lines behind a logger's prefix, no traceback at all (a C++ server's log:
+    None, the last line stands)."""
+    from longctx.measure.process import root_cause, will_not_pass
+
+    chained = "\n".join([
+        "INFO 12-06 07:00:00 [core.py:90] loading",
+        "Traceback (most recent call last):",
+        '  File "/x/loader.py", line 3, in load', "    raise FileNotFoundError(path)",
+        "FileNotFoundError: /models/m/model.safetensors",
+        "", "The above exception was the direct cause of the following exception:", "",
+        "Traceback (most recent call last):", '  File "/x/server.py", line 9, in main',
+        "RuntimeError: the model could not be loaded"])
+    assert root_cause(chained) == "FileNotFoundError: /models/m/model.safetensors"
+    prefixed = "\n".join([
+        "(EngineCore_DP0 pid=41) ERROR 12-06 07:00:01 [core.py:708] EngineCore failed to start.",
+        "(EngineCore_DP0 pid=41) Traceback (most recent call last):",
+        '(EngineCore_DP0 pid=41)   File "/v/core.py", line 699, in run_engine_core',
+        "(EngineCore_DP0 pid=41) RuntimeError: Cannot find any model weights with `/m`",
+        "Traceback (most recent call last):",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"])
+    assert root_cause(prefixed) == "RuntimeError: Cannot find any model weights with `/m`"
+    assert root_cause("llama_model_load: error loading model\nmain: exiting due to model loading error") is None
+    assert will_not_pass("RuntimeError: Cannot find any model weights with `/m`")
+    assert will_not_pass("FileNotFoundError: /models/m/model.safetensors")
+    assert not will_not_pass("torch.OutOfMemoryError: CUDA out of memory") and not will_not_pass(None)

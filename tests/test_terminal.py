@@ -118,6 +118,50 @@ def test_the_same_command_run_again_measures_what_failed_for_a_reason_that_may_p
     assert "Nothing to be done" in broken_run.allowed.stdout + broken_run.allowed.stderr  # the same report: no new version
 
 
+def test_a_length_that_fails_the_same_way_every_run_is_given_up_after_three_and_makes_no_new_version(tmp_path):
+    """Issue 54, items 2 and 3: a server that answers HTTP 503 to every 128-token prompt (tests/openai_servers.py,
+    fail_lengths) and serves 64. The README's command run four times: runs 2 and 3 measure 128 again (a server error
+    may pass) and lose it the same way, run 3 gives up (server.give_up_after_runs, 3), run 4 has nothing to do; each
+    exits 1 and the last two name the length with "gave up after 3 runs". The report's versions: the first run's, and
+    no other, since no later run measured anything new. Then the bench job forced (--forcerun bench_configuration)
+    sends it again, its count started again."""
+    work = copy_workflow(tmp_path)
+    config = {"lengths": [64, 128], "protocol": {"warmup": 0, "trials": 1, "output_tokens": 4, "token_id_range": [3, 300]},
+              "metronome": {"length": 32, "repeats": 1}, "model": {"name": "tiny-mla", "architecture": TINY_ARCH},
+              "configurations": {"ext": {"engine": "external", "api": "openai", "url": "URL"}}}
+
+    def readme_command(*extra):
+        return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report/longctx.pdf", "--configfile",
+                               "overloaded.yaml", *extra], cwd=work, env=ENV, capture_output=True, text=True, timeout=600)
+
+    runs = []
+    with openai_server("no-health", tmp_path / "tok", fail_lengths={128: 503}) as (base, seen):
+        config["configurations"]["ext"]["url"] = base
+        (work / "overloaded.yaml").write_text(yaml.safe_dump(config))
+        for _ in range(4):
+            runs.append(readme_command())
+            print(runs[-1].stderr[-1500:])
+        sent = [len(r["prompt"]) for r in seen if isinstance(r.get("prompt"), list)].count(128)
+        raw = json.loads((work / "data" / "raw" / "ext" / "128.json").read_text())
+        log = json.loads((work / "report" / "versions" / "log.json").read_text())["versions"]
+        forced = readme_command("--forcerun", "bench_configuration")
+        sent_forced = [len(r["prompt"]) for r in seen if isinstance(r.get("prompt"), list)].count(128) - sent
+    assert [r.returncode for r in runs] == [1, 1, 1, 1], [r.stderr[-2000:] for r in runs]
+    assert sent == 6, sent  # a run's prime (the sweep's longest length) and its one trial, three runs
+    assert raw["status"] == "failed" and raw["lost_runs"] == 3 and raw["gave_up"] == 3, raw.get("reason")
+    gave_up = re.compile(r"longctx: 1 configured length\(s\) have no successful measurement: ext L=128 \(gave up after 3 "
+                         r"runs: .*HTTP 503.*; fix: what the server's log says of it; then `snakemake --forcerun "
+                         r"bench_configuration` \(or a changed configuration\) sends it again\)")
+    assert not gave_up.search(runs[1].stderr) and gave_up.search(runs[2].stderr) and gave_up.search(runs[3].stderr), \
+        runs[2].stderr[-2000:]
+    assert "Nothing to be done" in runs[3].stdout + runs[3].stderr
+    assert [e["n"] for e in log] == [1], log
+    # forced, the job sends it again: its count starts again (lost once)
+    assert forced.returncode == 1 and sent_forced == 2, forced.stderr[-2000:]
+    raw = json.loads((work / "data" / "raw" / "ext" / "128.json").read_text())
+    assert raw["lost_runs"] == 1 and not raw.get("gave_up"), raw
+
+
 def test_the_report_of_a_server_never_measured_says_what_the_config_said_of_it(broken_run):
     """An external server is remote unless its configuration says otherwise, and the config described its model:
     the report says neither 'on GPU' nor 'no architecture' of a server it never measured."""

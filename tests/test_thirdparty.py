@@ -104,6 +104,34 @@ def tiny_llama(tmp_path_factory) -> Path:
     return out
 
 
+def test_a_vllm_that_cannot_start_is_named_by_its_root_cause_once_and_not_started_again(tiny_llama, tmp_path, caplog):
+    """Issue 54, item 8: vLLM pointed at a directory with the model's config and no weights. Its log's last line is
+    the front end's "Engine core initialization failed. See root cause above."; the cause, printed above it by the
+    engine core, is "Cannot find any model weights". longctx names that cause with the log's path, once, and does not
+    start the server again (a missing file no restart changes): one start, where three were made before."""
+    import logging
+    import shutil
+
+    from longctx.measure.sweep import run_configuration
+
+    bare = tmp_path / "model"
+    shutil.copytree(tiny_llama, bare, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.pt"))
+    config = vllm_config(str(bare))
+    config["lengths"] = [64]
+    spec = replace(lcfg.configuration_spec(config, "vllm-cpu"), load=None, prefix=None)
+    with caplog.at_level(logging.INFO, logger="longctx.progress"):
+        run_configuration(spec, tmp_path / "raw", tmp_path / "server.log", tmp_path / "partial")
+    reason = json.loads((tmp_path / "raw" / "64.json").read_text())["reason"]
+    print(reason)
+    assert re.search(r"the cause it gives: \w*Error: Cannot find any model weights", reason), reason
+    assert str(tmp_path / "server.log") in reason and "no restart can change that cause" in reason, reason
+    log = (tmp_path / "server.log").read_text()
+    assert "Cannot find any model weights" in log
+    assert sum(1 for line in log.splitlines() if line.startswith("$ ")) == 1  # one start (each logs its command line)
+    said = [r.getMessage() for r in caplog.records if "Cannot find any model weights" in r.getMessage()]
+    assert len(said) <= 2, said  # the start's failure, and the length it cost; not once per start
+
+
 def start_vllm_server(tmp_path_factory, tiny_llama) -> dict:
     """vLLM started as the workflow starts it (the adapter's command line and environment), not yet waited for."""
     spec = lcfg.configuration_spec(vllm_config(str(tiny_llama)), "vllm-cpu")

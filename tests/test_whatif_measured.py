@@ -57,7 +57,7 @@ def run(tmp_path_factory):
     work = tmp_path_factory.mktemp("whatif-measured")
     raw = work / "raw" / NAME
     spec = spec_of([L, 2048, 4096], 8, {"lengths": [L], "output_tokens": 16, "closed": {**CLOSED, "concurrency": [1, 2], "requests": 8}})
-    spec = replace(spec, protocol={**spec.protocol, "itl_depth": {"length": 16384, "output_tokens": 2}})
+    spec = replace(spec, protocol={**spec.protocol, "itl_depth": {"length": 4096, "output_tokens": 2}})
     assert run_configuration(spec, raw, work / "server.log") == 0
     files = sorted(str(p) for p in raw.glob("*.json"))
     data = work / "data"
@@ -75,7 +75,7 @@ def run(tmp_path_factory):
 def test_a_request_measured_by_the_sweep_and_by_the_load_stage_agrees(run):
     sweep = json.loads((run["raw"] / f"{L}.json").read_text())
     primed = sweep["provenance"].get("primed")
-    assert primed and primed[0]["length"] == 16384 and primed[0]["status"] == "ok", primed
+    assert primed and primed[0]["length"] == 4096 and primed[0]["status"] == "ok", primed
     swept = [t["ttft_s"] for t in sweep["trials"]]
     doc = json.loads((run["raw"] / "load.json").read_text())
     (alone,) = [w for w in doc["workloads"] if w["kind"] == "closed" and w["concurrency"] == 1]

@@ -273,7 +273,9 @@ def missing(df: pd.DataFrame) -> dict[str, list[tuple[int, str]]]:
 ALLOW_MISSING = "--config allow_missing=True"
 # what a missing length's reason needs done before it can be measured: the reasons that do not pass by themselves
 # (measure.rawfiles.transient), so that the same command does not send it again
-FIXES = (("exceed the context length", "fix: a server with a longer context, or a shorter `lengths`"),
+FIXES = (("gave up after", "fix: what the server's log says of it; then `snakemake --forcerun bench_configuration` (or a "
+                          "changed configuration) sends it again"),
+         ("exceed the context length", "fix: a server with a longer context, or a shorter `lengths`"),
          ("of the KV pool", "fix: more KV memory for the server (its memory fraction), or a shorter `lengths`"),
          ("HTTP 401", "fix: the key, configurations.{conf}.api_key_env"),
          ("HTTP 403", "fix: the key, configurations.{conf}.api_key_env"))

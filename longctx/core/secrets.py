@@ -12,6 +12,7 @@ read at run time), ``scrub`` removes it from any text as well.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -51,8 +52,8 @@ def _hide(value: Any) -> Any:
 
 def redact_config(config: dict[str, Any]) -> dict[str, Any]:
     """A longctx config fit to pass, log or print: every configuration's env values hidden but those
-    report.env_shown names, its URL's user, password and secret query values (mask_url), a secret flag's word in
-    extra_args (mask_argv), and every secret-named value elsewhere (mask). The one redaction every path uses (the
+    report.env_shown names, its URL's user, password and secret query values (mask_url), a secret flag's word and a
+    secret KEY=VALUE word in extra_args and command (mask_argv), and every secret-named value elsewhere (mask). The one redaction every path uses (the
     workflow's params, `longctx render --configfile`, the report's config listing); idempotent."""
     import copy
 
@@ -63,32 +64,83 @@ def redact_config(config: dict[str, Any]) -> dict[str, Any]:
             conf["url"] = mask_url(conf["url"])
         if conf.get("env"):
             conf["env"] = {k: (v if k in shown else HIDDEN) for k, v in config["configurations"][name]["env"].items()}
-        if conf.get("extra_args"):
-            conf["extra_args"] = mask_argv(conf["extra_args"])
+        for words in ("extra_args", "command"):  # the words that start the server, too (vllm's command)
+            if conf.get(words):
+                conf[words] = mask_argv(conf[words])
     return out
 
 
-def mask_argv(words: list[str] | None) -> list[str] | None:
-    """A command line with the value of every secret-named flag hidden (``--api-key K`` and ``--api-key=K``)."""
+def mask_argv(words: list[str] | None, hide=lambda value: HIDDEN) -> list[str] | None:
+    """A command line with the value of every secret-named flag hidden (``--api-key K`` and ``--api-key=K``), and of
+    every secret-named ``KEY=VALUE`` word (``--config hf_token=K``); `hide` makes what stands in its place (keyed, for
+    a digest that must still tell two values apart)."""
     if words is None:
         return None
     out: list[str] = []
     hide_next = False
     for word in map(str, words):
         if hide_next and not word.startswith("--"):
-            out.append(HIDDEN)
+            out.append(hide(word))
             hide_next = False
             continue
         hide_next = False
+        flag, eq, value = word.partition("=")
         if word.startswith("-"):
-            flag, eq, _ = word.partition("=")
             if secret_name(flag):
                 if eq:
-                    word = f"{flag}={HIDDEN}"
+                    word = f"{flag}={hide(value)}"
                 else:
                     hide_next = True
+        elif eq and flag and secret_name(flag):
+            word = f"{flag}={hide(value)}"
         out.append(word)
     return out
+
+
+KEY_FILE = Path(".longctx") / "hash-key"  # in the workflow's directory (a cluster's nodes share it), mode 0600
+
+
+def keyed(value: str, key_file: str | Path | None = None) -> str:
+    """What stands for a secret value in an identity digest (a spec's hash, its resume key): an HMAC-SHA256 of it
+    under this workflow directory's own key (KEY_FILE, made once, readable by its owner only, never written
+    elsewhere), so that a changed value still changes the digest, but no one who sees the digest (a raw file, a
+    version record, Snakemake's records) can test guesses of the value against it. Empty stays empty."""
+    import hashlib
+    import hmac
+    import os
+    import secrets as _secrets
+
+    if not value:
+        return value
+    path = Path(key_file) if key_file else KEY_FILE
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, _secrets.token_bytes(32))
+        finally:
+            os.close(fd)
+        key = path.read_bytes()
+    return "hmac:" + hmac.new(key, str(value).encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def keyed_secrets(obj: Any) -> Any:
+    """A copy of obj with every secret-named key's text keyed (mask's rule, keyed in place of hidden)."""
+    if isinstance(obj, dict):
+        return {k: (_keyed_value(v) if secret_name(k) else keyed_secrets(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [keyed_secrets(v) for v in obj]
+    return obj
+
+
+def _keyed_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return keyed(value)
+    if isinstance(value, list):
+        return [_keyed_value(v) for v in value]
+    return keyed_secrets(value)
 
 
 def scrub(text: str, *values: str | None) -> str:

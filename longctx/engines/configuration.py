@@ -4,8 +4,8 @@ workflow passes it as canonical JSON (rule bench_configuration, `longctx bench -
 (longctx.measure.sweep) and every engine adapter read it.
 
 It is defined with the adapter interface, the earliest stage that both the config and the sweep
-import, and its dictionary form (to_dict) is the one the raw files' spec_hash and resume_key are
-computed over.
+import, and its dictionary form with every secret value keyed (hashable) is the one the raw files' spec_hash and
+resume_key are computed over.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..core.hashing import canonical_json, digest
-from ..core.secrets import mask, mask_argv, url_parts
+from ..core.secrets import keyed, keyed_secrets, mask, mask_argv, mask_url, url_parts
 
 # protocol keys that do not make two measurements unlike (ConfigurationSpec.settings)
 # what ConfigurationSpec.settings records: 2 since they hold no secret's value (env names, not values; the URL masked)
@@ -125,11 +125,31 @@ class ConfigurationSpec:
         return url_parts(self.url)[0]
 
     def url_secrets(self) -> list[str]:
-        """What the URL carries that no text may show: its password, and the Basic credential made of it."""
+        """What the URL carries that no text may show: its user and password (a token given as the user name alone,
+        http://TOKEN@host, is one), and the Basic credential made of them."""
         _, user, password = url_parts(self.url)
-        if password is None:
+        if user is None and password is None:
             return []
-        return [password, unquote(password), self.auth_headers().get("Authorization", "").removeprefix("Basic ")]
+        found = [v for v in (user, password) if v]
+        return [*found, *map(unquote, found), self.auth_headers().get("Authorization", "").removeprefix("Basic ")]
+
+    def hashable(self) -> dict[str, Any]:
+        """to_dict() with every secret value keyed (core.secrets.keyed): the environment's values, the URL's user,
+        password and secret query values, secret-named values and the words of secret flags. A changed value still
+        changes spec_hash and the resume key, and no digest published (raw files, version records, Snakemake's
+        records) can be tested against a guessed value without this workflow directory's key."""
+        d = keyed_secrets(self.to_dict())
+        d["env"] = {k: keyed(v) for k, v in (d.get("env") or {}).items()}
+        if d.get("url"):
+            masked = mask_url(d["url"])
+            d["url"] = masked if masked == d["url"] else f"{masked}#{keyed(d['url'])}"
+        for words in ("extra_args", "command"):
+            d[words] = mask_argv(d.get(words), keyed)
+        return d
+
+    def spec_hash(self) -> str:
+        """The digest that names this spec in the raw files and on the bench's command line (hashable's)."""
+        return digest(self.hashable())
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a plain dictionary (a deep copy): what spec_hash and resume_key digest."""

@@ -77,14 +77,33 @@ class SGLangAdapter(EngineAdapter):
                      private: Path | None = None) -> tuple[list[str], dict[str, str]]:
         """SGLang reads no environment variable for its key: it goes in a YAML file of this user's alone, given by
         SGLang's --config (server_args_config_parser: its keys become flags), so that the process list shows the
-        file's path, not the key. Where a command already has a --config (SGLang takes one) or no private directory
-        is given, the --api-key flag."""
-        if not key or private is None or "--config" in command:
+        file's path, not the key. SGLang takes one --config: where the command has the user's own (``--config F`` or
+        ``--config=F``), the file given is a copy of it with the key added, in the same private directory. Without a
+        private directory, the --api-key flag (a caller that has none: not the bench, which always gives one)."""
+        if not key or private is None:
             return super().with_api_key(command, env, key)
-        path = Path(private) / "sglang-api-key.yaml"
+        import yaml
+
+        from ..core.errors import ConfigError
+
+        command, doc = list(command), {}
+        at = next((i for i, w in enumerate(command) if w == "--config" or w.startswith("--config=")), None)
+        if at is not None:
+            word = command[at]
+            given = word.partition("=")[2] if "=" in word else (command[at + 1] if at + 1 < len(command) else "")
+            try:
+                doc = yaml.safe_load(Path(given).read_text()) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                raise ConfigError(f"SGLang's --config {given!r} cannot be read to add the API key to it ({exc}); the key "
+                                  "is never put on the command line") from None
+            if not isinstance(doc, dict):
+                raise ConfigError(f"SGLang's --config {given!r} is not a mapping of flags; the API key is never put on "
+                                  "the command line")
+            del command[at: at + (1 if "=" in word else 2)]
+        path = Path(private) / "sglang-config.yaml"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(f"api-key: {json.dumps(key)}\n")  # a JSON string is a YAML string
+            f.write(json.dumps({**doc, "api-key": key}) + "\n")  # JSON is YAML
         return [*command, "--config", str(path)], env
 
     def api(self, spec: ConfigurationSpec):

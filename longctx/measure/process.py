@@ -168,6 +168,40 @@ TAIL_LINES = 20  # of a dead server's log, into this process's log
 LAST_LINE_CHARS = 160  # of its last line, in the one line that says it died
 
 
+# a Python exception's line, after whatever prefix a server's logger puts before it ("(EngineCore_DP0 pid=7) ",
+# "ERROR 12-06 07:00:00 [core.py:708] "): its name and its message
+# (at the line's start or right after the prefix: a traceback's indented source lines are not it)
+_EXCEPTION = re.compile(r"(?:^|[\])] )((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit))(?::\s*(.*\S))?\s*$")
+_TRACEBACK = "Traceback (most recent call last):"
+# causes no restart helps: a file that is not there, a flag the engine does not take
+_WILL_NOT_PASS = re.compile(r"FileNotFoundError|IsADirectoryError|NotADirectoryError|PermissionError|No such file|"
+                            r"[Cc]annot find|[Cc]ould not find|does not exist|unrecognized arguments|invalid choice|"
+                            r"error: argument|is not a valid")
+
+
+def root_cause(text: str) -> str | None:
+    """The error a server's log gives as the cause of its failure: the last line of the first Python traceback
+    printed (a chained exception prints its cause first; vLLM's engine core prints its own traceback, "RuntimeError:
+    Cannot find any model weights with ...", before the front end's "Engine core initialization failed. See root
+    cause above."), or None where the log holds no traceback."""
+    lines = text.splitlines()
+    seen = False
+    for line in lines:
+        if _TRACEBACK in line:
+            seen = True
+            continue
+        if seen and not line.lstrip().startswith(("File ", "^", "~")):
+            m = _EXCEPTION.search(line)
+            if m:
+                return f"{m.group(1)}: {m.group(2)}" if m.group(2) else m.group(1)
+    return None
+
+
+def will_not_pass(cause: str | None) -> bool:
+    """Whether a start-up failure's cause is one that no restart can change (a missing file, a bad flag)."""
+    return bool(cause and _WILL_NOT_PASS.search(cause))
+
+
 def tail(path: str | Path, lines: int = TAIL_LINES) -> str:
     try:
         text = Path(path).read_text(errors="replace")
@@ -187,6 +221,7 @@ class ManagedServer:
         self.stop_timeout_s = stop_timeout_s
         self.proc: subprocess.Popen | None = None
         self.log_offset = 0  # where this start's lines begin in the (appended) log
+        self.cause: str | None = None  # the cause its log gave for its death (root_cause), once died_message read it
         # values the server may print (SGLang logs its API key in its server_args line): its output then goes to the log
         # through a pipe, each line scrubbed as it is written, so the log never holds them, however the bench ends
         self.secrets = tuple(v for v in secrets if v)
@@ -247,7 +282,10 @@ class ManagedServer:
         lines = tail(self.log_path, TAIL_LINES)
         log.info("%s: the last lines of %s:\n%s", what, self.log_path, lines)
         last = next((ln.strip() for ln in reversed(lines.splitlines()) if ln.strip()), "")
+        self.cause = root_cause(self.log_since_start())
+        cause = self.cause if self.cause and self.cause not in last else None
         return (f"{what} (exit code {code}); server log: {self.log_path}"
+                + (f"; the cause it gives: {cause[:LAST_LINE_CHARS]}" if cause else "")
                 + (f"; its last line: {last[:LAST_LINE_CHARS]}" if last else ""))
 
     def wait_healthy(self, url: str, timeout_s: float, port: int | None = None) -> float:

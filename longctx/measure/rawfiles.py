@@ -58,7 +58,7 @@ def write_kept(name: str, doc: dict, outdir: Path, resume_dir: Path | None) -> N
 def resume_key(spec: ConfigurationSpec, kernel: dict | None, version: str | None) -> str:
     """What a reused measurement must share with this run: the spec (lengths, workloads and metronome aside), the
     kernel build and the engine version."""
-    return digest({"spec": {k: v for k, v in spec.to_dict().items() if k not in ("lengths", "load", "prefix", "metronome")},
+    return digest({"spec": {k: v for k, v in spec.hashable().items() if k not in ("lengths", "load", "prefix", "metronome")},
                    "kernel": kernel and kernel["build_hash"], "version": version})
 
 
@@ -98,12 +98,37 @@ SERVER_ERROR = re.compile(r"\bHTTP 50[0234]\b")  # 501 (not implemented) and 505
 def transient(record: dict | None) -> str | None:
     """Why a length that did not succeed may succeed if measured again, or None (it succeeded, or failed for a reason
     that would repeat)."""
-    if not record or record.get("status") in ("ok", "not chosen", "not configured"):
+    if not record or record.get("status") in ("ok", "not chosen", "not configured") or record.get("gave_up"):
         return None
     if record.get("fault"):
         return record["fault"]
     reason = record.get("reason") or ""
     return reason if may_pass(reason) else None
+
+
+def same_reason(a: str | None, b: str | None) -> bool:
+    """Whether two failures are the same (their first clause, its figures left out: the seconds, ports and pids vary)."""
+    def key(why: str | None) -> str:
+        return re.sub(r"\d+(?:\.\d+)?", "#", (why or "").split(";")[0]).strip()[:160]
+    return bool(a and b) and key(a) == key(b)
+
+
+def lost_again(before: dict | None, result: dict, retrying: bool, limit: int) -> dict:
+    """A length's result with how many runs in a row lost it for the same reason that may pass (lost_runs: the run
+    before's count where this run was started by its note, `retrying`, and lost it the same way, else 1); at `limit`
+    the command gives up on it (gave_up: its reason says so, and `transient` no longer has it measured again)."""
+    why = transient(result)
+    if not why:
+        return result
+    runs = 1
+    if retrying and before is not None and same_reason(transient({**before, "gave_up": None}), why):
+        runs = int(before.get("lost_runs") or 1) + 1
+    result = {**result, "lost_runs": runs}
+    if runs >= limit:
+        said = f"gave up after {runs} runs: "
+        result.update(gave_up=runs, reason=said + (result.get("reason") or why),
+                      **({"fault": said + result["fault"]} if result.get("fault") else {}))
+    return result
 
 
 def may_pass(reason: str | None) -> bool:
@@ -118,10 +143,11 @@ def lost(raw_dir: str | Path, partial_dir: str | Path, names: list[str]) -> dict
     """What the same command, run again, measures again of a configuration's last run ({file name: why}): a length
     that failed for a reason that may pass (`transient`), a raw file that cannot be read with no intact copy in
     partial_dir (aggregation recovers one that has), and a workload (load, prefix, the ITL-depth request) the run
-    never reached for a reason that may pass (its `fault`). A file that is not there is Snakemake's to rerun; a
-    length that failed for a reason that would repeat is not measured again until its cause changes (its
-    configuration, and with it the job's spec hash). An adaptive sweep (names hold "sweep") replays the trials it
-    kept, failed ones too: of its lengths, only those it never reached (their `fault`) are measured again."""
+    never reached for a reason that may pass (its `fault`) or one of whose points a server's death or hang cost. A
+    file that is not there is Snakemake's to rerun; a length that failed for a reason that would repeat is not
+    measured again until its cause changes (its configuration, and with it the job's spec hash). An adaptive sweep
+    (names hold "sweep") replays the trials it kept, failed ones too: of its lengths, only those it never reached
+    (their `fault`) are measured again."""
     raw_dir, partial_dir = Path(raw_dir), Path(partial_dir)
     replayed = "sweep" in names
     out: dict[str, str] = {}
@@ -135,10 +161,19 @@ def lost(raw_dir: str | Path, partial_dir: str | Path, names: list[str]) -> dict
             if raw is None:
                 out[name] = f"its raw file {path} cannot be read ({problem}) and no intact copy was kept"
                 continue
-        why = transient(raw) if name.isdigit() and not replayed else raw.get("fault")
+        why = transient(raw) if name.isdigit() and not replayed else (raw.get("fault") or _point_fault(raw))
         if why:
             out[name] = why
     return out
+
+
+def _point_fault(doc: dict) -> str | None:
+    """The fault that cost a workload's point (a load or reused-context point the server died or hung in, its
+    `fault`), where one did: the workload is measured again by the same command, its points that succeeded reused
+    (measure.points), as a length lost so is."""
+    points = [*(doc.get("workloads") or []), *(doc.get("points") or []), *(doc.get("conversations") or [])]
+    return next((f"{p.get('kind', 'a')} point: {p['fault']}" for p in points
+                 if isinstance(p, dict) and p.get("status") != "ok" and p.get("fault")), None)
 
 
 def retry_files(resume_dir: str | Path) -> list[str]:

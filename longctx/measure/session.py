@@ -25,9 +25,10 @@ from ..core.secrets import mask, mask_argv, mask_url, scrub
 from ..engines import ConfigurationSpec, EngineAdapter
 from ..specs.pool import observed_pool
 from .health import ExternalServer, NoHealthPath, ServerError
-from .process import ManagedServer, PortTaken, free_port, pid_file, reap_stray
+from .process import ManagedServer, PortTaken, free_port, pid_file, reap_stray, will_not_pass
 from .provenance import model_provenance
 from .rawfiles import may_pass
+from .prime import prime
 from .probe import NO_TOKENIZER
 from .probe import probe as prompt_probe
 from .prompts import Prompter, PromptError, tokenizer_path
@@ -151,6 +152,7 @@ class Session:
         self.down()
         limit = 1 + self.spec.server["max_restarts"] + self.planned
         last = None
+        causes: dict[str, int] = {}  # each start-up failure's cause (the server log's, process.root_cause): its first start
         while self.starts < limit:
             self.starts += 1
             progress.info("%s: %s%s", self.spec.name, "starting the server" if self.adapter.managed
@@ -164,8 +166,18 @@ class Session:
                 raise
             except ServerError as exc:
                 last = self.scrub(str(exc))
-                progress.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
+                cause = getattr(self.server, "cause", None)
                 self.down()
+                if will_not_pass(cause):  # a missing file, a flag the engine does not take: the same at every start
+                    raise FatalServerError(f"{last}; no restart can change that cause: the server is not started again "
+                                           f"(fix the configuration, then run the same command)") from None
+                if cause is not None and cause in causes:  # said once, with its log, at the start it first came
+                    progress.warning("%s: start %d of at most %d failed: the same cause as start %d: %s", self.spec.name,
+                                     self.starts, limit, causes[cause], self.scrub(cause))
+                else:
+                    progress.warning("%s: start %d of at most %d failed: %s", self.spec.name, self.starts, limit, last)
+                if cause is not None:
+                    causes.setdefault(cause, self.starts)
                 continue
             ready, self.on_ready = self.on_ready, None
             if ready is not None:
@@ -250,30 +262,7 @@ class Session:
         progress.info("%s: prompt probe: %s", spec.name, plan.describe())
 
     def _prime(self) -> None:
-        """Each server, before its first measured request: one request at the longest prompt of the run
-        (protocol.prime), its cache flushed after. A server's first long prompt grows its memory (the allocator's
-        arenas, a GPU caching allocator's blocks), and until then every request pays for what it touches fresh: the
-        reference engine's 1,024-token TTFT was 35-41 ms before its first 16k prompt and 28-30 ms after
-        (bench/server_age.py). Primed, the sweep's first lengths and the load stage after them measure the same
-        server. Recorded in provenance (`primed`), never as a trial; a prime that fails is said and the run goes on
-        (the length itself fails with its own reason)."""
-        if not self.spec.protocol.get("prime", True):
-            return
-        # the longest prompt the server will be sent: one it refuses with the run's output tokens is not
-        out, asked = 2, self.spec.protocol["output_tokens"]
-        length = next((x for x in prompt_lengths(self.spec) if x and not self.refuses(x, asked)), None)
-        entry: dict = {"start": self.starts, "length": length}
-        if length is None:
-            entry.update(status="skipped", reason=self.refuses(longest_prompt(self.spec), asked))
-        else:
-            timeout = self.spec.protocol["request_timeout_s"]
-            body = self.prompter.body(length, f"prime/{self.spec.name}/{self.starts}", out)
-            summary = self.prompter.generate(self.client, self.base + self.api.generate_path, body, timeout, length)
-            entry.update(status=summary["status"], reason=summary.get("reason"), ttft_s=summary.get("ttft_s"),
-                         flush_error=self.flush(timeout))
-        self.prov.setdefault("primed", []).append(entry)
-        progress.info("%s: primed with one %s-token prompt: %s", self.spec.name, length,
-                      f"TTFT {entry['ttft_s']:.3g} s" if entry.get("ttft_s") else f"{entry['status']} ({entry['reason']})")
+        prime(self)
 
     def _start_managed(self, timeout: float) -> tuple[list[str], float]:
         """Launch on a free port; when another process takes that port first (another bench job

@@ -17,7 +17,6 @@ import uuid
 from pathlib import Path
 
 from . import provenance
-from ..core.hashing import digest
 from ..core.secrets import mask
 from ..engines import ConfigurationSpec, get_adapter
 from .adaptive import run_adaptive
@@ -27,8 +26,8 @@ from .prefix import cache_facts, run_prefix
 from .health import ServerError
 from .progress import EVERY_S, Progress, fitted
 from .protocol import length_line, measure_at, measure_itl_depth, request_timeout, samples
-from .rawfiles import (RAW_FORMAT, resumable_any, resume_key, retry_reasons, transient, workloads_file, writable,
-                       write_absent, write_json, write_kept)
+from .rawfiles import (RAW_FORMAT, lost_again, resumable_any, resume_key, retry_reasons, transient, workloads_file,
+                       writable, write_absent, write_json, write_kept)
 from .session import Session
 
 progress = logging.getLogger("longctx.progress")
@@ -65,7 +64,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         "run_started_at": provenance.now_iso(),
     }
     common = {"format": RAW_FORMAT, "configuration": name, "engine": adapter.name, "run_id": run_id,
-              "spec_hash": digest(spec.to_dict()), "provenance": prov}
+              "spec_hash": spec.spec_hash(), "provenance": prov}
     statuses: dict[int, str] = {}
     failure: str | None = None
     may_pass = False  # whether the failure that stopped the run may pass: the next run of the same command tries again
@@ -89,6 +88,13 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         # reached): said as the reason each is measured again
         noted = retry_reasons(resume_dir)
         lost_before.update({i: noted[str(n)] for i, n in enumerate(spec.lengths) if str(n) in noted and i not in earlier})
+        # a length the command gave up on (server.give_up_after_runs) is kept as it failed while the job reruns by
+        # the note of what a run lost; the job run again without one (--forcerun, an output removed) starts it again
+        retrying = bool(noted)
+        if not retrying:
+            lost_before.update({i: f"given up on by an earlier run ({kept.get('reason')}): the job was run again "
+                                   "without a note of what was lost, so it is measured again"
+                                for i, kept in earlier.items() if kept.get("gave_up")})
         kept_before = {i: kept for i, kept in earlier.items() if i not in lost_before}
         for i, kept in kept_before.items():
             tracker.known(i, samples(spec.lengths[i], kept))
@@ -118,6 +124,11 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                     "status": first["status"], "reason": first.get("reason"), "trials": first.get("trials") or []}}
             elif i in lost_before:
                 result["remeasured"] = {"why": lost_before[i], "how": "by a rerun of the same command"}
+            result = lost_again(earlier.get(i) if i in lost_before else None, result, retrying,
+                                spec.server["give_up_after_runs"])
+            if result.get("gave_up"):
+                progress.warning("%s L=%d: %s; the same command no longer sends it (a changed configuration or "
+                                 "--forcerun bench_configuration tries again)", name, length, result["reason"][:300])
             record = {**common, "provenance": copy.deepcopy(prov), "length": length, **result, "resume_key": key,
                       "started_at": started, "finished_at": provenance.now_iso()}
             write_kept(str(length), record, outdir, resume_dir)

@@ -503,7 +503,9 @@ def version_of(ctx: dict, inputs: ReportInputs, template_dir: str | Path, versio
     """This build's version record (longctx.report.versions): number, hash, previous version, the trials it keeps
     and what identifies them, and what it is compared with (report.compare_to, report.regression_margin)."""
     extra = {"baseline": ctx["baseline"], "config": inputs.config, "git": ctx["git"], "packages": ctx["packages"]}
-    record = versions.assign(versions_dir, versions.content_hash(inputs.files(), template_dir, extra))
+    frame = versions.content_hash([], template_dir, extra)
+    known_data = versions.learned(ctx["measurements"], [inputs.itl_depth, inputs.prefix, inputs.load, inputs.load_metrics])
+    record = versions.assign(versions_dir, versions.content_hash(inputs.files(), template_dir, extra), frame, known_data)
     report = (inputs.config or {}).get("report") or {}
     record["measurements"] = ctx["measurements"]
     record["compare"] = {"against": report.get("compare_to") or changes.PREVIOUS,
@@ -512,7 +514,8 @@ def version_of(ctx: dict, inputs: ReportInputs, template_dir: str | Path, versio
     record["baseline"] = ctx["baseline"]
     record["measured_at"] = ctx["measured_at"]
     record["entry"] = {"n": record["n"], "hash": record["hash"], "pdf": f"{record['name']}.pdf",
-                       "measured_at": ctx["measured_at"], "commit": ctx["git"]["commit"],
+                       "measured_at": ctx["measured_at"], "commit": ctx["git"]["commit"], "frame": frame,
+                       "learned": known_data,
                        "configurations": [c["name"] for c in ctx["configurations"]], "lengths": ctx["lengths"]}
     return record
 

@@ -67,13 +67,34 @@ def read_log(versions_dir: str | Path) -> list[dict]:
         raise SystemExit(f"the version log {path} is unreadable ({exc}); fix it or move report/versions aside") from None
 
 
-def assign(versions_dir: str | Path, content: str) -> dict:
-    """This build's version: the number the log gave this hash, or one more than the highest."""
+def learned(measurements: dict, files: list[str | Path | None]) -> str:
+    """What a build's data measured, as a digest: its successful trials (each with the run that measured it, so that a
+    length measured again and successfully is new), how many trials each length tried and kept, and the workloads'
+    files (`files`: load, reused context, ITL against depth). Not the failures' words, times or the metronome's
+    readings: a rerun whose only new data are the same failures again learned nothing."""
+    return digest({"trials": measurements.get("trials"),
+                   "lengths": [{k: x.get(k) for k in ("configuration", "length", "ok", "tried")}
+                               for x in measurements.get("lengths") or []],
+                   "configurations": measurements.get("configurations"),
+                   "files": {Path(f).name: _sha256(Path(f)) for f in files if f and Path(f).exists()}}, 12)
+
+
+def assign(versions_dir: str | Path, content: str, frame: str | None = None, known_data: str | None = None) -> dict:
+    """This build's version: the number the log gave this hash, or one more than the highest; or, where the newest
+    version was built from the same code, templates and configuration (`frame`) and measured the same (`known_data`,
+    `learned`), that version: a rerun that measured nothing new (the same failures again) makes no new version
+    (`unchanged` says so; its PDF is built again, under that version's name)."""
     log = read_log(versions_dir)
     known = [e for e in log if e["hash"] == content]
+    newest = max(log, key=lambda e: e["n"], default=None)
+    unchanged = (not known and newest is not None and frame is not None and known_data is not None
+                 and newest.get("frame") == frame and newest.get("learned") == known_data)
+    if unchanged:
+        content = newest["hash"]
+        known = [newest]
     n = known[0]["n"] if known else max((e["n"] for e in log), default=0) + 1
     history = sorted((e for e in log if e["n"] < n), key=lambda e: e["n"])
-    return {"n": n, "hash": content, "name": f"longctx-v{n}-{content}",
+    return {"n": n, "hash": content, "name": f"longctx-v{n}-{content}", "unchanged": unchanged,
             "previous": history[-1] if history else None, "history": history}
 
 
@@ -167,7 +188,7 @@ def register(versions_dir: str | Path, record: dict, pdf: str | Path) -> Path:
     versions_dir = Path(versions_dir)
     versions_dir.mkdir(parents=True, exist_ok=True)
     target = versions_dir / f"{record['name']}.pdf"
-    if target.exists() and target.read_bytes() != Path(pdf).read_bytes():
+    if target.exists() and target.read_bytes() != Path(pdf).read_bytes() and not record.get("unchanged"):
         print(f"warning: {target} existed with other bytes (a build that is not reproducible?); replaced")
     shutil.copyfile(pdf, target)
     record["sources_missing"] = keep_sources(versions_dir, record) or None

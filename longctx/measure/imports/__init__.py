@@ -298,7 +298,7 @@ def import_configuration(spec: ConfigurationSpec, outdir: str | Path) -> list[in
     prov["imported"]["grouping"] = {str(g.length): g.how for g in groups}
     run_id = digest([f["sha256"] for f in prov["imported"]["files"]])
     common = {"format": RAW_FORMAT, "configuration": spec.name, "engine": spec.engine, "run_id": run_id,
-              "spec_hash": digest(spec.to_dict()), "provenance": prov}
+              "spec_hash": spec.spec_hash(), "provenance": prov}
     # the runs' dates; one the file gives without its zone (vLLM's local time) read as UTC, so that the report's own
     # date, the last measurement's, does not depend on where it is rendered (the provenance's notes say so)
     dates = sorted(d for d in (_utc(r.started_at) for r in runs) if d)
