@@ -115,13 +115,20 @@ def keyed(value: str, key_file: str | Path | None = None) -> str:
     path = Path(key_file) if key_file else KEY_FILE
     try:
         key = path.read_bytes()
-    except FileNotFoundError:
+    except FileNotFoundError:  # made whole, then linked in place: two processes that race keep the first one's
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        made = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, _secrets.token_bytes(32))
         finally:
             os.close(fd)
+        try:
+            os.link(made, path)
+        except FileExistsError:
+            pass
+        finally:
+            made.unlink()
         key = path.read_bytes()
     return "hmac:" + hmac.new(key, str(value).encode(), hashlib.sha256).hexdigest()[:16]
 
