@@ -32,22 +32,22 @@ def secret_name(name: str) -> bool:
     return bool(words) and (words[0] in ("auth", "authorization") or any(w in _SECRET_WORDS for w in words + joined))
 
 
-def mask(obj: Any) -> Any:
+def mask(obj: Any, hide=lambda value: HIDDEN if value else value) -> Any:
     """A copy of obj (mappings and lists, any depth) with the value of every secret-named key hidden: a text, or
-    each text of a list (``tokens: [a, b]``)."""
+    each text of a list (``tokens: [a, b]``); `hide` makes what stands in its place (keyed_secrets: keyed)."""
     if isinstance(obj, dict):
-        return {k: (_hide(v) if secret_name(k) else mask(v)) for k, v in obj.items()}
+        return {k: (_hide(v, hide) if secret_name(k) else mask(v, hide)) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [mask(v) for v in obj]
+        return [mask(v, hide) for v in obj]
     return obj
 
 
-def _hide(value: Any) -> Any:
+def _hide(value: Any, hide) -> Any:
     if isinstance(value, str):
-        return HIDDEN if value else value
+        return hide(value)
     if isinstance(value, list):
-        return [_hide(v) for v in value]
-    return mask(value)
+        return [_hide(v, hide) for v in value]
+    return mask(value, hide)
 
 
 def redact_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -135,19 +135,7 @@ def keyed(value: str, key_file: str | Path | None = None) -> str:
 
 def keyed_secrets(obj: Any) -> Any:
     """A copy of obj with every secret-named key's text keyed (mask's rule, keyed in place of hidden)."""
-    if isinstance(obj, dict):
-        return {k: (_keyed_value(v) if secret_name(k) else keyed_secrets(v)) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [keyed_secrets(v) for v in obj]
-    return obj
-
-
-def _keyed_value(value: Any) -> Any:
-    if isinstance(value, str):
-        return keyed(value)
-    if isinstance(value, list):
-        return [_keyed_value(v) for v in value]
-    return keyed_secrets(value)
+    return mask(obj, keyed)
 
 
 def scrub(text: str, *values: str | None) -> str:
