@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from .conftest import ENV, ROOT, copy_workflow, snakemake
+from .conftest import CORES, ENV, ROOT, copy_workflow, snakemake
 from .test_report import pdftotext
 
 pytestmark = pytest.mark.slow
@@ -33,9 +33,6 @@ SLOW = CELLS + "        for _ in range(1024 if n >= 2048 else 0):  # long contex
                 "            torch.matmul(q[b], kv.t())\n"
 
 
-VERSION = "report/version.json"
-
-
 def gate(cwd, *args) -> tuple[int, str]:
     proc = subprocess.run([sys.executable, "-m", "longctx.cli", "gate", *args], cwd=cwd, env=ENV, capture_output=True,
                           text=True, timeout=120)
@@ -43,15 +40,13 @@ def gate(cwd, *args) -> tuple[int, str]:
 
 
 def run(cwd, *targets, check=True) -> str:
-    return snakemake(cwd, "--cores", "1", *targets, "--configfile", "versions.yaml", check=check)
+    return snakemake(cwd, *CORES, *targets, "--configfile", "versions.yaml", check=check)
 
 
 def test_a_kernel_edit_that_slows_long_contexts_fails_the_gate_and_its_revert_passes(tmp_path):
     work = copy_workflow(tmp_path)
     shutil.copy(ROOT / "tests" / "configs" / "versions.yaml", work / "versions.yaml")
-    # the runs the gate alone reads ask for the report's version record (render_report, where a version is counted and
-    # its trials kept), not the figures and the PDF: about 25 s each that the gate does not read
-    run(work, VERSION)
+    run(work)
     assert gate(work) == (2, "nothing to compare: v1 is the first version: nothing to compare with\n")
 
     kernel = work / KERNEL
@@ -90,7 +85,7 @@ def test_a_kernel_edit_that_slows_long_contexts_fails_the_gate_and_its_revert_pa
     kernel.write_text(original)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        run(work, VERSION)
+        run(work)
     finally:
         busy.kill()
         busy.wait()

@@ -35,7 +35,7 @@ import yaml
 
 from longctx import config as lcfg
 
-from .conftest import ENV, copy_workflow, snakemake
+from .conftest import CORES, ENV, copy_workflow, snakemake
 from .realmodel import PERF, PREFIX_HIT, gguf_path, held_or_said, hf_directory, llamacpp_python
 from .vllm_cpu import counter, require_vllm, serving, start_vllm, ttft_histogram
 
@@ -75,7 +75,7 @@ def external_config(url: str, model: dict, lengths=LENGTHS, trials=TRIALS, outpu
 def run_workflow(work: Path, config: dict) -> Path:
     copy_workflow(work)
     (work / "real.yaml").write_text(yaml.safe_dump(config))
-    snakemake(work, "--cores", "1", "report/longctx.pdf", "report/longctx.md", "--configfile", "real.yaml")
+    snakemake(work, *CORES, "report/longctx.pdf", "report/longctx.md", "--configfile", "real.yaml")
     return work
 
 

@@ -23,7 +23,7 @@ import yaml
 
 from longctx.measure.process import free_port
 
-from .conftest import ENV, ROOT, TINY, TINY_ARCH, copy_workflow
+from .conftest import CORES, ENV, ROOT, TINY, TINY_ARCH, copy_workflow
 from .openai_servers import BROKEN, openai_server
 from .test_report import pdftotext
 
@@ -44,8 +44,8 @@ def broken_run(tmp_path_factory):
     work = copy_workflow(tmp / "wf")
     gone_port = free_port()
 
-    def readme_command(*extra, twin=False):  # the README's command (the first run also asks for the Markdown twin)
-        return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report/longctx.pdf",
+    def readme_command(*extra, twin=False):  # the README's command on two cores (conftest.CORES); the first asks for the twin
+        return subprocess.run([sys.executable, "-m", "snakemake", *CORES, "report/longctx.pdf",
                                *(["report/longctx.md"] if twin else []), "--configfile", "broken.yaml", *extra],
                               cwd=work, env=ENV, capture_output=True, text=True, timeout=600)
 
@@ -120,8 +120,8 @@ def test_the_same_command_run_again_measures_what_failed_for_a_reason_that_may_p
 
 def test_a_length_that_fails_the_same_way_every_run_is_given_up_after_three_and_makes_no_new_version(tmp_path):
     """Issue 54, items 2 and 3: a server that answers HTTP 503 to every 128-token prompt (tests/openai_servers.py,
-    fail_lengths) and serves 64. The command run four times (the README's, then for the version record): runs 2 and
-    3 measure 128 again (a server error may pass) and lose it the same way, run 3 gives up (server.give_up_after_runs, 3), run 4 has nothing to do; each
+    fail_lengths) and serves 64. The README's command run four times: runs 2 and 3 measure 128 again (a server error
+    may pass) and lose it the same way, run 3 gives up (server.give_up_after_runs, 3), run 4 has nothing to do; each
     exits 1 and the last two name the length with "gave up after 3 runs". The report's versions: the first run's, and
     no other, since no later run measured anything new. Then the bench job forced (--forcerun bench_configuration)
     sends it again, its count started again."""
@@ -130,24 +130,21 @@ def test_a_length_that_fails_the_same_way_every_run_is_given_up_after_three_and_
               "metronome": {"length": 32, "repeats": 1}, "model": {"name": "tiny-mla", "architecture": TINY_ARCH},
               "configurations": {"ext": {"engine": "external", "api": "openai", "url": "URL"}}}
 
-    def command(target, *extra):
-        return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", target, "--configfile",
+    def command(*extra):  # the README's command on two cores (conftest.CORES)
+        return subprocess.run([sys.executable, "-m", "snakemake", *CORES, "report/longctx.pdf", "--configfile",
                                "overloaded.yaml", *extra], cwd=work, env=ENV, capture_output=True, text=True, timeout=600)
 
     runs = []
     with openai_server("no-health", tmp_path / "tok", fail_lengths={128: 503}) as (base, seen):
         config["configurations"]["ext"]["url"] = base
         (work / "overloaded.yaml").write_text(yaml.safe_dump(config))
-        # the README's command first; then, to spare the suite three builds of the figures and the PDF (about 25 s
-        # each), the report's version record (report/version.json: render_report, where a version is counted),
-        # which runs the same bench, aggregate and verdict (the onsuccess) as the PDF does
-        for target in ("report/longctx.pdf", "report/version.json", "report/version.json", "report/version.json"):
-            runs.append(command(target))
+        for _ in range(4):  # a version is logged with its PDF (build_pdf): the PDF is the target every time
+            runs.append(command())
             print(runs[-1].stderr[-1500:])
         sent = [len(r["prompt"]) for r in seen if isinstance(r.get("prompt"), list)].count(128)
         raw = json.loads((work / "data" / "raw" / "ext" / "128.json").read_text())
         log = json.loads((work / "report" / "versions" / "log.json").read_text())["versions"]
-        forced = command("report/version.json", "--forcerun", "bench_configuration")
+        forced = command("--forcerun", "bench_configuration")
         sent_forced = [len(r["prompt"]) for r in seen if isinstance(r.get("prompt"), list)].count(128) - sent
     assert [r.returncode for r in runs] == [1, 1, 1, 1], [r.stderr[-2000:] for r in runs]
     assert sent == 6, sent  # a run's prime (the sweep's longest length) and its one trial, three runs
