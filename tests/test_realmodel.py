@@ -465,7 +465,7 @@ def test_vllm_needle_answers_and_report(vllm_workflow):
 def test_vllm_drafting_acceptance_is_what_vllms_counters_moved_by(vllm_workflow):
     """Third-party truth: vLLM's own speculative counters (vllm:spec_decode_num_drafts, _num_draft_tokens,
     _num_accepted_tokens). Per trial of real-ngram, longctx's acceptance is what they moved by over that trial: each
-    draft proposes the 4 tokens asked; no step accepts more than it proposed, nor a request more tokens than it
+    draft proposes 1 to the 4 tokens asked; no step accepts more than it proposed, nor a request more tokens than it
     generated after its first. Over the run, the counters moved by what longctx recorded plus what the requests it
     does not keep (the prompt probe's, the needle's) could accept: at most their output tokens less one each. The
     server without drafting reports no acceptance anywhere."""
@@ -473,7 +473,10 @@ def test_vllm_drafting_acceptance_is_what_vllms_counters_moved_by(vllm_workflow)
     recorded = [r for length in VLLM_LENGTHS for r in raw(work, length, "real-ngram")["warmup"] + raw(work, length, "real-ngram")["trials"]]
     for r in recorded:
         assert r["spec_source"] == "metrics" and r["spec_verify_ct"] > 0, r
-        assert r["spec_num_proposed_drafts"] == NGRAM["num_speculative_tokens"] * r["spec_verify_ct"], r
+        # each draft proposes 1 to the 4 tokens asked: vLLM's n-gram proposer cuts one where the text after the matched
+        # n-gram runs out before 4 (vllm/v1/spec_decode/ngram_proposer.py: k = min(k, total_token - start_position));
+        # 43 of 44 at 512 tokens once
+        assert r["spec_verify_ct"] <= r["spec_num_proposed_drafts"] <= NGRAM["num_speculative_tokens"] * r["spec_verify_ct"], r
         assert 0 <= r["spec_num_correct_drafts"] <= min(r["spec_num_proposed_drafts"], r["completion_tokens"] - 1), r
         assert r["spec_accept_length"] == pytest.approx(1 + r["spec_num_correct_drafts"] / r["spec_verify_ct"])
     before, after = vllm_workflow["ngram_before"], vllm_workflow["ngram_after"]
