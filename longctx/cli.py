@@ -780,6 +780,8 @@ def main(argv: list[str] | None = None) -> int:
     if not log_path:
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
+    # nor one per font table each figure's PDF embeds (over 500 lines a plotting stage, and its time)
+    logging.getLogger("fontTools").setLevel(logging.WARNING)
 
     def say(message: str) -> None:  # one line on the terminal, and in the log
         print(f"longctx {args.command}: {message}", file=terminal, flush=True)

@@ -468,6 +468,96 @@ def test_a_load_point_lost_to_a_server_death_is_measured_again_by_the_same_comma
     assert lost(tmp_path / "raw", tmp_path / "partial", names) == {}
 
 
+def test_a_load_point_lost_the_same_way_every_run_is_given_up_after_three_and_a_forced_run_tries_it_again(
+        tmp_path, monkeypatch, servers):
+    """Issue 54, items 2 and 6: the server SIGKILLed whenever the closed loop of 1 starts, run after run, each run
+    started by the note of what the last lost (rawfiles.write_retry_note, rule note_retry's). The point is measured
+    again by runs 2 and 3 and counted (lost_runs 1, 2, 3); run 3 gives up on it (server.give_up_after_runs, 3): the
+    workflow's reading of the run no longer has the workload measured again, and a run started by another note keeps
+    the point as it was, without sending it. A run without a note (--forcerun) sends it again, its count started
+    again. Before, a point lost to a death was measured again at every run, forever."""
+    from longctx.measure import loadrun
+    from longctx.measure.rawfiles import write_retry_note
+
+    real, killed = loadrun.run_point, []
+
+    async def run_point(ctx, kind, length, level, *rest):
+        if kind == "closed" and level == 1:
+            killed.append(level)
+            os.killpg(servers[-1].pid, signal.SIGKILL)
+        return await real(ctx, kind, length, level, *rest)
+
+    monkeypatch.setattr(loadrun, "run_point", run_point)
+    spec = tiny_spec("page1", lengths=[32], prefix=None)
+    spec.load.update({"lengths": [64], "closed": {**spec.load["closed"], "concurrency": [1, 2]}, "open": {**spec.load["open"], "rates": []},
+                      "interference": {**spec.load["interference"], "lengths": []}, "wake": {**spec.load["wake"], "idle_s": []},
+                      "metrics": {**spec.load["metrics"], "enabled": False}})
+    spec.protocol.update({"warmup": 0, "trials": 1, "output_tokens": 3, "itl_depth": {"length": None, "output_tokens": 2}})
+    spec.server.update({"stop_timeout_s": 2})
+    raw, partial, names = tmp_path / "raw", tmp_path / "partial", ["32", "load"]
+
+    def run(note: bool = True) -> dict:
+        if note:  # as the workflow reruns the job: the note of what the last run lost
+            write_retry_note(partial / "retry-x.json", raw, names)
+        run_configuration(spec, raw, tmp_path / "server.log", partial)
+        return json.loads((raw / "load.json").read_text())["workloads"][0]
+
+    counts = [run(note=False)["lost_runs"]]
+    counts += [run()["lost_runs"] for _ in range(2)]
+    given_up = json.loads((raw / "load.json").read_text())["workloads"][0]
+    assert counts == [1, 2, 3] and len(killed) == 3, (counts, killed)
+    assert given_up["gave_up"] == 3 and given_up["reason"].startswith("gave up after 3 runs: the server died"), given_up
+    assert lost(raw, partial, names) == {}  # the same command does not send it again
+    # the job rerun by a note of another loss (as the workflow writes one): the point stands as it was, not sent
+    (partial / "retry-y.json").write_text(json.dumps({"lost": {"32": "the server died during L=32"}}))
+    kept = run(note=False)
+    assert kept["gave_up"] == 3 and kept["resumed"] and len(killed) == 3, kept
+    forced = run(note=False)  # the job run again without a note: the point is sent again, counted from one
+    assert len(killed) == 4 and forced["lost_runs"] == 1 and not forced.get("gave_up"), forced
+
+
+def test_a_server_never_reached_is_given_up_on_after_three_runs_for_every_file_it_cost(tmp_path):
+    """Issue 54, item 2: an external server where nothing listens, run after run (each started by the note of what
+    the last lost). Every file the run expects is written as not measured with the fault, which may pass, and counted
+    as a length the server failed is: the third run gives up on the lengths, the ITL-depth request and the load
+    workloads alike, and the same command no longer measures any of them. Before, a server that never came up was
+    waited for at every run, forever."""
+    from longctx import config as lcfg
+    from longctx.measure.process import free_port
+    from longctx.measure.rawfiles import write_retry_note
+
+    from .conftest import TINY_ARCH
+
+    config = lcfg.validate({
+        "lengths": [32, 64], "protocol": {"warmup": 0, "trials": 1, "output_tokens": 3,
+                                          "itl_depth": {"length": 64, "output_tokens": 2}},
+        "load": {"lengths": [32], "closed": {"concurrency": [1], "requests": 1}, "open": {"rates": []},
+                 "interference": {"lengths": []}, "wake": {"idle_s": []}, "metrics": {"enabled": False}},
+        "server": {"startup_timeout_s": 0.5, "max_restarts": 0},
+        "model": {"name": "tiny-mla", "architecture": TINY_ARCH},
+        "configurations": {"ext": {"engine": "external", "api": "openai", "url": f"http://127.0.0.1:{free_port()}",
+                                   "prefix": False}}})
+    spec = lcfg.configuration_spec(config, "ext")
+    raw, partial, names = tmp_path / "raw", tmp_path / "partial", ["32", "64", "itl_depth", "load"]
+
+    def run() -> dict[str, dict]:
+        if (raw / "32.json").exists():  # as the workflow reruns the job: the note of what the last run lost, and
+            write_retry_note(partial / "retry-x.json", raw, names)  # the job's outputs removed
+            for f in raw.iterdir():
+                f.unlink()
+        run_configuration(spec, raw, tmp_path / "server.log", partial)
+        return {n: json.loads((raw / f"{n}.json").read_text()) for n in names}
+
+    first = run()
+    assert set(lost(raw, partial, names)) == set(names), first
+    assert all(d["lost_runs"] == 1 and not d.get("gave_up") for d in first.values()), first
+    run()
+    third = run()
+    assert {n: (d["lost_runs"], d["gave_up"]) for n, d in third.items()} == {n: (3, 3) for n in names}, third
+    assert third["64"]["reason"].startswith("gave up after 3 runs: not measured: "), third["64"]["reason"]
+    assert lost(raw, partial, names) == {}  # nothing is measured again by the same command
+
+
 def test_a_start_up_failures_cause_is_the_first_tracebacks_last_line_and_a_missing_file_will_not_pass():
     """process.root_cause on the shapes server logs take (the real vLLM case: tests/test_thirdparty.py): a chained
     exception (its cause printed first), lines behind a logger's prefix, no traceback at all (a C++ server's log:

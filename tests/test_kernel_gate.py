@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from .conftest import ENV, ROOT, copy_workflow, snakemake
+from .conftest import CORES, ENV, ROOT, copy_workflow, snakemake
 from .test_report import pdftotext
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def gate(cwd, *args) -> tuple[int, str]:
 
 
 def run(cwd, *targets, check=True) -> str:
-    return snakemake(cwd, "--cores", "1", *targets, "--configfile", "versions.yaml", check=check)
+    return snakemake(cwd, *CORES, *targets, "--configfile", "versions.yaml", check=check)
 
 
 def test_a_kernel_edit_that_slows_long_contexts_fails_the_gate_and_its_revert_passes(tmp_path):

@@ -35,7 +35,7 @@ import yaml
 
 from longctx import config as lcfg
 
-from .conftest import ENV, copy_workflow, snakemake
+from .conftest import CORES, ENV, copy_workflow, snakemake
 from .realmodel import PERF, PREFIX_HIT, gguf_path, held_or_said, hf_directory, llamacpp_python
 from .vllm_cpu import counter, require_vllm, serving, start_vllm, ttft_histogram
 
@@ -75,7 +75,7 @@ def external_config(url: str, model: dict, lengths=LENGTHS, trials=TRIALS, outpu
 def run_workflow(work: Path, config: dict) -> Path:
     copy_workflow(work)
     (work / "real.yaml").write_text(yaml.safe_dump(config))
-    snakemake(work, "--cores", "1", "report/longctx.pdf", "report/longctx.md", "--configfile", "real.yaml")
+    snakemake(work, *CORES, "report/longctx.pdf", "report/longctx.md", "--configfile", "real.yaml")
     return work
 
 
@@ -290,7 +290,9 @@ KEY = os.environ.setdefault(KEY_VAR, "lk-" + secrets.token_hex(16))  # conftest.
 ENV[KEY_VAR] = KEY
 
 
-VLLM_LENGTHS = [256, 1024, 2048]  # prefill on vLLM's CPU build: 0.15, 0.5 and 1.1 s here
+# prefill on vLLM's CPU build: 0.15, 0.3 and 0.5 s here; a trial at 2,048 took 5.6 s (decode ~140 ms a token there),
+# and the two configurations' sweeps to 2,048 a minute each (issue 54: the suite under 20 minutes)
+VLLM_LENGTHS = [256, 512, 1024]
 VLLM_TRIALS = 3  # a speedup's interval needs 3 trials a side (longctx.analysis.compare.MIN_TRIALS)
 VLLM_OUTPUT = 32  # decode: ~20 tokens/s without drafting here
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -463,7 +465,7 @@ def test_vllm_needle_answers_and_report(vllm_workflow):
 def test_vllm_drafting_acceptance_is_what_vllms_counters_moved_by(vllm_workflow):
     """Third-party truth: vLLM's own speculative counters (vllm:spec_decode_num_drafts, _num_draft_tokens,
     _num_accepted_tokens). Per trial of real-ngram, longctx's acceptance is what they moved by over that trial: each
-    draft proposes the 4 tokens asked; no step accepts more than it proposed, nor a request more tokens than it
+    draft proposes 1 to the 4 tokens asked; no step accepts more than it proposed, nor a request more tokens than it
     generated after its first. Over the run, the counters moved by what longctx recorded plus what the requests it
     does not keep (the prompt probe's, the needle's) could accept: at most their output tokens less one each. The
     server without drafting reports no acceptance anywhere."""
@@ -471,7 +473,10 @@ def test_vllm_drafting_acceptance_is_what_vllms_counters_moved_by(vllm_workflow)
     recorded = [r for length in VLLM_LENGTHS for r in raw(work, length, "real-ngram")["warmup"] + raw(work, length, "real-ngram")["trials"]]
     for r in recorded:
         assert r["spec_source"] == "metrics" and r["spec_verify_ct"] > 0, r
-        assert r["spec_num_proposed_drafts"] == NGRAM["num_speculative_tokens"] * r["spec_verify_ct"], r
+        # each draft proposes 1 to the 4 tokens asked: vLLM's n-gram proposer cuts one where the text after the matched
+        # n-gram runs out before 4 (vllm/v1/spec_decode/ngram_proposer.py: k = min(k, total_token - start_position));
+        # 43 of 44 at 512 tokens once
+        assert r["spec_verify_ct"] <= r["spec_num_proposed_drafts"] <= NGRAM["num_speculative_tokens"] * r["spec_verify_ct"], r
         assert 0 <= r["spec_num_correct_drafts"] <= min(r["spec_num_proposed_drafts"], r["completion_tokens"] - 1), r
         assert r["spec_accept_length"] == pytest.approx(1 + r["spec_num_correct_drafts"] / r["spec_verify_ct"])
     before, after = vllm_workflow["ngram_before"], vllm_workflow["ngram_after"]

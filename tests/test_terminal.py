@@ -23,7 +23,7 @@ import yaml
 
 from longctx.measure.process import free_port
 
-from .conftest import ENV, ROOT, TINY, TINY_ARCH, copy_workflow
+from .conftest import CORES, ENV, ROOT, TINY, TINY_ARCH, copy_workflow
 from .openai_servers import BROKEN, openai_server
 from .test_report import pdftotext
 
@@ -44,8 +44,8 @@ def broken_run(tmp_path_factory):
     work = copy_workflow(tmp / "wf")
     gone_port = free_port()
 
-    def readme_command(*extra, twin=False):  # the README's command (the first run also asks for the Markdown twin)
-        return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report/longctx.pdf",
+    def readme_command(*extra, twin=False):  # the README's command on two cores (conftest.CORES); the first asks for the twin
+        return subprocess.run([sys.executable, "-m", "snakemake", *CORES, "report/longctx.pdf",
                                *(["report/longctx.md"] if twin else []), "--configfile", "broken.yaml", *extra],
                               cwd=work, env=ENV, capture_output=True, text=True, timeout=600)
 
@@ -130,21 +130,21 @@ def test_a_length_that_fails_the_same_way_every_run_is_given_up_after_three_and_
               "metronome": {"length": 32, "repeats": 1}, "model": {"name": "tiny-mla", "architecture": TINY_ARCH},
               "configurations": {"ext": {"engine": "external", "api": "openai", "url": "URL"}}}
 
-    def readme_command(*extra):
-        return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "report/longctx.pdf", "--configfile",
+    def command(*extra):  # the README's command on two cores (conftest.CORES)
+        return subprocess.run([sys.executable, "-m", "snakemake", *CORES, "report/longctx.pdf", "--configfile",
                                "overloaded.yaml", *extra], cwd=work, env=ENV, capture_output=True, text=True, timeout=600)
 
     runs = []
     with openai_server("no-health", tmp_path / "tok", fail_lengths={128: 503}) as (base, seen):
         config["configurations"]["ext"]["url"] = base
         (work / "overloaded.yaml").write_text(yaml.safe_dump(config))
-        for _ in range(4):
-            runs.append(readme_command())
+        for _ in range(4):  # a version is logged with its PDF (build_pdf): the PDF is the target every time
+            runs.append(command())
             print(runs[-1].stderr[-1500:])
         sent = [len(r["prompt"]) for r in seen if isinstance(r.get("prompt"), list)].count(128)
         raw = json.loads((work / "data" / "raw" / "ext" / "128.json").read_text())
         log = json.loads((work / "report" / "versions" / "log.json").read_text())["versions"]
-        forced = readme_command("--forcerun", "bench_configuration")
+        forced = command("--forcerun", "bench_configuration")
         sent_forced = [len(r["prompt"]) for r in seen if isinstance(r.get("prompt"), list)].count(128) - sent
     assert [r.returncode for r in runs] == [1, 1, 1, 1], [r.stderr[-2000:] for r in runs]
     assert sent == 6, sent  # a run's prime (the sweep's longest length) and its one trial, three runs

@@ -32,7 +32,7 @@ import yaml
 from longctx import config as lcfg
 from longctx.engines import get_adapter
 
-from .conftest import ROOT, copy_workflow
+from .conftest import CORES, ROOT, copy_workflow
 from .test_workflow import snakemake
 from .vllm_cpu import counter, require_vllm, serving, start_vllm, ttft_histogram
 
@@ -152,13 +152,13 @@ def vllm_workflow(tmp_path_factory, tiny_llama, request):
     copy_workflow(work)
     config = vllm_config(str(tiny_llama))
     (work / "vllm.yaml").write_text(yaml.safe_dump(config))
-    snakemake(work, "--cores", "1", "report/longctx.pdf", "--configfile", "vllm.yaml",
+    snakemake(work, *CORES, "report/longctx.pdf", "--configfile", "vllm.yaml",
               "--until", "bench_configuration", "calibrate_hardware")
     assert not (work / "data" / "results.csv").exists()  # only the measurements so far
     if not SERVED and any("vllm_server" in item.fixturenames for item in request.session.items):
         EARLY.update(start_vllm_server(tmp_path_factory, tiny_llama))
     try:
-        snakemake(work, "--cores", "1", "report/longctx.pdf", "report/longctx.md", "--configfile", "vllm.yaml")
+        snakemake(work, *CORES, "report/longctx.pdf", "report/longctx.md", "--configfile", "vllm.yaml")
         yield work
     finally:
         if "server" in EARLY:  # vllm_server did not take it (it stops the one it takes)

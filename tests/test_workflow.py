@@ -13,7 +13,7 @@ from longctx.report import plans as plan, latex as report
 from longctx.report.context import ReportInputs
 from longctx.report.numbers import display
 
-from .conftest import ROOT, snakemake
+from .conftest import CORES, ROOT, snakemake
 from .test_report import md_rows, pdftotext, words
 
 pytestmark = pytest.mark.slow
@@ -339,7 +339,7 @@ def test_imported_results_beside_measured_ones_give_one_report_and_a_changed_fil
     configs = ("--configfile", "tiny.yaml", "imported.yaml")
     before = json.loads((work / "report" / "version.json").read_text())["n"]
     # the tool's failed requests at 2100 leave that length without a measurement: the run says so, and exits 1
-    out = snakemake(work, "--cores", "1", *configs, check=False)
+    out = snakemake(work, *CORES, *configs, check=False)
     assert ("longctx: 1 configured length(s) have no successful measurement: vllm-bench L=2100 (3 request(s): Bad Request)"
             in out), out[-3000:]
     ran = set(re.findall(r"^(?:local)?rule (\S+):", out, re.M))
@@ -399,7 +399,7 @@ def adaptive_workflow(tmp_path_factory):
 
     work = copy_workflow(tmp_path_factory.mktemp("adaptive"))
     shutil.copy(ROOT / "tests" / "configs" / "adaptive.yaml", work / "adaptive.yaml")
-    snakemake(work, "--cores", "1", "--configfile", "adaptive.yaml")
+    snakemake(work, *CORES, "--configfile", "adaptive.yaml")
     return work
 
 

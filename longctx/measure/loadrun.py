@@ -15,7 +15,7 @@ from .wake import wake_probe, wake_wanted
 
 
 def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, float] | None],
-             keep: Callable[[list[dict]], None], kept: list[dict] | None = None) -> list[dict]:
+             keep: Callable[[list[dict]], None], kept: list[dict] | None = None, retries=None) -> list[dict]:
     """Every load point of spec.load on the sweep's session (longctx.measure.session.Session: its server up,
     its prompter probed), in one event loop; keep(points) is called after each point, so that nothing
     measured is lost. A point after which the server does not answer its health path fails with the
@@ -70,7 +70,7 @@ def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, f
         return asyncio.run(run())
 
     return measure_points(session, spec.name, points(load), point_key, measure, lambda item, why: failed_point(*item, why),
-                          describe, keep, kept)
+                          describe, keep, kept, retries)
 
 
 def points(load: dict) -> list[tuple[str, int, float]]:

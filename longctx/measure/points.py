@@ -10,6 +10,7 @@ import logging
 from typing import Callable, Hashable
 
 from .health import ServerError
+from .rawfiles import Retries
 
 log = logging.getLogger("longctx.measure.points")
 progress = logging.getLogger("longctx.progress")
@@ -18,14 +19,17 @@ progress = logging.getLogger("longctx.progress")
 def measure_points(session, name: str, todo: list[Hashable], key: Callable[[dict], Hashable],
                    measure: Callable[[Hashable], dict], failed: Callable[[Hashable, str], dict],
                    describe: Callable[[dict], str], keep: Callable[[list[dict]], None],
-                   kept: list[dict] | None = None) -> list[dict]:
+                   kept: list[dict] | None = None, retries: Retries | None = None) -> list[dict]:
     """Measure every point of `todo` (hashable descriptions; key(point) gives a measured point's) on
     session (longctx.measure.session.Session) with measure(item); failed(item, reason) is the record of one
-    that was not measured or whose measurement raised; keep(points) is called after each point."""
+    that was not measured or whose measurement raised; keep(points) is called after each point. A point lost again
+    is counted as a length is (rawfiles.Retries: at server.give_up_after_runs runs the command gives up on it)."""
+    retries = retries or Retries()
     done: list[dict] = []
-    reuse = {key(p): p for p in kept or [] if p["status"] == "ok"}
+    before = {key(p): p for p in kept or []}
+    reuse = {k: p for k, p in before.items() if retries.reuses(p)}
     for item in todo:
-        if item in reuse:  # measured by an interrupted run of the same spec, kernel and engine
+        if item in reuse:  # measured by an interrupted run of the same spec, kernel and engine (or given up on)
             done.append({**reuse[item], "resumed": True})
             progress.info("%s: %s: measured before, reused", name, describe(reuse[item]))
             keep(done)
@@ -34,7 +38,9 @@ def measure_points(session, name: str, todo: list[Hashable], key: Callable[[dict
             session.up()
         except ServerError as exc:  # no server for the rest: each point left is a failed one, with the reason
             measured = {key(p) for p in done}
-            done += [failed(k, f"not measured: {exc}") for k in todo if k not in measured]
+            fault = {"fault": str(exc)} if getattr(exc, "may_pass", True) else {}
+            done += [retries.count(before.get(k), {**failed(k, f"not measured: {exc}"), **fault})
+                     for k in todo if k not in measured]
             keep(done)
             raise
         try:
@@ -45,6 +51,10 @@ def measure_points(session, name: str, todo: list[Hashable], key: Callable[[dict
         if point["status"] != "ok" and not session.healthy():
             fault = session.fault(f"during {describe(point).split(':')[0]}", "the next point")
             point.update(status="failed", fault=fault, reason="; ".join(filter(None, [fault, point.get("reason")])))
+        point = retries.count(before.get(item), point)
+        if point.get("gave_up"):
+            progress.warning("%s: %s: the same command no longer measures it (a changed configuration or --forcerun "
+                             "bench_configuration tries again)", name, describe(point))
         progress.info("%s: %s", name, describe(point))
         done.append(point)
         keep(done)

@@ -211,7 +211,7 @@ class PrefixRun:
 
 
 def run_prefix(session, spec, run_id: str, timeout: Callable[[int, int], float], flush: Callable[[], str | None],
-               keep: Callable[[list[dict]], None], kept: list[dict] | None = None) -> list[dict]:
+               keep: Callable[[list[dict]], None], kept: list[dict] | None = None, retries=None) -> list[dict]:
     """Every point of spec.prefix on the sweep's session; keep(points) after each (measure_points)."""
     runs: list[PrefixRun] = []
 
@@ -220,7 +220,8 @@ def run_prefix(session, spec, run_id: str, timeout: Callable[[int, int], float],
             runs.append(PrefixRun(session, spec, run_id, timeout, flush))
         return runs[0].measure(item)
 
-    return measure_points(session, spec.name, points(spec.prefix), point_key, measure, failed_point, describe, keep, kept)
+    return measure_points(session, spec.name, points(spec.prefix), point_key, measure, failed_point, describe, keep, kept,
+                          retries)
 
 
 def cache_facts(session, spec) -> dict:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -131,6 +132,23 @@ def lost_again(before: dict | None, result: dict, retrying: bool, limit: int) ->
     return result
 
 
+@dataclass(frozen=True)
+class Retries:
+    """How a run counts what it loses again (lost_again): `retrying` where the job was rerun by the note of what the
+    run before lost (retry_reasons), `limit` its server.give_up_after_runs. The lengths, the workloads' points and the
+    files a run never reached are counted alike: nothing that may pass is measured again forever."""
+    retrying: bool = False
+    limit: int = 0  # 0: counted, never given up
+
+    def count(self, before: dict | None, result: dict) -> dict:
+        return lost_again(before, result, self.retrying, self.limit or 10**9)
+
+    def reuses(self, before: dict | None) -> bool:
+        """Whether a record the run before kept stands as it is: it succeeded, or the command gave up on it and this
+        run was started by the note of what was lost (a rerun without one, --forcerun, tries it again)."""
+        return bool(before) and (before.get("status") == "ok" or (self.retrying and bool(before.get("gave_up"))))
+
+
 def may_pass(reason: str | None) -> bool:
     """Whether a failure said so (a request's, a probe's, a flush's) may not repeat (TRANSIENT_WORDS, SERVER_ERROR)."""
     reason = reason or ""
@@ -161,7 +179,8 @@ def lost(raw_dir: str | Path, partial_dir: str | Path, names: list[str]) -> dict
             if raw is None:
                 out[name] = f"its raw file {path} cannot be read ({problem}) and no intact copy was kept"
                 continue
-        why = transient(raw) if name.isdigit() and not replayed else (raw.get("fault") or _point_fault(raw))
+        why = transient(raw) if name.isdigit() and not replayed else (
+            (transient(raw) if raw.get("fault") else None) or _point_fault(raw))
         if why:
             out[name] = why
     return out
@@ -173,7 +192,7 @@ def _point_fault(doc: dict) -> str | None:
     (measure.points), as a length lost so is."""
     points = [*(doc.get("workloads") or []), *(doc.get("points") or []), *(doc.get("conversations") or [])]
     return next((f"{p.get('kind', 'a')} point: {p['fault']}" for p in points
-                 if isinstance(p, dict) and p.get("status") != "ok" and p.get("fault")), None)
+                 if isinstance(p, dict) and p.get("status") != "ok" and p.get("fault") and not p.get("gave_up")), None)
 
 
 def retry_files(resume_dir: str | Path) -> list[str]:
@@ -267,18 +286,27 @@ def describe_key(point: dict) -> str:
 
 
 def write_absent(spec: ConfigurationSpec, outdir: Path, common: dict, statuses: dict[int, str], failure: str | None,
-                 may_pass: bool = False) -> None:
+                 may_pass: bool = False, settle: Callable[[str, dict], dict] | None = None) -> None:
     """After a run: every file the workflow expects that the run did not write, saying why (`failure`, the
     server error that stopped it, or nothing): the ITL-depth request, the workloads (not configured, or not
     measured), an adaptive sweep's lengths it did not choose and its sweep.json, every length not measured
     (a failed length, told on the progress log too), the metronome's file (not configured, or no reading taken).
     `statuses` gains the lengths written. Where the failure
     may pass (may_pass: a server that could not be reached or started, not one that rejects its command line),
-    each file not measured records it as its `fault`: the same command, run again, measures it (`lost`)."""
+    each file not measured records it as its `fault`: the same command, run again, measures it (`lost`), and
+    settle(name, doc) counts it as the runs before lost it (Retries) and keeps it, so that the same cause, run after
+    run, is given up on as a length's is."""
     fault = {"fault": failure} if may_pass and failure else {}
+
+    def absent(name: str, doc: dict) -> dict:
+        if settle and fault:
+            return settle(name, doc)
+        write_json(outdir / f"{name}.json", doc)
+        return doc
+
     if spec.protocol["itl_depth"]["length"] and not (outdir / "itl_depth.json").exists():
-        write_json(outdir / "itl_depth.json", {**common, "status": "failed", "reason": f"not measured: {failure}", **fault,
-                                               "length": spec.protocol["itl_depth"]["length"], "itl_s": [], "depth": []})
+        absent("itl_depth", {**common, "status": "failed", "reason": f"not measured: {failure}", **fault,
+                             "length": spec.protocol["itl_depth"]["length"], "itl_s": [], "depth": []})
     # the analysis reads that there is nothing, or why not
     for what, settings in (("load", spec.load), ("prefix", spec.prefix)):
         empty = EMPTY_WORKLOADS[what]
@@ -286,8 +314,8 @@ def write_absent(spec: ConfigurationSpec, outdir: Path, common: dict, statuses: 
             write_json(outdir / f"{what}.json", {**common, "format": FORMATS[what], "status": "not configured",
                                                  "reason": None, **empty})
         elif not (outdir / f"{what}.json").exists():
-            write_json(outdir / f"{what}.json", {**common, "format": FORMATS[what], "status": "failed",
-                                                 "reason": f"not measured: {failure}", **fault, **empty})
+            absent(what, {**common, "format": FORMATS[what], "status": "failed", "reason": f"not measured: {failure}",
+                          **fault, **empty})
     if not (outdir / "metronome.json").exists():  # the run stopped before its metronome was set up
         write_json(outdir / "metronome.json", {**common, "format": FORMATS["metronome"], "metronome": spec.metronome,
                                                 "status": "not configured" if spec.metronome is None else "failed",
@@ -305,8 +333,7 @@ def write_absent(spec: ConfigurationSpec, outdir: Path, common: dict, statuses: 
                                            "reason": f"not run: {failure}"})
     for length in spec.lengths:
         if length not in statuses:
-            reason = f"not measured: {failure}"
-            progress.error("%s L=%d %s", spec.name, length, reason)
-            write_json(outdir / f"{length}.json", {**common, "length": length, "status": "failed", "reason": reason,
-                                                   **fault, "warmup": [], "trials": [], "finished_at": provenance.now_iso()})
+            doc = absent(str(length), {**common, "length": length, "status": "failed", "reason": f"not measured: {failure}",
+                                       **fault, "warmup": [], "trials": [], "finished_at": provenance.now_iso()})
+            progress.error("%s L=%d %s", spec.name, length, doc["reason"])
             statuses[length] = "failed"

@@ -26,7 +26,7 @@ from .prefix import cache_facts, run_prefix
 from .health import ServerError
 from .progress import EVERY_S, Progress, fitted
 from .protocol import length_line, measure_at, measure_itl_depth, request_timeout, samples
-from .rawfiles import (RAW_FORMAT, lost_again, resumable_any, resume_key, retry_reasons, transient, workloads_file,
+from .rawfiles import (RAW_FORMAT, Retries, read_kept, resumable_any, resume_key, retry_reasons, transient, workloads_file,
                        writable, write_absent, write_json, write_kept)
 from .session import Session
 
@@ -75,6 +75,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     # SIGHUP (a closed terminal or ssh session) is a SIGTERM too
     previous = {sig: signal.signal(sig, on_sigterm) for sig in (signal.SIGTERM, signal.SIGHUP)}
     session = None
+    settle = None  # counts and keeps a file the run never reached (rawfiles.write_absent), once the key is known
     try:
         prov["kernel"] = provenance.kernel_manifest(spec)
         session = Session(adapter, spec, server_log, prov)
@@ -91,6 +92,17 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         # a length the command gave up on (server.give_up_after_runs) is kept as it failed while the job reruns by
         # the note of what a run lost; the job run again without one (--forcerun, an output removed) starts it again
         retrying = bool(noted)
+        retries = Retries(retrying, spec.server["give_up_after_runs"])
+
+        def settle(file: str, doc: dict) -> dict:
+            before = read_kept(resume_dir, file)
+            doc = retries.count(before if before and before.get("resume_key") == key else None, {**doc, "resume_key": key})
+            if doc.get("gave_up"):
+                progress.warning("%s %s: %s; the same command no longer measures it (a changed configuration or "
+                                 "--forcerun bench_configuration tries again)", name, _named(file), doc["reason"][:300])
+            write_kept(file, doc, outdir, resume_dir)
+            return doc
+
         if not retrying:
             lost_before.update({i: f"given up on by an earlier run ({kept.get('reason')}): the job was run again "
                                    "without a note of what was lost, so it is measured again"
@@ -124,8 +136,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                     "status": first["status"], "reason": first.get("reason"), "trials": first.get("trials") or []}}
             elif i in lost_before:
                 result["remeasured"] = {"why": lost_before[i], "how": "by a rerun of the same command"}
-            result = lost_again(earlier.get(i) if i in lost_before else None, result, retrying,
-                                spec.server["give_up_after_runs"])
+            result = retries.count(earlier.get(i) if i in lost_before else None, result)
             if result.get("gave_up"):
                 progress.warning("%s L=%d: %s; the same command no longer sends it (a changed configuration or "
                                  "--forcerun bench_configuration tries again)", name, length, result["reason"][:300])
@@ -143,10 +154,10 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                                                    **measure_itl_depth(session, spec, run_id, history)})
         metronome.tick(session, "after_sweep")
         if spec.load:
-            _measure_load(session, spec, run_id, history, common, prov, key, outdir, resume_dir)
+            _measure_load(session, spec, run_id, history, common, prov, key, outdir, resume_dir, retries)
         metronome.tick(session, "after_load")
         if spec.prefix:
-            _measure_prefix(session, spec, run_id, history, common, prov, key, outdir, resume_dir)
+            _measure_prefix(session, spec, run_id, history, common, prov, key, outdir, resume_dir, retries)
         metronome.tick(session, "end")
         tracker.finish()
     except ServerError as exc:
@@ -156,12 +167,16 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
             signal.signal(sig, handler)
         if session is not None:
             session.close()
-    write_absent(spec, outdir, common, statuses, failure, may_pass)
+    write_absent(spec, outdir, common, statuses, failure, may_pass, settle)
     return sum(status == "failed" for status in statuses.values())
 
 
+def _named(name: str) -> str:
+    return f"L={name}" if name.isdigit() else f"the {name.replace('_', '-')} {'request' if name == 'itl_depth' else 'workloads'}"
+
+
 def _measure_load(session: Session, spec: ConfigurationSpec, run_id: str, history: list, common: dict, prov: dict,
-                  key: str, outdir: Path, resume_dir: Path | None) -> None:
+                  key: str, outdir: Path, resume_dir: Path | None, retries: Retries) -> None:
     """The load workloads (longctx.measure.load) after the lengths, on the same server: load.json is
     written after every point (and kept in resume_dir); the points of an interrupted run under the same
     key are reused."""
@@ -172,11 +187,11 @@ def _measure_load(session: Session, spec: ConfigurationSpec, run_id: str, histor
         p = fitted(history, [length])
         return (float(p[0][0]), float(p[1][0])) if p is not None else None
 
-    run_load(session, spec, run_id, predict, keep, kept)
+    run_load(session, spec, run_id, predict, keep, kept, retries)
 
 
 def _measure_prefix(session: Session, spec: ConfigurationSpec, run_id: str, history: list, common: dict, prov: dict,
-                    key: str, outdir: Path, resume_dir: Path | None) -> None:
+                    key: str, outdir: Path, resume_dir: Path | None, retries: Retries) -> None:
     """The reused-context workloads (longctx.measure.prefix) after the load ones, on the same server:
     prefix.json as load.json is written."""
     facts: dict = {}
@@ -196,4 +211,4 @@ def _measure_prefix(session: Session, spec: ConfigurationSpec, run_id: str, hist
     def flush() -> str | None:
         return session.flush(spec.protocol["request_timeout_s"])
 
-    run_prefix(session, spec, run_id, timeout, flush, keep, kept)
+    run_prefix(session, spec, run_id, timeout, flush, keep, kept, retries)
