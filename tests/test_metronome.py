@@ -142,11 +142,17 @@ def test_a_whatif_check_measured_across_the_stretch_is_inconclusive_rather_than_
     c = run["whatif"]["configurations"]["page1"]
     assert "reason" not in c, c
     q = c["drift"]
-    print(q["drift"]["words"], "|", q["verdict"]["words"], "| the median figure's (1 + error) x (1 + drift):",
-          round((1 + q["verdict"]["error"]) * (1 + q["drift"]["drift"]), 2), "|",
-          [(r["kind"], r["level"], r["quantity"], r["which"], round(r["error"], 3), r["verdict"]) for r in c["check"]
-           if r["error"] is not None])
+    rows = [r for r in c["check"] if r["error"] is not None]
+    print(q["drift"]["words"], "|", (q["verdict"] or {}).get("words"), "|",
+          [(r["kind"], r["level"], r["quantity"], r["which"], round(r["error"], 3), r["verdict"], r.get("excluded"))
+           for r in rows])
     assert q["drift"]["drift"] >= FACTOR - 1
+    assert rows and all(r["verdict"] == "inconclusive" for r in rows), rows  # no figure scored a pass or a miss
+    if not [r for r in rows if r["which"] == "p50" and not r.get("excluded")]:
+        # the busy cores kept the client off its CPUs until every closed loop was held below its level (seen once in
+        # three clean-clone runs: 1 held 88% of the time, 2 84%): the what-if scores none of them, so no headline
+        assert q["verdict"] is None and all(r.get("excluded") for r in rows), q
+        return
     assert q["verdict"]["verdict"] == "inconclusive", q["verdict"]["words"]
     assert q["verdict"]["words"].startswith("inconclusive: ")
     # the report says so where it would have scored it, and names no figure inconclusive as a miss
