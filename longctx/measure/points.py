@@ -10,7 +10,7 @@ import logging
 from typing import Callable, Hashable
 
 from .health import ServerError
-from .rawfiles import Retries
+from .rawfiles import STARTS_AGAIN, Retries
 
 log = logging.getLogger("longctx.measure.points")
 progress = logging.getLogger("longctx.progress")
@@ -53,8 +53,7 @@ def measure_points(session, name: str, todo: list[Hashable], key: Callable[[dict
             point.update(status="failed", fault=fault, reason="; ".join(filter(None, [fault, point.get("reason")])))
         point = retries.count(before.get(item), point)
         if point.get("gave_up"):
-            progress.warning("%s: %s: the same command no longer measures it (a changed configuration or --forcerun "
-                             "bench_configuration tries again)", name, describe(point))
+            progress.warning("%s: %s: the same command no longer measures it %s", name, describe(point), STARTS_AGAIN)
         progress.info("%s: %s", name, describe(point))
         done.append(point)
         keep(done)

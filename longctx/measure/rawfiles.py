@@ -73,8 +73,9 @@ def read_kept(resume_dir: Path | None, name: str) -> dict | None:
         return None
 
 
-def resumable_any(resume_dir: Path | None, length: int, key: str) -> dict | None:
-    """A kept length of the same key, whatever its status (an adaptive sweep replays its trials)."""
+def resumable_any(resume_dir: Path | None, length: int | str, key: str) -> dict | None:
+    """A kept length (or file: itl_depth, load, ...) of the same key, whatever its status (an adaptive sweep replays
+    its trials; a file a run never reached is counted against it)."""
     kept = read_kept(resume_dir, str(length))
     return kept if kept and kept.get("resume_key") == key else None
 
@@ -130,6 +131,10 @@ def lost_again(before: dict | None, result: dict, retrying: bool, limit: int) ->
         result.update(gave_up=runs, reason=said + (result.get("reason") or why),
                       **({"fault": said + result["fault"]} if result.get("fault") else {}))
     return result
+
+
+# what the progress log adds where the command gives up on something (Retries)
+STARTS_AGAIN = "(a changed configuration or --forcerun bench_configuration tries again)"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from .prefix import cache_facts, run_prefix
 from .health import ServerError
 from .progress import EVERY_S, Progress, fitted
 from .protocol import length_line, measure_at, measure_itl_depth, request_timeout, samples
-from .rawfiles import (RAW_FORMAT, Retries, read_kept, resumable_any, resume_key, retry_reasons, transient, workloads_file,
+from .rawfiles import (RAW_FORMAT, STARTS_AGAIN, Retries, resumable_any, resume_key, retry_reasons, transient, workloads_file,
                        writable, write_absent, write_json, write_kept)
 from .session import Session
 
@@ -95,11 +95,10 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         retries = Retries(retrying, spec.server["give_up_after_runs"])
 
         def settle(file: str, doc: dict) -> dict:
-            before = read_kept(resume_dir, file)
-            doc = retries.count(before if before and before.get("resume_key") == key else None, {**doc, "resume_key": key})
+            doc = retries.count(resumable_any(resume_dir, file, key), {**doc, "resume_key": key})
             if doc.get("gave_up"):
-                progress.warning("%s %s: %s; the same command no longer measures it (a changed configuration or "
-                                 "--forcerun bench_configuration tries again)", name, _named(file), doc["reason"][:300])
+                progress.warning("%s %s: %s; the same command no longer measures it %s", name, _named(file),
+                                 doc["reason"][:300], STARTS_AGAIN)
             write_kept(file, doc, outdir, resume_dir)
             return doc
 
@@ -138,8 +137,8 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
                 result["remeasured"] = {"why": lost_before[i], "how": "by a rerun of the same command"}
             result = retries.count(earlier.get(i) if i in lost_before else None, result)
             if result.get("gave_up"):
-                progress.warning("%s L=%d: %s; the same command no longer sends it (a changed configuration or "
-                                 "--forcerun bench_configuration tries again)", name, length, result["reason"][:300])
+                progress.warning("%s L=%d: %s; the same command no longer sends it %s", name, length,
+                                 result["reason"][:300], STARTS_AGAIN)
             record = {**common, "provenance": copy.deepcopy(prov), "length": length, **result, "resume_key": key,
                       "started_at": started, "finished_at": provenance.now_iso()}
             write_kept(str(length), record, outdir, resume_dir)
