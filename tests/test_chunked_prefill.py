@@ -208,11 +208,13 @@ def test_over_http_the_stream_stalls_for_the_whole_prefill_unless_mixed(tmp_path
         events = {"short": [], "long": []}
         three, stop, samples = threading.Event(), threading.Event(), []
 
-        def stream(name, body):
+        def stream(name, body, first=None):
             with httpx.stream("POST", base_url + "/generate", json=body, timeout=120) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: {"):
                         events[name].append(json.loads(line[6:]))
+                        if len(events[name]) == 1 and first:
+                            first()
                         if len(events[name]) >= 3:
                             three.set()
 
@@ -232,7 +234,12 @@ def test_over_http_the_stream_stalls_for_the_whole_prefill_unless_mixed(tmp_path
         assert three.wait(60)
         poller = threading.Thread(target=poll)
         poller.start()
-        stream("long", {"input_ids": prompt(1900, 4), "stream": True, "sampling_params": {"max_new_tokens": LONG_TOKENS, "ignore_eos": True}})
+        # and one scrape at the long prompt's first token, its prefill done and its 99 other tokens to come, the stream
+        # still decoding: both run then whatever the poller's thread was given of the CPU (in one busy suite run, none
+        # of its scrapes fell between the long prompt's admission and its end)
+        with httpx.Client() as at_first:
+            stream("long", {"input_ids": prompt(1900, 4), "stream": True, "sampling_params": {"max_new_tokens": LONG_TOKENS, "ignore_eos": True}},
+                   first=lambda: scrape(at_first.get(base_url + "/metrics").text))
         stop.set()
         poller.join()
         short.join(120)
@@ -244,7 +251,7 @@ def test_over_http_the_stream_stalls_for_the_whole_prefill_unless_mixed(tmp_path
             assert len(during) >= 30, during
         else:
             assert len(during) <= 1, during
-        assert any(s["sglang:num_running_reqs"] == 2 for s in samples)
+        assert any(s["sglang:num_running_reqs"] == 2 for s in samples), samples
         assert samples and all(s["sglang:cache_hit_rate"] == 0.0 for s in samples)
     finally:
         server.stop()
