@@ -37,7 +37,6 @@ the test checks that shortcut against calling every row. Coverage calls paired_c
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import statistics
 import sys
@@ -46,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from scipy import stats
+from scipy import special
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -74,50 +73,6 @@ QUIET = {"walk": 0.0, "step": 0.0, "stretch": (0.0, 0.0), "contention": (0.0, 0.
          "block": 0.0}
 GRID = {1: (2, 4, 8, 12, 16, 20, 24, 28), 2: (2, 4, 8, 12, 16, 20, 24), 3: (2, 4, 8, 12, 16, 20, 24)}
 ORDERS = ("lengths-inside", "blocks-inside")
-
-
-class _Remembered:
-    """A scipy.stats distribution whose ppf and median at scalar arguments are remembered (the same quantile is asked
-    for at every row); any other call, or one with arrays, goes to scipy as it is."""
-
-    def __init__(self, dist):
-        self._dist, self._seen = dist, {}
-
-    def __getattr__(self, name):
-        attr = getattr(self._dist, name)
-        if name not in ("ppf", "median"):
-            return attr
-
-        def remembered(*args):
-            try:
-                key = (name, *(float(a) for a in args))
-            except TypeError:
-                return attr(*args)
-            if key not in self._seen:
-                self._seen[key] = attr(*args)
-            return self._seen[key]
-        return remembered
-
-
-class _Stats:
-    def __init__(self):
-        self.t, self.chi2 = _Remembered(stats.t), _Remembered(stats.chi2)
-
-    def __getattr__(self, name):
-        return getattr(stats, name)
-
-
-@contextlib.contextmanager
-def remembered_quantiles():
-    """paired and compare, as they are, with scipy's scalar quantiles remembered while the block runs (scipy takes
-    ~90 us to give the same t quantile again; a simulation asks for it a million times): the code under test is
-    unchanged, only its calls into scipy are answered from memory."""
-    saved = paired.stats, compare.stats
-    paired.stats = compare.stats = _Stats()
-    try:
-        yield
-    finally:
-        paired.stats, compare.stats = saved
 
 
 def family(config_path: str | Path = CONFIG) -> dict:
@@ -294,7 +249,7 @@ def verdicts(d: np.ndarray, level: float, margin: float = MARGIN, every: bool = 
     shape = d.shape[:-1]
     slower, regression, wrong = np.zeros(shape, bool), np.zeros(shape, bool), np.zeros(shape, bool)
     t = t_statistic(d)
-    call = np.ones(shape, bool) if every else ~(np.abs(t) <= stats.norm.ppf(level) * (1 - 1e-9))
+    call = np.ones(shape, bool) if every else ~(np.abs(t) <= special.ndtri(level) * (1 - 1e-9))
     for idx in zip(*np.nonzero(call)):
         c = paired.paired_change(d[idx], FIGURES[idx[-1]][1], level, margin)
         slower[idx] = c["verdict"] == SLOWER
@@ -370,8 +325,7 @@ def main() -> int:
     p.add_argument("--no-within", action="store_true", help="no drift inside the run (only the run's own)")
     p.add_argument("--trials-per-block", type=int, nargs="+", default=sorted(GRID))
     a = p.parse_args()
-    with remembered_quantiles():
-        return report(a)
+    return report(a)
 
 
 def report(a) -> int:

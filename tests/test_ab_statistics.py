@@ -29,13 +29,6 @@ LEVEL = family_level(40, 0.95)
 RECOMMENDED = [(24, 1), (20, 3)]  # blocks per side, trials per block
 
 
-@pytest.fixture
-def quick():
-    """scipy's scalar quantiles remembered while a simulation runs (the functions themselves unchanged)."""
-    with ab.remembered_quantiles():
-        yield
-
-
 # Hand-derived figures
 
 
@@ -115,7 +108,7 @@ def test_the_family_is_the_default_workflows_40_rows():
     assert len(fam["lengths"]) == 5 and fam["m"] == 40 == 2 * len(ROWS)
 
 
-def test_the_shortcut_and_the_vectorised_differences_are_paireds_own(quick):
+def test_the_shortcut_and_the_vectorised_differences_are_paireds_own():
     """The bench computes the pair differences for all seeds at once and skips rows whose |t| is under z(level): on
     60 seeds x 40 rows, the differences are pair_differences' and the verdicts those of calling every row."""
     logs = ab.ab_logs(ROWS, range(60), 4, 2)
@@ -129,14 +122,14 @@ def test_the_shortcut_and_the_vectorised_differences_are_paireds_own(quick):
         assert every["wrong"].sum() > 0 if level == 0.95 else True
 
 
-def test_run_to_run_calls_unchanged_code_slower_often(quick):
+def test_run_to_run_calls_unchanged_code_slower_often():
     """Two runs of unchanged code, each with its own drift of 0-30%, compared as the gate compares versions: some row is
     a regression beyond the 5% margin in far more than 5% of seeds (27% over 1,000), one-sided or two-sided."""
     null = ab.run_to_run(ROWS, 200)
     assert null["false_alarm"]["two-sided"] > 0.2 and null["false_alarm"]["one-sided"] > 0.2, null
 
 
-def test_without_drift_between_the_runs_the_same_check_passes(quick, monkeypatch):
+def test_without_drift_between_the_runs_the_same_check_passes(monkeypatch):
     """The check above fails for the drift, not for the trials: with no drift between runs, at most 5%."""
     monkeypatch.setattr(ab, "RUN_DRIFT", 0.0)
     null = ab.run_to_run(ROWS, 200)
@@ -144,7 +137,7 @@ def test_without_drift_between_the_runs_the_same_check_passes(quick, monkeypatch
 
 
 @pytest.mark.parametrize("blocks, trials", RECOMMENDED)
-def test_interleaved_holds_its_family_finds_10_percent_and_covers(quick, blocks, trials):
+def test_interleaved_holds_its_family_finds_10_percent_and_covers(blocks, trials):
     """1,000 seeds of one run with drift between and within runs, at the recommended blocks: the family calls
     unchanged code slower in at most 5% of seeds (seen: 3.2% and 4.1%) and a regression in none; a 10% slowdown at
     one length and figure at the median noise is found beyond the 5% margin in at least 80% of seeds (seen: 82.5-89%);
@@ -155,7 +148,7 @@ def test_interleaved_holds_its_family_finds_10_percent_and_covers(quick, blocks,
     assert abs(r["coverage"]["gate"] - 0.95) <= 0.02 and abs(r["coverage"]["both"] - 0.90) <= 0.025, r["coverage"]
 
 
-def test_without_drift_inside_the_run_coverage_is_nominal(quick):
+def test_without_drift_inside_the_run_coverage_is_nominal():
     """No drift inside the run (the run's own cancels in every pair): the one-sided bound holds in 95% of rows within
     a point (t on normal differences is exact)."""
     d = ab.differences(ab.ab_logs(ROWS, range(250), 8, 1, ab.QUIET), 8)
@@ -165,7 +158,7 @@ def test_without_drift_inside_the_run_coverage_is_nominal(quick):
 # Each check can fail
 
 
-def test_too_few_blocks_miss_the_slowdown(quick):
+def test_too_few_blocks_miss_the_slowdown():
     r = ab.interleaved(ROWS, 300, 4, 3, cover_seeds=0, check=False)
     assert all(f["regression"] < 0.2 for f in r["found"].values()), r["found"]
 
@@ -180,7 +173,7 @@ def trial_differences(logs: np.ndarray, blocks: int) -> np.ndarray:
     return d.reshape(*logs.shape[:-2], blocks * k)
 
 
-def test_the_unit_of_replication_matters_when_blocks_share_drift(quick):
+def test_the_unit_of_replication_matters_when_blocks_share_drift():
     """The same runs judged with trials as the unit (blocks ignored): the bound at 95% under-covers by several points
     and the family calls unchanged code slower in far more than 5% of seeds; the pair of blocks as the unit covers.
     Where a block's trials share nothing (no drift inside the run, no block moment) the trial unit would be right."""
@@ -193,7 +186,7 @@ def test_the_unit_of_replication_matters_when_blocks_share_drift(quick):
     assert alarms > 0.10, alarms  # seen: 29% (by the pair: 4%)
 
 
-def test_ignoring_the_pairs_over_covers_and_loses_the_slowdown(quick):
+def test_ignoring_the_pairs_over_covers_and_loses_the_slowdown():
     """All of A's trials against all of B's (Welch, compare.change, as if the blocks were not paired): drift inside the
     run widens both sides' spread though it cancels in the difference, so its one-sided 95% bound over-covers and the
     10% slowdown is found far less often than by the pairs, from the same trials (seen: 98.6% coverage; found in 48.5%
@@ -219,7 +212,7 @@ def test_ignoring_the_pairs_over_covers_and_loses_the_slowdown(quick):
     assert pairs >= 0.8 and welch < pairs - 0.2, (pairs, welch)
 
 
-def test_not_interleaving_inside_one_run_is_fooled_by_its_drift(quick):
+def test_not_interleaving_inside_one_run_is_fooled_by_its_drift():
     """One run, but all of A's blocks first and then all of B's (AAAA BBBB), paired in order: a step or a stretch of
     contention between the halves lands on one side, and the family calls unchanged code slower in far more than 5%
     of seeds. Interleaved (ABBA), the same drift cancels."""

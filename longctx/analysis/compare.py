@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import special
 
 from ..core.fitting import LEVEL
 from .tables import ok_rows
@@ -102,7 +102,7 @@ def welch_log_interval(num, den, level: float) -> np.ndarray:
     se = np.sqrt(vn + vd)
     with np.errstate(divide="ignore", invalid="ignore"):
         df = (vn + vd) ** 2 / (vn**2 / (ln.shape[-1] - 1) + vd**2 / (ld.shape[-1] - 1))
-    half = np.where(se > 0, stats.t.ppf(0.5 + level / 2, np.where(se > 0, df, 1.0)) * se, 0.0)
+    half = np.where(se > 0, special.stdtrit(np.where(se > 0, df, 1.0), 0.5 + level / 2) * se, 0.0)
     return np.exp(np.stack([diff - half, diff + half], axis=-1))
 
 
@@ -158,7 +158,7 @@ def welch_df(n_before: int, n_now: int) -> float:
 
 def width_cost(level: float, confidence: float, df: float) -> float:
     """How many times wider (in logs) an interval at `level` is than one at `confidence`, at Welch's `df`."""
-    return float(stats.t.ppf(0.5 + level / 2, df) / stats.t.ppf(0.5 + confidence / 2, df))
+    return float(special.stdtrit(df, 0.5 + level / 2) / special.stdtrit(df, 0.5 + confidence / 2))
 
 
 def log_noise(before, now) -> float:
@@ -172,7 +172,7 @@ def median_unbiased(sd: float, dof: int) -> float:
     """A sample standard deviation over `dof` degrees of freedom scaled so that its median is the true one (the
     sample's is below it: 0.92 of it at 4): the noise a row's detectable change is figured at, so that half the
     reruns state it above the truth and half below."""
-    return sd / math.sqrt(stats.chi2.median(dof) / dof) if dof > 0 else math.nan
+    return sd / math.sqrt(special.chdtri(dof, 0.5) / dof) if dof > 0 else math.nan
 
 
 @lru_cache(maxsize=256)
@@ -187,7 +187,7 @@ def _detection_quantile(n_before: int, n_now: int, level: float, detection: floa
     vn = rng.chisquare(n_now - 1, draws) / (n_now - 1) / n_now
     df = (vb + vn) ** 2 / (vb**2 / (n_before - 1) + vn**2 / (n_now - 1))
     e = rng.standard_normal(draws) * math.sqrt(1 / n_before + 1 / n_now)
-    need = stats.t.ppf(0.5 + level / 2, df) * np.sqrt(vb + vn) - e
+    need = special.stdtrit(df, 0.5 + level / 2) * np.sqrt(vb + vn) - e
     return float(np.quantile(need, detection))
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import special
 
 from ..core.errors import write_atomic
 from ..core.fitting import percentile_interval, resamples
@@ -87,7 +87,7 @@ def _orders(n: int, q: float, level: float) -> tuple[int, int, float] | None:
     if n < 2:
         return None
     tail = (1 - level) / 2
-    cdf = stats.binom.cdf(np.arange(n + 1), n, q)  # cdf[i] = P(B <= i)
+    cdf = special.bdtr(np.arange(n + 1), n, q)  # cdf[i] = P(B <= i)
     lows = [j for j in range(1, n + 1) if cdf[j - 1] <= tail]
     highs = [k for k in range(1, n + 1) if 1 - cdf[k - 1] <= tail]
     if not lows or not highs or max(lows) >= min(highs):

@@ -22,7 +22,7 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from ..core.interleave import SIDES, schedule
 from .compare import DETECTION, FASTER, NO_INTERVAL, SAME, SLOWER, median_unbiased
@@ -66,7 +66,7 @@ def _detection_quantile(n: int, level: float, detection: float = DETECTION) -> f
     draws = 20000
     s = np.sqrt(rng.chisquare(n - 1, draws) / (n - 1))
     e = rng.standard_normal(draws) / math.sqrt(n)
-    need = stats.t.ppf(level, n - 1) * s / math.sqrt(n) - e
+    need = special.stdtrit(n - 1, level) * s / math.sqrt(n) - e
     return float(np.quantile(need, detection))
 
 
@@ -98,7 +98,7 @@ def paired_change(d, smaller_is_faster: bool, level: float, margin: float, toler
     ci = None
     noise = float(d.std(ddof=1)) if n >= 2 else math.nan
     if n >= MIN_PAIRS:
-        half = float(stats.t.ppf(level, n - 1)) * noise / math.sqrt(n)
+        half = float(special.stdtrit(n - 1, level)) * noise / math.sqrt(n)
         ci = [math.exp(mean - half), math.exp(mean + half)]
     speed = None if ci is None else ([1 / ci[1], 1 / ci[0]] if smaller_is_faster else ci)
     said = NO_INTERVAL if speed is None else FASTER if speed[0] > 1 else SLOWER if speed[1] < 1 else SAME

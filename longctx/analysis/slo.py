@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy.stats import norm
+from scipy.special import ndtri
 
 from ..core.fitting import decode_curve, prefill_curve
 
@@ -56,7 +56,7 @@ def wilson(k: int, n: int, level: float) -> tuple[float | None, float | None]:
     """The Wilson score interval of a share k / n."""
     if n <= 0:
         return None, None
-    z = float(norm.ppf(1 - (1 - level) / 2))
+    z = float(ndtri(1 - (1 - level) / 2))
     p = k / n
     mid = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)

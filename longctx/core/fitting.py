@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.optimize import nnls
-from scipy.stats import chi2
-from scipy.stats import t as student_t
+from scipy.special import chdtri, stdtrit
 
 
 LEVEL = 0.95
@@ -83,7 +82,7 @@ def noise_floor(X: np.ndarray, y: np.ndarray, level: float = LEVEL) -> float:
     s2 = (df * v / shape).sum(axis=1) / df.sum()
     ll = -0.5 * (df * np.log(s2[:, None] * shape)).sum(axis=1)  # the profile log likelihood of each
     best = int(np.argmax(ll))
-    return float(grid[best]) if 2 * (ll[best] - ll[0]) > chi2.ppf(level, 1) else 0.0
+    return float(grid[best]) if 2 * (ll[best] - ll[0]) > chdtri(1, 1 - level) else 0.0
 
 
 def _nnls_weighted_batch(X: np.ndarray, Y: np.ndarray, floor_s2: float = 0.0, signed: bool = False) -> np.ndarray:
@@ -329,7 +328,7 @@ def prediction_interval(fit: "BasisFit", inputs, n: np.ndarray) -> tuple[np.ndar
     cov = np.linalg.pinv((A / scale).T @ (A / scale))
     curve_var = s * s * np.einsum("ij,jk,ik->i", phi / scale, cov, phi / scale)
     median_var = median_sd(s * fit.sd(pred), n) ** 2
-    half = float(student_t.ppf(0.5 + fit.level / 2, dof)) * np.sqrt(curve_var + median_var)
+    half = float(stdtrit(dof, 0.5 + fit.level / 2)) * np.sqrt(curve_var + median_var)
     return pred - half, pred + half
 
 
