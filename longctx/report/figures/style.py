@@ -31,9 +31,14 @@ def begin(style: str | Path, outdir: str | Path) -> Path:
 
 
 def save(fig, outdir: Path, stem: str) -> None:
-    """outdir/<stem>.<ext> for each of FORMATS, the same bytes for the same figure; closes fig."""
+    """outdir/<stem>.<ext> for each of FORMATS, the same bytes for the same figure; closes fig. The style's tight
+    bounding box (savefig.bbox) is found once and cropped to in every format: finding it lays the figure out
+    again, nearly a draw's work, once per format before."""
+    tight = None
+    if plt.rcParams["savefig.bbox"] == "tight":
+        tight = fig.get_tightbbox(fig.canvas.get_renderer()).padded(plt.rcParams["savefig.pad_inches"])
     for ext in FORMATS:
-        fig.savefig(outdir / f"{stem}.{ext}", metadata=_METADATA.get(ext))
+        fig.savefig(outdir / f"{stem}.{ext}", metadata=_METADATA.get(ext), bbox_inches=tight)
     plt.close(fig)
 
 
