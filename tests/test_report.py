@@ -368,7 +368,7 @@ def served(tmp_path_factory):
         out[case] = {"pdf": " ".join(pdftotext(paths["pdf"]).replace("\u2019", "'").split()),
                      "md": " ".join(re.sub(r"\\(.)", r"\1", paths["md"].read_text()).split()),
                      "sections": section_lists(paths["pdf"].with_suffix(".tex"), paths["md"]),
-                     "page_one_words": page_one_words(paths["pdf"]),
+                     "page_one_words": page_one_words(paths["pdf"]), "pdf_path": paths["pdf"],
                      "page_one": " ".join(page_one(paths["pdf"]).replace("\u2019", "'").split())}
     return out
 
@@ -540,6 +540,12 @@ def test_with_partial_lengths_included_page_one_says_they_are_fitted(tmp_path):
     regime = [i["text"] for g in ctx["diagnosis"]["configurations"] if g["name"] == "fast_kv" for i in g["items"]
               if i["figure"] == "residuals"]
     assert regime and all("at 64,000 tokens (measured by 1 of 3 trials) it is" in t for t in regime)
+    # the overview's dotted verticals (issue 56): said in its caption, where each one is in the extrapolation section
+    report.render_report(TEMPLATES / "longctx.tex.j2", tmp_path / "longctx.tex", tmp_path / "version.json",
+                         inputs(paths, config=config()))
+    tex = " ".join((tmp_path / "longctx.tex").read_text().split())
+    assert ("medians (markers), fits with bootstrap bands (lines); hollow: a partial length; dotted: a regime change "
+            "(Section~\\ref{sec:extrapolation}).}\\label{fig:overview}") in tex, tex[:3000]
 
 
 PAGE_ONE_WORDS = 450
@@ -565,6 +571,52 @@ def test_page_one_holds_at_most_450_words_with_its_figure_and_compact_table(buil
     page_one = built["text"][:built["text"].index("\f")]
     assert "Figure 1" in page_one and re.search(r"^\s*fast_kv\s+386\.1\s+449\.5\s+1\.1\d \[", page_one, re.M), page_one
     assert "At 16,000 tokens, the longest length every configuration measured" in " ".join(page_one.split())
+
+
+MIN_FIGURE_PT = 7.0  # issue 56: page one's figure, axis labels, ticks and legend at 7 pt or more as printed
+MIN_FIGURE_WIDTH = 0.8  # of the text width
+
+
+def page_one_figure(pdf: Path) -> dict:
+    """Page one as poppler lays it out (pdftohtml -xml, zoomed: positions and font sizes in pixels of the page's
+    width in points times the zoom, which poppler caps at 3): the text width (the span of the body text, set in
+    Latin Modern), and the figure's text (set by matplotlib in DejaVu Sans): its smallest size in points, the span
+    of its text as a share of the text width, and its words."""
+    xml = subprocess.run(["pdftohtml", "-xml", "-i", "-q", "-f", "1", "-l", "1", "-zoom", "3", "-stdout", str(pdf)],
+                         capture_output=True, text=True, check=True).stdout
+    info = subprocess.run(["pdfinfo", "-f", "1", "-l", "1", str(pdf)], capture_output=True, text=True, check=True).stdout
+    zoom = int(re.search(r'<page number="1"[^>]* width="(\d+)"', xml)[1]) / float(re.search(r"Page\s+1 size:\s+([\d.]+)", info)[1])
+    fonts = {m["id"]: (int(m["size"]), m["family"]) for m in
+             re.finditer(r'<fontspec id="(?P<id>\d+)" size="(?P<size>-?\d+)" family="(?P<family>[^"]+)"', xml)}
+    runs = [(int(m["left"]), int(m["width"]), fonts[m["font"]], re.sub(r"<[^>]+>", "", m["text"])) for m in
+            re.finditer(r'<text top="-?\d+" left="(?P<left>-?\d+)" width="(?P<width>\d+)" height="\d+" '
+                        r'font="(?P<font>\d+)">(?P<text>.*?)</text>', xml)]
+    body = [(left, width) for left, width, (_, family), _ in runs if "LM" in family]
+    figure = [(left, width, size, text) for left, width, (size, family), text in runs if "DejaVu" in family]
+    text_width = max(l + w for l, w in body) - min(l for l, _ in body)
+    return {"smallest_pt": min(size for *_, size, _ in figure) / zoom,
+            "width": (max(l + w for l, w, *_ in figure) - min(l for l, *_ in figure)) / text_width,
+            "words": [text for *_, text in figure]}
+
+
+def test_page_one_figure_prints_at_text_width_and_7_pt_or_more(built, served):
+    """Issue 56, item 1: page one's figure (the overview) at 80% of the text width or more, its smallest text (tick
+    labels, axis labels, legend) at 7 pt or more as printed, and no note inside it: what its marks are is the
+    caption's. Read from the PDF as printed. The note that was in the figure (one long line of what its markers,
+    lines and hollow markers are, and where each regime changes) made it wider and so smaller on the page: 3 pt in
+    the default run, 2.4 pt here in `built`, whose fast_kv has a partial length."""
+    for name, pdf in (("built", built["out"] / "longctx.pdf"),
+                      *((k, v["pdf_path"]) for k, v in served.items())):
+        fig = page_one_figure(pdf)
+        print(name, fig["smallest_pt"], f"{fig['width']:.0%}")
+        assert fig["smallest_pt"] >= MIN_FIGURE_PT and fig["width"] >= MIN_FIGURE_WIDTH, (name, fig)
+        assert not any(w in " ".join(fig["words"]) for w in ("markers", "dotted", "hollow")), (name, fig["words"])
+    caption = " ".join(page_one(built["out"] / "longctx.pdf").split())
+    assert ("Figure 1: TTFT and decode rate against L: medians (markers), fits with bootstrap bands (lines); hollow: a "
+            "partial length.") in caption, caption
+    twin = " ".join(built["md"].split())
+    assert ("TTFT and decode rate against the context length: medians (markers), fits with bootstrap bands (lines); "
+            "hollow: a partial length.") in twin
 
 
 def test_a_server_listening_beyond_loopback_is_named(served):

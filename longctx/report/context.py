@@ -40,6 +40,7 @@ from . import (changes, drafting as draftview, drift as driftview, history as hi
                prefix as prefixview, versions, whatif as whatifview, wording)
 from .diagnosis import bound_words, diagnose
 from .headline import choose_baseline, compact, headline
+from .figures import regime_places
 
 __all__ = ["DATA_FILES", "ReportError", "ReportInputs", "command_lines", "context", "itl_depth_summary", "mask",
            "render", "render_text", "sections", "shown_path", "source_date_epoch", "template_error", "version_of",
@@ -443,6 +444,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
                   "decode": bool((med["decode_tok_s"] > 0).any()) if "decode_tok_s" in med else False,
                   "fits": any(f.get("prefill") or f.get("decode") for f in fits.values()),
                   "planner": any(p.get("rows") for p in plans.values())},
+        # the overview's dotted verticals (longctx.report.figures.measured.overview): its caption says what they are
+        "regime_changes": bool(regime_places(fits, names)),
         "telemetry": telemetry,
         "devices": {"gpu": "gpu" in devices, "cpu": "cpu" in devices, "remote": "remote" in devices or any(c["imported"] for c in configs),
                     "remote_names": [c["name"] for c in configs if c["device"] == "remote" or c["imported"]]},

@@ -1,4 +1,4 @@
-"""Names of the report's figures (light: the workflow reads them when it parses its rules)."""
+"""Names of the report's figures, and where page one's marks a regime change (light: the workflow reads them when it parses its rules)."""
 
 # overview: page one's TTFT and decode rate side by side
 FIGURES = ("overview", "ttft", "decode_rate", "step_time", "itl_depth", "drafting")
@@ -12,3 +12,11 @@ PREFIX_FIGURES = ("prefix_ttft", "prefix_saving", "prefix_conversation")
 HISTORY_FIGURES = ("history",)
 # the formats each figure is saved in (PDF for LaTeX, PNG for Markdown): the files the plot rules expect
 FORMATS = ("pdf", "png")
+
+
+def regime_places(fits: dict, names) -> list[tuple[str, int, int]]:
+    """Where the configurations' regimes change, once per place: (fit kind, the last length its model fits, the
+    first it misses), from fits.json's configurations. The overview's dotted verticals, and what page one's
+    caption says of them."""
+    return sorted({(kind, rc["fitted_up_to"], rc["from_length"]) for name in names for kind in ("prefill", "decode")
+                   if (rc := ((fits.get(name) or {}).get(kind) or {}).get("regime_change"))})

@@ -24,8 +24,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from ...analysis import bands  # noqa: E402
 from ...analysis.tables import decode_absent, medians, ok_rows, step_seconds  # noqa: E402
 from ...core.fitting import decode_curve, prefill_curve  # noqa: E402
-from . import FIGURES  # noqa: E402
-from .style import begin, errorbars, fit_line, length_axis, not_measured, outputs, panels, save, shade, spans_decades, styles  # noqa: E402
+from . import FIGURES, regime_places  # noqa: E402
+from .style import begin, errorbars, fit_line, length_axis, not_measured, outputs, panels, save, seconds_axis, shade, spans_decades, styles  # noqa: E402
 
 
 def _tokens_per_step(med: pd.DataFrame, grid) -> np.ndarray | float:
@@ -72,9 +72,10 @@ def ttft_panel(ax, name: str, s: dict, med: pd.DataFrame, fit: dict, grid, label
 
 def ttft_axes(ax, lengths, legend: bool = True) -> None:
     """The TTFT axes' labels, scales and legend once every configuration is drawn, or "not measured"."""
-    ax.set(xlabel="prompt length L (tokens)", ylabel="TTFT (s)", title="Prefill: time to first token")
+    ax.set(xlabel="prompt length L (tokens)", ylabel="TTFT", title="Prefill: time to first token")
     length_axis(ax, lengths)
     _legend_or_not_measured(ax, "no time to first token above 0", yscale="log", legend=legend)
+    seconds_axis(ax)
 
 
 def decode_rate_panel(ax, name: str, s: dict, med: pd.DataFrame, fit: dict, grid, labels: bool = True,
@@ -109,45 +110,26 @@ def decode_rate_axes(ax, lengths, top: float, legend: bool = True, absent: str =
 
 
 # The text width of an A4 page with 2 cm margins (17 cm) by a height that leaves room for the legend
-# below: at \linewidth the style's 9 pt reads as 9 pt.
+# below: page one includes it at \linewidth, where the style's 9 pt (ticks and labels) and 8 pt (legend) read as
+# such (issue 56: at 74% of the width, and wider than that for a note inside it, they printed at 3 to 6.7 pt).
 OVERVIEW_SIZE = (6.7, 2.1)
 
 
-def _regime_changes(fits: dict, names, axes: dict) -> list[str]:
-    """A grey dotted vertical on the `kind` axes where a configuration's regime changes, between the
-    last length its model fits (fitted_up_to) and the first it misses (from_length), at their geometric
-    mean; one per place. The fitted curve stays whole: it is the fit of every length, not of those
-    up to fitted_up_to. Returns the note's words, one per place: which configurations change there."""
-    at: dict = {}
-    for name in names:
-        for kind in axes:
-            rc = ((fits.get(name) or {}).get(kind) or {}).get("regime_change")
-            if rc:
-                at.setdefault((kind, rc["fitted_up_to"], rc["from_length"]), []).append(name)
-    words = []
-    for (kind, upto, start), who in sorted(at.items()):
+def _regime_changes(fits: dict, names, axes: dict) -> None:
+    """A grey dotted vertical on the `kind` axes where a configuration's regime changes (regime_places), between
+    the last length its model fits and the first it misses, at their geometric mean; one per place. The fitted
+    curve stays whole: it is the fit of every length. Page one's caption says what the verticals are; the
+    section on extrapolation, where each one is."""
+    for kind, upto, start in regime_places(fits, names):
         axes[kind].axvline(np.sqrt(upto * start), color="0.45", linestyle=":", linewidth=1, marker="", gid=f"regime {kind}")
-        what = "TTFT" if kind == "prefill" else "decode"
-        words.append(f"{what} of {', '.join(who)}: the model of L \u2264 {upto:,} misses from {start:,}")
-    return words
-
-
-def _partial_words(analysis: dict) -> str:
-    """What the fits did with the partial lengths (fits.json settings.partial_lengths and each fit's
-    on_partial_lengths: a fit with too few other lengths takes them)."""
-    fits = analysis["configurations"].values()
-    took = any((f.get(kind) or {}).get("on_partial_lengths") for f in fits for kind in bands.KINDS)
-    mode = (analysis.get("settings") or {}).get("partial_lengths", "exclude")
-    if mode == "include":
-        return ", fitted with the others"
-    return "" if took else ", left out of the fits"
 
 
 def overview(df: pd.DataFrame, analysis: dict, provenance: dict | None = None):
     """Page one's figure, returned unsaved: TTFT (left, log-log) and decode rate (right, a log length axis)
     against L for every configuration: the medians as markers (hollow at partial lengths: fewer ok trials
     than configured), the fitted curves with their bootstrap bands, regime changes (_regime_changes), and
-    one legend below both: a marker and line per configuration, titled with a note of what they are."""
+    one legend below both: a marker and line per configuration. What the marks are is said in page one's caption,
+    not in the figure (a note in it, one long line, made it wider and so smaller on the page)."""
     fits = analysis["configurations"]
     med = medians(df, provenance)
     names = sorted(df["configuration"].unique())
@@ -158,24 +140,15 @@ def overview(df: pd.DataFrame, analysis: dict, provenance: dict | None = None):
     for name in names:
         ttft_panel(left, name, sty[name], med, fits.get(name, {}), lengths, labels=False, hollow=True)
         top = max(top, decode_rate_panel(right, name, sty[name], med, fits.get(name, {}), lengths, labels=False, hollow=True))
-    regimes = _regime_changes(fits, names, {"prefill": left, "decode": right})
+    _regime_changes(fits, names, {"prefill": left, "decode": right})
     ttft_axes(left, df["length"], legend=False)
     decode_rate_axes(right, df["length"], top, legend=False, absent=decode_absent(df))
     drawn = [line.get_gid() or "" for ax in (left, right) for line in ax.lines if len(line.get_xdata())]
     fitted = {name for name in names if f"{name} fit" in drawn}
-    note = ["markers: medians"]
-    if fitted:
-        level = (analysis.get("settings") or {}).get("confidence", 0.95)
-        note[0] += "; lines: fits" + (f" with {level:.0%} bootstrap bands" if left.collections or right.collections else "")
-    if any(gid.endswith(" median partial") for gid in drawn):
-        note.append("hollow: a partial length (fewer successful trials than configured" + _partial_words(analysis) + ")")
-    if regimes:
-        note.append("dotted: regime change (" + "; ".join(regimes) + ")")
     handles = [Line2D([], [], color=sty[name]["color"], marker=sty[name]["marker"],
                       linestyle=sty[name]["linestyle"] if name in fitted else "none", label=name) for name in names]
     fig.tight_layout()
-    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.03), ncol=min(len(names), 4) or 1,
-               title="\n".join(note), title_fontsize="small")
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.03), ncol=min(len(names), 4) or 1)
     return fig
 
 

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from ...core.numbers import is_number  # noqa: E402
 from . import FORMATS  # noqa: E402
@@ -65,6 +65,28 @@ def token_label(x: float, _pos=None) -> str:
     if x >= 1e6:
         return f"{x / 1e6:g}M"
     return f"{x / 1e3:g}k" if x >= 1e3 else f"{x:g}"
+
+
+def seconds_label(x: float) -> str:
+    """A time on an axis in the unit that reads: 200 \u00b5s, 5 ms, 1 s."""
+    if x < 1e-3:
+        return f"{x * 1e6:g} \u00b5s"
+    return f"{x * 1e3:g} ms" if x < 1 else f"{x:g} s"
+
+
+class _SecondsLog(LogFormatter):
+    """matplotlib's choice of which log ticks to label, each written by seconds_label: no 10^-3, whose exponent
+    prints at 70% of the tick labels' size."""
+
+    def _num_to_string(self, x, vmin, vmax):
+        return seconds_label(x)
+
+
+def seconds_axis(ax) -> None:
+    """A logarithmic time y axis (where one is set) labelled in ms and s (seconds_label)."""
+    if ax.get_yscale() == "log":
+        ax.yaxis.set_major_formatter(_SecondsLog(labelOnlyBase=True))
+        ax.yaxis.set_minor_formatter(_SecondsLog(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
 def length_axis(ax, lengths) -> None:
