@@ -3,7 +3,8 @@
 # float64 attention (fp32 and bf16, decode and verify, scattered page tables, poisoned outputs, at a
 # small cell and at the production cell 512 + 64; page ids outside the pool refused as the CPU twin
 # refuses them), check it again at long contexts at the production shape, and time it against the
-# copy bandwidth measured on the same GPU (issue 7). Needs nvcc and a CUDA PyTorch.
+# copy bandwidth measured on the same GPU (issue 7), and read the GPU's own counters (GPM) over it at the
+# longest length (issue 56). Needs nvcc and a CUDA PyTorch.
 #
 #   bash bench/device_check.sh             # prints everything; JSON records go to $OUT (or /tmp)
 #   bash bench/device_check.sh --dry-run   # the same steps on the CPU twin, shorter, without a GPU
@@ -67,6 +68,10 @@ print(f"goal (H200, 128k, batch 1, page_size 1): >= 80% of copy bandwidth: "
       + (f"not judged (dry run: {variant} at {max(timed)}, {top['fraction_of_copy']:.1%})" if dry_run
          else f"{verdict} ({top['fraction_of_copy']:.1%})"))
 PY
+
+# the GPU's own counters (GPM, issue 56) over the CUDA kernel at the longest length: DRAM's share of its bandwidth
+# beside the kernel's own GB/s, SM activity and occupancy, tensor pipes; where GPM cannot be read, the line why
+"$PY" bench/gpm_kernel.py --build-dir "$BUILD_DIR" --length "${CHECK_LENGTHS[0]}" --json "$OUTDIR/gpm_kernel_$VARIANT.json"
 
 manifest=$BUILD_DIR/manifest.json
 "$PY" - "$manifest" "$DRY_RUN" <<'PY'

@@ -353,7 +353,8 @@ def test_the_report_says_which_caches_were_flushed(tmp_path, flush_paths, protoc
 # engine as config/longctx.yaml runs it (MLA, SGLang's flags and sizing rule).
 # Where "GPU" may stand in a CPU-only report: the machine has none, and the sources say so.
 NO_GPU_PHRASES = ("Test CPU, no GPU", "psutil, no GPU telemetry", "GPUs none (NVML found no GPU)",
-                  "No configuration computes on a GPU, and only GPUs have datasheet figures")
+                  "No configuration computes on a GPU, and only GPUs have datasheet figures",
+                  "GPM counters not read: no configuration's telemetry watches a GPU")
 
 
 @pytest.fixture(scope="module")
@@ -617,6 +618,15 @@ def test_page_one_figure_prints_at_text_width_and_7_pt_or_more(built, served):
     twin = " ".join(built["md"].split())
     assert ("TTFT and decode rate against the context length: medians (markers), fits with bootstrap bands (lines); "
             "hollow: a partial length.") in twin
+
+
+def test_a_cpu_run_states_no_counter_it_did_not_read(built, served):
+    """Issue 56: the GPU's own counters are said only where they were read (tests/test_gpm.py); these reports ran on
+    a CPU: no counter's words, and the one line that says why none were read."""
+    for text in (" ".join(built["text"].split()), built["md"], *(v[k] for v in served.values() for k in ("pdf", "md"))):
+        assert not re.search(r"GPU's own counters \(GPM\), decode|SMs busy|tensor pipes [\d.]+% active|DRAM at [\d.]+%", text)
+        assert "GPM counters not read: no configuration's telemetry watches a GPU; the diagnosis stands on the fits alone." \
+            in " ".join(text.split()), text[-2000:]
 
 
 def test_a_server_listening_beyond_loopback_is_named(served):

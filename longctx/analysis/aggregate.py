@@ -14,8 +14,10 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import write_atomic
+from ..core.numbers import is_number
 from ..measure.rawfiles import read_raw
 from ..measure.telemetry import NVML_METRICS, PSUTIL_METRICS
+from ..specs import hardware
 from ..specs.pool import observed_pool
 from .drift import within
 
@@ -33,6 +35,8 @@ COLUMNS = [
     "kv_bytes_per_token", "kv_pool_tokens", "run_id", "batch_output_tok_s", "needle",
     "needle_answer", "needle_reason",
     *(f"{window}_{m}_mean" for window in ("prefill", "decode") for m in (*NVML_METRICS, *PSUTIL_METRICS)),
+    # GPM's DRAM bandwidth share times the datasheet's bandwidth of the GPU (longctx.specs.hardware), where both exist
+    "prefill_gpm_dram_gbs_mean", "decode_gpm_dram_gbs_mean",
     "prefill_samples", "decode_samples", "contended", "contended_reason",
 ]
 # A trial whose server got markedly less of its device than the configuration's other trials is contended (another
@@ -118,13 +122,25 @@ def _rows(path: Path, partial_dir: Path | None = None) -> tuple[list[dict], dict
         return [{**base, "status": raw.get("status", "failed"), "reason": raw.get("reason")}], raw
     rows = []
     batched = [{**r, "trial": r["batch"]} for b in raw.get("batches") or [] for r in b["requests"]]
+    peak = dram_peak_Bps(raw)
     for t in [{**t, "concurrency": 1, "request": 0} for t in trials] + batched:
         row = {**base, **{k: t.get(k) for k in COLUMNS if k in t}}
         for window, summary in (t.get("telemetry") or {}).items():
             row.update({f"{window}_{k}": v for k, v in summary.items() if k.endswith("_mean")})
             row[f"{window}_samples"] = summary.get("n")
+            share = summary.get("gpm_dram_bw_pct_mean")
+            if peak and is_number(share):
+                row[f"{window}_gpm_dram_gbs_mean"] = share / 100 * peak / 1e9
         rows.append(row)
     return rows, raw
+
+
+def dram_peak_Bps(raw: dict) -> float | None:
+    """The datasheet's memory bandwidth (bytes/s) of the GPU a raw file's server ran on (its provenance's first GPU,
+    as NVML names it; longctx.specs.hardware), or None where the machine has no GPU or the table does not know it."""
+    gpus = ((raw.get("provenance") or {}).get("hardware") or {}).get("gpus") or []
+    entry = hardware.match(gpus[0].get("name")) if gpus else None
+    return entry["memory_bandwidth_si"] if entry else None
 
 
 ITL_DEPTH_COLUMNS = ["configuration", "length", "status", "reason", "token", "depth", "itl_s"]

@@ -112,10 +112,30 @@ def _roof_at(intensity: float | None, ceilings: dict) -> dict | None:
 
 
 def decode(fit: dict | None, steps: dict[int, float], length: int, kv_bytes: float | None, flops_per_kv_token: float | None,
-           query_tokens: int, ceilings: dict, settings: dict) -> dict | None:
+           query_tokens: int, ceilings: dict, settings: dict, counters: dict | None = None) -> dict | None:
     """The decode phase's class at `length` (see the module's words). steps: median step seconds per length
     (the lengths the fit stood on); flops_per_kv_token: the attention FLOPs per KV token of one step, all its
-    query tokens included (None where the model is not described exactly)."""
+    query tokens included (None where the model is not described exactly); counters: the GPU's own (GPM) over
+    decode at `length` where they were read, {dram_bw_pct, tensor_active_pct} (medians over the trials): a class
+    they contradict is not stated (`unknown`, with `fit_class` and `why`), since a bound needs both where both exist."""
+    out = _decode(fit, steps, length, kv_bytes, flops_per_kv_token, query_tokens, ceilings, settings)
+    if out is None or not counters:
+        return out
+    out["counters"] = counters
+    share = 100 * out["thresholds"]["roof_share"]
+    dram, tensor, cls = counters.get("dram_bw_pct"), counters.get("tensor_active_pct"), out["class"]
+    why = None
+    if cls == "bandwidth" and dram is not None and dram < share:
+        why = f"the GPU's counters read DRAM at {dram:.2g}% of its bandwidth, under the {share:.0f}% the bandwidth roof needs"
+    elif cls == "compute" and tensor is not None and tensor < share:
+        why = f"the GPU's counters read its tensor pipes {tensor:.2g}% active, under the {share:.0f}% the FLOP roof needs"
+    elif cls == "latency" and dram is not None and dram >= share:
+        why = f"the GPU's counters read DRAM at {dram:.2g}% of its bandwidth, on the roof the fit puts decode under"
+    return {**out, "class": "unknown", "fit_class": cls, "why": why} if why else out
+
+
+def _decode(fit: dict | None, steps: dict[int, float], length: int, kv_bytes: float | None, flops_per_kv_token: float | None,
+            query_tokens: int, ceilings: dict, settings: dict) -> dict | None:
     if not fit or length not in steps:
         return None
     st = {**BOUNDS, **(settings.get("bounds") or {})}

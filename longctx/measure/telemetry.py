@@ -13,7 +13,9 @@ window (request sent to first token) and its decode window (first to last token)
 NVML: per GPU, SM and memory utilisation (%), power (W), SM and memory clocks (MHz), memory used
 (GB); the summary averages over the GPUs. With the server's process known, also the SM utilisation NVML attributes
 to other processes (others_sm_util_pct, nvmlDeviceGetProcessUtilization): another job time-slicing the GPU, which
-does not lower its clock; left out where NVML does not say it, or cannot see the server's processes (a container). psutil: CPU utilisation (% of one core) and resident memory
+does not lower its clock; left out where NVML does not say it, or cannot see the server's processes (a container).
+Where the GPUs have them, NVML's GPM counters over each sample's interval too (longctx.measure.gpm; the description
+says why where they cannot be read). psutil: CPU utilisation (% of one core) and resident memory
 (RSS) of the server's process tree; over the whole machine, the CPU utilisation of all processes and the
 memory in use (its `rss_gb`), which is not the server's.
 """
@@ -32,9 +34,12 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from . import gpm
 from .process import listening_process
 
-NVML_METRICS = ("sm_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz", "mem_clock_mhz", "mem_used_gb", "others_sm_util_pct")
+# and, where the GPUs have them, GPM's counters over each sample's interval (longctx.measure.gpm)
+NVML_METRICS = ("sm_util_pct", "mem_util_pct", "power_w", "sm_clock_mhz", "mem_clock_mhz", "mem_used_gb", "others_sm_util_pct",
+                *gpm.METRICS)
 DEVICE_METRICS = NVML_METRICS[:6]  # every GPU has them; others_sm_util_pct only where NVML attributes its work
 PSUTIL_METRICS = ("cpu_util_pct", "rss_gb")
 
@@ -60,6 +65,7 @@ class NvmlSource:
         self.indices = list(range(count)) if gpu_indices is None else list(gpu_indices)
         self.handles = [nvml.nvmlDeviceGetHandleByUUID(i) if isinstance(i, str) else nvml.nvmlDeviceGetHandleByIndex(i)
                         for i in self.indices]
+        self.gpm, self.gpm_said = gpm.open_gpm(nvml, self.handles)
 
     def sample(self) -> dict:
         n = self.nvml
@@ -73,6 +79,11 @@ class NvmlSource:
         others = self._others()
         if others is not None:
             out["others_sm_util_pct"] = others
+        if self.gpm is not None:
+            try:
+                out.update(self.gpm.sample())
+            except Exception:  # noqa: BLE001 - a counter that fails once costs its interval, not the sample
+                self.gpm.filled = False
         return out
 
     def _others(self) -> float | None:
@@ -103,9 +114,11 @@ class NvmlSource:
         gpus = ", ".join(map(str, self.indices))
         return (f"NVML, GPU{'s' if len(self.indices) > 1 else ''} {gpus}" + (f" ({self.which})" if self.which else "")
                 + ": SM and memory utilisation, power, clocks and memory used of those GPUs"
-                + (", mean over them" if len(self.indices) > 1 else ""))
+                + (", mean over them" if len(self.indices) > 1 else "") + f"; {self.gpm_said}")
 
     def close(self) -> None:
+        if self.gpm is not None:
+            self.gpm.close()
         self.nvml.nvmlShutdown()
 
 

@@ -391,6 +391,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "sources": sorted({re.sub(r"\s*\(pid \d+\)", "", s["text"]) for s in sources}),  # one per kind of source
         # the configurations' own descriptions differ (one remote, one on this CPU...): each is said
         "per_configuration": len({re.sub(r"\(pid \d+[^)]*\)", "", c["telemetry"]["text"]) for c in configs}) > 1,
+        "gpm": wording.gpm_line([s["text"] for s in sources]),
         "util": "sm_util_pct" if gpu else "cpu_util_pct",
         "util_label": labels["util"],
         "util_text": labels["util"],

@@ -102,7 +102,7 @@ def _decode(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list[
         if b.get("compute") and b["compute"]["pct"]:
             text += ", and " + _pct_words(b["compute"]["pct"], "FLOP rate", fit.get("ceilings"))
         text += at
-        text += {"bandwidth": f": decode is bandwidth-bound (at least {need} of every known bandwidth roof)",
+        text += f": {b['why']}, so no bound is stated" if b.get("fit_class") else {"bandwidth": f": decode is bandwidth-bound (at least {need} of every known bandwidth roof)",
                  "compute": f": decode is compute-bound (at least {need} of every known FLOP roof)",
                  "latency": f": decode is latency-bound, on neither roof (bound by one needs at least {need} of it)",
                  "unknown": f": no FLOP roof is compared ({b['why']}), so no bound is stated" if b.get("why") else
@@ -116,7 +116,8 @@ def _decode(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list[
                          for w in ("measured", "datasheet") if w in lo)
         text = (f"{head}; without a usable fit, the medians alone (every step's KV bytes over its time, and over its growth from "
                 f"{m['from_length']:,} tokens) put the KV reads {span}" + (f", {pcts} bandwidth" if pcts else "") +
-                {"bandwidth": ": bandwidth-bound whatever the fit", "latency": f": latency-bound whatever the fit, under {need} of every roof"}[kind])
+                (f": {b['why']}, so no bound is stated" if b.get("fit_class") else
+                 {"bandwidth": ": bandwidth-bound whatever the fit", "latency": f": latency-bound whatever the fit, under {need} of every roof"}[kind]))
     else:
         why = (_problems(b["quality"]) if not b["quality"]["usable"] else "the KV bytes per token are unknown"
                if not fit.get("kv_bytes_per_token") else "no ceilings of this device are known")
@@ -125,7 +126,55 @@ def _decode(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list[
     ev = _evidence(name, b.get("evidence") or [], kind)
     if ev:
         out.append(("roofline", ev))
+    said = _counters(name, top, L, partial, b, fit.get("ceilings"))
+    if said:
+        out.append(("roofline", said))
     return out
+
+
+# GPM's counters over the decode windows (results.csv decode_gpm_*_mean; longctx.measure.gpm), medians over the trials
+GPM = {m: f"decode_gpm_{m}_mean" for m in ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct",
+                                           "dram_gbs")}
+
+
+def _gpm(top) -> dict:
+    return {m: float(top[c]) for m, c in GPM.items() if c in top and is_number(top[c])}
+
+
+def _counters(name: str, top, L: int, partial: dict[int, str], b: dict, ceilings: dict | None) -> str | None:
+    """What the GPU's own counters (GPM) read over decode at L, beside what the decode fit infers: DRAM's share of
+    its bandwidth (and in GB/s, against the datasheet's), SM activity and occupancy, tensor-pipe activity; then
+    whether the fit's KV-read bandwidth agrees with the DRAM traffic counted, or what their disagreement says. None
+    where no counter was read (a CPU, a GPU without GPM): the words stand on the inference alone."""
+    g = _gpm(top)
+    if not g:
+        return None
+    parts = []
+    if "dram_bw_pct" in g:
+        peak = ((ceilings or {}).get("datasheet") or {}).get("bandwidth_Bps")
+        gbs = f" ({rounded(g['dram_gbs'])} GB/s of the datasheet's {_rate(peak)})" if "dram_gbs" in g and peak else ""
+        parts.append(f"DRAM at {g['dram_bw_pct']:.2g}% of its bandwidth{gbs}")
+    if "sm_active_pct" in g:
+        occ = f" at {g['sm_occupancy_pct']:.2g}% occupancy" if "sm_occupancy_pct" in g else ""
+        parts.append(f"SMs busy {g['sm_active_pct']:.3g}% of the time{occ}")
+    if "tensor_active_pct" in g:
+        parts.append(f"tensor pipes {g['tensor_active_pct']:.2g}% active")
+    text = f"{name}: by the GPU's own counters (GPM), decode at {_at(L, partial)} kept " + ", ".join(parts)
+    bw = b.get("bandwidth") if b.get("basis") == "fit" else None
+    if bw and bw.get("Bps") and "dram_gbs" in g:
+        counted, fitted = g["dram_gbs"] * 1e9, bw["Bps"]
+        lo, hi = (bw.get("ci") or [None, None])
+        lo, hi = lo if lo is not None else fitted, hi if hi is not None else fitted
+        fit_words = f"the decode fit's KV reads at {_rate(fitted)}{_ci(_gb(bw.get('ci')), unit=' GB/s')}"
+        if lo <= counted <= hi:
+            text += f"; {fit_words} agree with them, within the fit's interval"
+        elif counted > hi:
+            text += (f"; {fit_words} are {fitted / counted:.0%} of that traffic: the rest is DRAM traffic the model does "
+                     f"not count (the weights, activations, or a KV read it did not count)")
+        else:
+            text += (f"; that is under {fit_words}: the model counts bytes the GPU did not read from DRAM (a cache "
+                     f"that held them, or KV bytes per token overstated)")
+    return text + "."
 
 
 def _gb(ci):

@@ -10,6 +10,7 @@ recorded", never as a guess of the reference engine's.
 from __future__ import annotations
 
 import json
+import re
 
 from ..analysis.identity import engine_version
 from ..core.net import listen_words
@@ -148,6 +149,19 @@ def telemetry(description) -> dict:
         scope = (("gpu" if source == "nvml" else None) or ("machine" if "machine" in words or "system" in words else None)
                  or ("process" if "process" in words or "pid" in words else None))
     return {"text": text, "source": source, "scope": scope}
+
+
+def gpm_line(descriptions: list[str]) -> str:
+    """The telemetry section's one line on the GPU's own counters (GPM: longctx.measure.gpm), from what the sources
+    say: read, or why not (an NVML source's own words; no GPU watched at all)."""
+    if any("GPM counters read" in d for d in descriptions):
+        return ("The GPU's own counters (GPM) were read: SM activity, SM occupancy, tensor-pipe activity and DRAM "
+                "bandwidth over each telemetry sample's interval (results.csv, per window); the diagnosis sets them "
+                "beside what the fits infer.")
+    said = sorted({m[0] for d in descriptions if (m := re.search(r"GPM counters not read: [^;]*", d))})
+    if said:
+        return "; ".join(said) + ": the diagnosis stands on the fits alone."
+    return "GPM counters not read: no configuration's telemetry watches a GPU; the diagnosis stands on the fits alone."
 
 
 def telemetry_labels(descriptions: list, gpu: bool) -> dict:
