@@ -146,12 +146,23 @@ def test_a_whatif_check_measured_across_the_stretch_is_inconclusive_rather_than_
     print(q["drift"]["words"], "|", (q["verdict"] or {}).get("words"), "|",
           [(r["kind"], r["level"], r["quantity"], r["which"], round(r["error"], 3), r["verdict"], r.get("excluded"))
            for r in rows])
-    assert q["drift"]["drift"] >= FACTOR - 1
-    assert rows and all(r["verdict"] == "inconclusive" for r in rows), rows  # no figure scored a pass or a miss
+    d = q["drift"]["drift"]
+    assert d >= FACTOR - 1
+    # a figure whose error is within the machine's move (1 + error between 1 / (1 + drift) and 1 + drift) is neither a
+    # pass nor a miss. One further off than the move is scored: the busy process holds the closed loops' cores for
+    # their whole run while the probe reads the move at two points, and a machine busy with more than this test made
+    # one of them 34 times slower than predicted while the probe read 25 times (a suite run beside other work: -97%
+    # against 2437%), a miss by the rule (longctx.analysis.drift.verdict), so the test reads the rule, not one
+    # outcome of it
+    within = [r for r in rows if 1 / (1 + d) <= 1 + r["error"] <= 1 + d]
+    assert within and all(r["verdict"] == "inconclusive" for r in within), rows
     if not [r for r in rows if r["which"] == "p50" and not r.get("excluded")]:
         # the busy cores kept the client off its CPUs until every closed loop was held below its level (seen once in
         # three clean-clone runs: 1 held 88% of the time, 2 84%): the what-if scores none of them, so no headline
         assert q["verdict"] is None and all(r.get("excluded") for r in rows), q
+        return
+    median = q["verdict"]["error"]
+    if not 1 / (1 + d) <= 1 + median <= 1 + d:  # the headline figure further off than the move: scored by the rule
         return
     assert q["verdict"]["verdict"] == "inconclusive", q["verdict"]["words"]
     assert q["verdict"]["words"].startswith("inconclusive: ")
