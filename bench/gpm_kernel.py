@@ -35,10 +35,11 @@ def nvml_handle():
     if not torch.cuda.is_available():
         pynvml.nvmlShutdown()
         return None, "GPM counters not read: PyTorch sees no CUDA GPU"
-    bus = torch.cuda.get_device_properties(torch.cuda.current_device()).pci_bus_id
-    try:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    try:  # NVML's order of the GPUs need not be CUDA's: found by the PCI address, as NVML writes it
+        bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
         return pynvml, pynvml.nvmlDeviceGetHandleByPciBusId(bus.encode())
-    except Exception:  # noqa: BLE001 - an old driver without the bus id: the same index
+    except Exception:  # noqa: BLE001 - a torch or driver without the address: the same index
         return pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
 
 

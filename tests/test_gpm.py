@@ -154,6 +154,14 @@ def test_a_pynvml_without_gpm_or_without_permission_gives_one_line():
 
     assert "GPU 0 is in MIG mode" in NvmlSource(Mig(gpus(STUDY))).describe()
 
+    class Unsampled(GpmNvml):  # supported, but the first sample is refused (a container without the capability)
+        def nvmlGpmSampleGet(self, h, sample):
+            raise NVMLError_NoPermission("Insufficient Permissions")
+
+    fake = Unsampled(gpus(STUDY))
+    assert NvmlSource(fake).describe().endswith("; GPM counters not read: no permission to read them")
+    assert fake.calls.count("alloc") == 2 and not fake.alive  # its buffers freed
+
 
 def test_a_counter_that_fails_once_costs_its_interval_not_the_sample():
     fake = GpmNvml(gpus(STUDY))

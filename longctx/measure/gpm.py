@@ -95,10 +95,13 @@ def open_gpm(nvml, handles: list) -> tuple[Gpm | None, str]:
         if not supported:
             name = _name(nvml, h)
             return None, f"GPM counters not read: {name or f'GPU {k}'} has none (GPM needs Hopper or later)"
+    gpm = None
     try:
         gpm = Gpm(nvml, handles)
         gpm.sample()  # the first buffers filled: the next sample has an interval
     except Exception as exc:  # noqa: BLE001
+        if gpm is not None:
+            gpm.close()
         why = "no permission to read them" if _no_permission(exc) else f"NVML: {exc}"
         return None, f"GPM counters not read: {why}"
     what = ", ".join(w for _, w in METRICS.values())
