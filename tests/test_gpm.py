@@ -272,6 +272,12 @@ def test_a_bound_the_counters_contradict_is_not_stated():
     fit, text = _words(df, prov)
     assert fit["bounds"]["decode"]["class"] == "bandwidth" and "decode is bandwidth-bound" in text
     assert "agree with them, within the fit's interval" in text, text
+    # and the study's latency-bound decode with counters that read DRAM at 60%: on the roof the fit puts it under
+    df, prov = _study_with_counters(lambda L: 0.10464 + 7.15639e-6 * L, {"dram_bw_pct": 60.0})
+    fit, text = _words(df, prov)
+    assert (fit["bounds"]["decode"]["class"], fit["bounds"]["decode"]["fit_class"]) == ("unknown", "latency")
+    assert ("the GPU's counters read DRAM at 60% of its bandwidth, on the roof the fit puts decode under, so no bound "
+            "is stated") in text and "decode is latency-bound" not in text, text
 
 
 def test_the_telemetry_line_says_whether_the_counters_were_read():
