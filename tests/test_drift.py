@@ -7,7 +7,7 @@ import pytest
 
 from longctx.analysis.drift import between, lone_request, through_load, verdict, within
 from longctx.analysis.whatif import quoted
-from longctx.report.versions import measurements
+from longctx.report.versions import kept_reading, measurements
 from longctx.report.whatif import view
 
 
@@ -54,6 +54,27 @@ def test_the_drift_between_two_runs_pools_them_and_counts_the_request_only_for_t
     # a side without a reading: no figure
     assert between([], now, True) is None and between(RUN, None, True) is None
     assert between([reading("start", None, None, None)], now, True) is None
+
+
+def test_the_kernel_call_is_a_series_of_its_own_and_counts_between_runs_only_for_the_same_code():
+    """Issue 53, item 7: where the configuration's kernel is native, each reading has its call's median; the kernel
+    is the code under study, so between two runs it counts only where they ran the same code, as the requests."""
+    def with_kernel(r, ms):
+        return {**r, "kernel": {"median_s": ms / 1e3}}
+
+    run = [with_kernel(RUN[0], 1.0), with_kernel(RUN[1], 1.6), with_kernel(RUN[2], 1.1)]
+    figure = within(run)
+    # by hand: kernel 1.6/1.0 = 1.6 beside the probe's 1.3: the kernel's 60%
+    assert figure["drift"] == pytest.approx(0.6) and figure["worst"] == "kernel"
+    assert "kernel call 1.00 to 1.60 (start to after sweep)" in figure["words"]
+    now = [with_kernel(reading("start", 10, 2.0, 40, "r2"), 2.0), with_kernel(reading("end", 10, 2.0, 40, "r2"), 2.0)]
+    same = between(run, now, same_code=True)
+    assert same["series"]["kernel"]["ratio"] == pytest.approx(2.0) and same["series"]["kernel"]["shift"] == pytest.approx(2.0 / 1.1)
+    other = between(run, now, same_code=False)  # an edit of the kernel: its call is another call
+    assert set(other["series"]) == {"probe"} and "the requests and the kernel call left out" in other["words"]
+    # a version keeps the call's figure: the drift between two kept versions reads it back
+    kept = [kept_reading(r) for r in run]
+    assert between(kept, now, same_code=True)["series"]["kernel"]["ratio"] == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("error, drift, tolerance, expected, low, high", [

@@ -348,3 +348,19 @@ def test_the_workflow_benches_the_kernel_at_the_served_shape(tmp_path):
     plan = snakemake(work, "-n", "-p", "data/kernels/paged_mla_decode_sm120.json", "--configfile", str(KIMI.relative_to(ROOT)))
     (command,) = re.findall(r"^Shell command: (longctx bench-kernel .*)$", plan, re.M)
     assert "--heads 8 --kv-lora-rank 512 --rope 64 --dtype bfloat16 " in command
+
+
+def test_the_metronomes_kernel_call_times_the_built_kernel_at_its_shape_and_length(built):
+    """Issue 53, item 7: the metronome's kernel call (longctx.attention.kernelprobe, a process of its own) loads the
+    build it is given and times it at the shape and length asked: the build's hash and target come back, and a
+    request 256 times longer (16,384 KV cells against 64: 256 times the cells read) takes far longer per call (a
+    factor of 5 asserted; about 20 here, 7 us against 134 us), which a probe that timed anything but the call would not show."""
+    from longctx.measure.metronome import kernel_probe
+
+    out, manifest = built
+    shape = {"heads": 2, "kv_lora_rank": 64, "rope": 16, "dtype": "float32"}
+    short, long = (kernel_probe({"kernel_dir": str(out), "shape": shape, "length": n, "calls": 15}) for n in (64, 16384))
+    print(f"kernel call: {short['median_s'] * 1e6:.1f} us at 64 cells, {long['median_s'] * 1e6:.1f} us at 16,384")
+    assert short["build_hash"] == manifest["build_hash"] and short["target"] == "cpu" and short["device"] == "cpu"
+    assert long["length"] == 16384 and len(long["seconds"]) == 15 and long["shape"]["kv_lora_rank"] == 64
+    assert long["median_s"] > 5 * short["median_s"]

@@ -293,6 +293,16 @@ def test_every_measured_run_has_its_metronome_and_its_drift_in_the_report(workfl
         assert all(r["ttft_s"] > 0 and r["probe"]["median_s"] > 0 for r in raw["readings"])
         assert prov[name]["metronome"]["readings"] == raw["readings"]
         assert prov[name]["metronome"]["drift"]["drift"] >= 0
+        # the kernel call, where the kernel is native (page16's twin; the others run the PyTorch kernel): the build's
+        manifest = json.loads((workflow / "build" / "kernels" / "paged_mla_decode_twin" / "manifest.json").read_text())
+        calls = [r.get("kernel") for r in raw["readings"]]
+        if name == "page16":
+            assert all(c["median_s"] > 0 and c["build_hash"] == manifest["build_hash"] and c["length"] == 4096
+                       and c["shape"] == {"heads": 2, "kv_lora_rank": 32, "rope": 16, "dtype": "float32", "batch": 1,
+                                          "n_q": 1} for c in calls), calls
+            assert "kernel call 1.00 to" in prov[name]["metronome"]["drift"]["words"]
+        else:
+            assert calls == [None] * len(points), (name, calls)
     # the PDF's words, a word LaTeX broke at a line's end joined again
     text = " ".join(re.sub(r"-\n\s*", "", pdftotext(workflow / "report" / "longctx.pdf")).split())
     md = (workflow / "report" / "longctx.md").read_text()

@@ -1,15 +1,17 @@
 """Drift: how far the machine moved during a run and between two runs, from the metronome's readings
 (longctx.measure.metronome), and a comparison across time read against it.
 
-A reading (one point of a run) gives three figures, its SERIES: the request TTFT and the request TPOT (the median of the
-point's short requests through the configuration's own server) and the machine probe (the median seconds of a matmul and
-a memory copy in the bench process, no code of the server's or the kernel's in it).
+A reading (one point of a run) gives up to four figures, its SERIES: the request TTFT and the request TPOT (the median
+of the point's short requests through the configuration's own server), the machine probe (the median seconds of a matmul
+and a memory copy in a process of its own, no code of the server's or the kernel's in it) and, where the configuration's
+kernel is native, the kernel call (the median seconds of a call of it at a fixed shape and length, alone).
 
 - within(readings): the run's drift: per series the ratio of its slowest point to its fastest; the run's figure is the
   largest of those ratios less one (0.32: some series' slowest point took 32% longer than its fastest point).
 - between(before, now, same_code): the drift between two runs: each series' readings of both runs pooled, the same
-  ratio. The request series count only where the two runs ran the same code (an edit of the engine or of the kernel
-  under study can change the short request itself); the machine probe always counts.
+  ratio. The request and kernel series count only where the two runs ran the same code (an edit of the engine or of
+  the kernel under study can change the short request, and the kernel call, themselves); the machine probe always
+  counts.
 - verdict(error, drift, tolerance): a comparison's error (predicted over measured less one, or one measurement over
   another less one) read against the drift it was measured under. A machine that moved by a factor D while the two
   sides were measured could have moved either side by up to D, so the error of the thing compared (the model's, the
@@ -27,15 +29,16 @@ import pandas as pd
 from ..core.numbers import finite
 
 # the figures of a reading: (what it is, in words; whether it is the configuration's own request)
-SERIES = {"probe": ("machine probe", False), "ttft": ("request TTFT", True), "tpot": ("request TPOT", True)}
+SERIES = {"probe": ("machine probe", False), "ttft": ("request TTFT", True), "tpot": ("request TPOT", True),
+          "kernel": ("kernel call", True)}
 ORDER = ("start", "after_sweep", "after_load", "end")  # longctx.measure.metronome.POINTS
 QUANTITIES = {"ttft": "TTFT", "tpot": "TPOT"}
 
 
 def value(reading: dict, series: str) -> float | None:
     """A reading's figure of one series (seconds), None where it has none (its requests or its probe failed)."""
-    if series == "probe":
-        x = (reading.get("probe") or {}).get("median_s")
+    if series in ("probe", "kernel"):
+        x = (reading.get(series) or {}).get("median_s")
     else:
         x = reading.get(f"{series}_s")
     x = finite(x)
@@ -103,7 +106,9 @@ def between(before: list[dict] | None, now: list[dict] | None, same_code: bool) 
         s = _spread(values["before"] + values["now"])
         s["shift"] = float(np.median([v for _, v in values["now"]]) / np.median([v for _, v in values["before"]]))
         spreads[key] = s
-    left_out = None if same_code else "the requests left out: the two runs ran different code"
+    kernel = any(value(r, "kernel") is not None for rs in sides.values() for r in rs)
+    left_out = None if same_code else (f"the requests{' and the kernel call' if kernel else ''} left out: the two runs "
+                                       "ran different code")
     figure = _figure(spreads, "between the two runs", left_out)
     if figure is not None:
         figure["same_code"] = same_code

@@ -12,6 +12,10 @@ At each point of the run (POINTS; `points` says which this configuration's run h
   (longctx.measure.machineprobe, whose BLAS threads end with it): per repeat an n x n float64 matmul (numpy's BLAS,
   with the threads it is given: the job's CPUs, which Snakemake passes as OMP_NUM_THREADS) and a copy of a buffer,
   timed together, after one untimed repeat; the point's figure is their median. It is taken before the requests.
+- the kernel call, where the configuration's kernel is native (the kernel under study, which its rule bench_kernel
+  times alone): metronome.kernel.calls calls of it at the shape the configuration serves and metronome.kernel.length
+  KV cells, in a process of its own (longctx.attention.kernelprobe); the point's figure is their median. Like the
+  requests, an edit of the kernel changes it. Taken after the probe, before the requests.
 
 Every reading is written to data/raw/<configuration>/metronome.json as soon as it is taken, with its wall-clock time
 (and kept in the resume directory): the readings of an earlier run whose lengths this one reuses are carried over,
@@ -25,6 +29,7 @@ metronome never costs a measurement.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import subprocess
@@ -34,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..attention.shapes import spec_shape
 from ..engines import ConfigurationSpec
 from . import machineprobe
 from .prompts import check_counts
@@ -72,6 +78,31 @@ def probe(settings: dict) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"the machine probe exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
     return json.loads(proc.stdout)
+
+
+def kernel_probe(settings: dict) -> dict:
+    """The kernel call (module docstring), in a process of its own (longctx.attention.kernelprobe): each call's
+    seconds and their median."""
+    proc = subprocess.run([sys.executable, "-m", "longctx.attention.kernelprobe", json.dumps(settings)],
+                          capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the kernel call exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+    return json.loads(proc.stdout)
+
+
+def kernel_settings(spec: ConfigurationSpec, session) -> dict | None:
+    """What the kernel call at each point is (kernel_probe's settings), None where the configuration's kernel is
+    not native (no kernel, or a PyTorch one: no rule bench_kernel times it alone) or the metronome's kernel call is
+    off (metronome.kernel.calls 0)."""
+    settings = (spec.metronome or {}).get("kernel") or {}
+    if not spec.kernel_build or not settings.get("calls"):
+        return None
+    manifest = Path(spec.kernel_build) / "manifest.json"
+    if not manifest.is_file() or json.loads(manifest.read_text()).get("kind") != "native":
+        return None
+    shape = spec_shape(spec.name, session.adapter.model_spec(spec.model, spec.args))
+    return {"kernel_dir": spec.kernel_build, "shape": dataclasses.asdict(shape), "length": settings["length"],
+            "calls": settings["calls"]}
 
 
 def requests(session, spec: ConfigurationSpec, run_id: str, point: str) -> tuple[list[dict], str | None]:
@@ -153,6 +184,13 @@ class Metronome:
             log.exception("%s: metronome probe at %s", spec.name, point)
             reading["probe"] = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
         try:
+            kernel = kernel_settings(spec, session)
+            if kernel is not None:
+                reading["kernel"] = kernel_probe(kernel)
+        except Exception as exc:  # noqa: BLE001 - as above
+            log.exception("%s: metronome kernel call at %s", spec.name, point)
+            reading["kernel"] = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+        try:
             if session.alive():
                 done, why = requests(session, spec, self.common["run_id"], point)
             else:
@@ -167,6 +205,8 @@ class Metronome:
                                             f"requests: {b}" for b in bad]
         if reading["probe"].get("status") == "failed":
             reasons.append(f"the machine probe failed: {reading['probe']['reason']}")
+        if (reading.get("kernel") or {}).get("status") == "failed":
+            reasons.append(f"the kernel call failed: {reading['kernel']['reason']}")
         reading.update(requests=done, ttft_s=_median([r.get("ttft_s") for r in ok]),
                        tpot_s=_median([r.get("tpot_s") for r in ok]),
                        status="ok" if not reasons else ("partial" if ok or "median_s" in reading["probe"] else "failed"),
@@ -174,9 +214,10 @@ class Metronome:
         self.readings.append(reading)
         self.write()
         ms = lambda x: f"{x * 1e3:.3g} ms" if x is not None else "--"  # noqa: E731
-        progress.info("%s: metronome %s: request TTFT %s, TPOT %s; machine probe %s%s", spec.name,
+        kernel = f"; kernel call {ms(reading['kernel'].get('median_s'))}" if "kernel" in reading else ""
+        progress.info("%s: metronome %s: request TTFT %s, TPOT %s; machine probe %s%s%s", spec.name,
                       point.replace("_", " "), ms(reading["ttft_s"]), ms(reading["tpot_s"]),
-                      ms(reading["probe"].get("median_s")), f" ({reading['reason']})" if reading["reason"] else "")
+                      ms(reading["probe"].get("median_s")), kernel, f" ({reading['reason']})" if reading["reason"] else "")
 
     def write(self) -> None:
         settings = self.spec.metronome

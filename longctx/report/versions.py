@@ -174,13 +174,16 @@ def kept_source(versions_dir: str | Path, sha: str) -> bytes | None:
 # What a version keeps of a metronome reading (longctx.measure.metronome), and of each of its requests and its probe
 READING_KEYS = ("point", "run_id", "started_at", "t_s", "status", "ttft_s", "tpot_s", "server_start")
 PROBE_KEYS = ("median_s", "seconds", "threads", "cpus", "matmul_size", "copy_mib")
+KERNEL_KEYS = ("median_s", "seconds", "build_hash", "device", "length", "status", "reason")
 
 
 def kept_reading(r: dict) -> dict:
-    """A metronome reading as a version keeps it: its figures, each request's TTFT and TPOT, the probe's seconds."""
+    """A metronome reading as a version keeps it: its figures, each request's TTFT and TPOT, the probe's seconds, the
+    kernel call's where it has one."""
     return {**{k: r.get(k) for k in READING_KEYS},
             "requests": [{k: q.get(k) for k in ("status", "ttft_s", "tpot_s")} for q in r.get("requests") or []],
-            "probe": {k: (r.get("probe") or {}).get(k) for k in PROBE_KEYS}}
+            "probe": {k: (r.get("probe") or {}).get(k) for k in PROBE_KEYS},
+            **({"kernel": {k: r["kernel"].get(k) for k in KERNEL_KEYS}} if r.get("kernel") else {})}
 
 
 def register(versions_dir: str | Path, record: dict, pdf: str | Path) -> Path:
