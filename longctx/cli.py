@@ -517,7 +517,8 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_aggregate)
 
     s = sub.add_parser("aggregate-load", help="raw load.json files -> load_requests.csv, load_interference.csv, load_metrics.csv")
-    s.add_argument("--out-requests", required=True, help="data/load_requests.csv: a row per closed- or open-loop request (and per wake-probe request)")
+    s.add_argument("--out-requests", required=True, help="data/load_requests.csv: a row per closed- or open-loop request (and per wake-probe request, and per "
+                   "sweep twin beside a loop of one)")
     s.add_argument("--out-interference", required=True, help="data/load_interference.csv: a row per victim per trial")
     s.add_argument("--out-metrics", required=True, help="data/load_metrics.csv: the server's samples and the client's resident tokens")
     s.add_argument("raw", nargs="+", help="data/raw/<configuration>/load.json (a missing or unreadable one is a failed row)")

@@ -17,8 +17,10 @@ kernel is native, the kernel call (the median seconds of a call of it at a fixed
   sides were measured could have moved either side by up to D, so the error of the thing compared (the model's, the
   stages') lies between (1 + error) / D - 1 and (1 + error) x D - 1: it passes where that whole range is within
   the tolerance, fails where none of it is, and is inconclusive otherwise (an error within the drift always is).
-- lone_request(...): the sweep's lone request against the load stage's closed loop of one at the same length, read
-  against the drift of the readings around the two (through_load).
+- lone_request(...): the sweep's lone request against the load stage's closed loop of one at the same length: where
+  the load stage sent the sweep's lone request just before and after the loop (interleaved), against the drift
+  between those two blocks; else the sweep's own trials against the drift of the readings around the two stages
+  (through_load).
 """
 
 from __future__ import annotations
@@ -58,19 +60,20 @@ def _spread(values: list[tuple[str, float]]) -> dict | None:
             "n": len(values)}
 
 
-def _figure(spreads: dict[str, dict], where: str, left_out: str | None = None) -> dict | None:
+def _figure(spreads: dict[str, dict], where: str, left_out: str | None = None, source: str = "metronome") -> dict | None:
     if not spreads:
         return None
     worst = max(spreads, key=lambda k: spreads[k]["ratio"])
     drift = spreads[worst]["ratio"] - 1
     parts = [f"{SERIES[k][0]} 1.00 to {s['ratio']:.2f} ({s['fastest']} to {s['slowest']})" for k, s in
              sorted(spreads.items(), key=lambda kv: -kv[1]["ratio"])]
-    words = (f"the machine moved by up to {drift:.0%} {where} (metronome: {'; '.join(parts)}"
+    words = (f"the machine moved by up to {drift:.0%} {where} ({source}: {'; '.join(parts)}"
              + (f"; {left_out}" if left_out else "") + ")")
     return {"drift": drift, "worst": worst, "series": spreads, "words": words}
 
 
-def within(readings: list[dict] | None, points: tuple[str, ...] | None = None, where: str = "within the run") -> dict | None:
+def within(readings: list[dict] | None, points: tuple[str, ...] | None = None, where: str = "within the run",
+           source: str = "metronome") -> dict | None:
     """The drift of one run (module docstring) over its readings (those at `points`, where given): {"drift": the
     fraction, "worst": the series that gave it, "series": {series: its ratio, fastest and slowest figures and
     points}, "points": readings used, "words", saying `where` (over the runs measured, where the readings are of
@@ -83,7 +86,8 @@ def within(readings: list[dict] | None, points: tuple[str, ...] | None = None, w
                   for r in rs if (v := value(r, key)) is not None]
         if (s := _spread(values)) is not None:
             spreads[key] = s
-    figure = _figure(spreads, where if len(runs) <= 1 else f"{where}, over the {len(runs)} runs measured")
+    figure = _figure(spreads, where if len(runs) <= 1 else f"{where}, over the {len(runs)} runs measured",
+                     source=source)
     if figure is not None:
         figure["points"] = len(rs)
     return figure
@@ -158,33 +162,56 @@ def verdict(error: float, drift: float | None, tolerance: float = 0.0, what: str
             "tolerance": tolerance, "words": words}
 
 
+BESIDE_LOOP = "over the loop of one"  # where the sweep's twins (before and after the loop) are
+
+
+def twin_drift(twins: dict) -> dict | None:
+    """The drift over the load stage's closed loop of one at a length, from the sweep's lone request sent just before
+    it and just after it (analysis.load_summary.sweep_twins: each side's medians): the ratio of the slower side to the
+    faster, per request figure, as within() reads the metronome's points. None without both sides."""
+    sides = [{"point": f"{side} the loop", "ttft_s": (twins.get(side) or {}).get("ttft"),
+              "tpot_s": (twins.get(side) or {}).get("tpot")} for side in ("before", "after")]
+    return within(sides, where=BESIDE_LOOP, source="the sweep's lone request before and after it")
+
+
 def lone_request(results: pd.DataFrame, load: dict | None, readings: list[dict] | None) -> dict:
-    """One configuration's lone request measured twice: by the sweep (its single-request trials at a length, results.csv)
-    and by the load stage (its closed loop of one at that length, load.json's p50), minutes apart. Per such length
-    {"length", "sweep": {q: median, "n"}, "load": {q: p50, "n"}, "ratio": {q: load over sweep}, "verdicts": {q:
-    verdict(ratio - 1, drift)}}, and the drift they were measured under (within of through_load's readings); the
-    stages measure the same request, so there is no tolerance: a difference beyond the drift is the stages'."""
+    """One configuration's lone request measured twice: by the sweep and by the load stage (its closed loop of one at
+    that length, load.json's p50). Where the load stage sent the sweep's lone request just before and just after the
+    loop (load.json's sweep_twins: the sweep's code, interleaved with the loop), that is the sweep's side, and the
+    drift it is read against is the one between those two blocks (twin_drift), seconds apart; else the sweep's own
+    trials at the length (results.csv), minutes before, against the drift of the metronome's readings around the two
+    stages (within of through_load). Per such length {"length", "interleaved", "sweep": {q: median, "n"}, "load": {q:
+    p50, "n"}, "ratio": {q: load over sweep}, "drift": the figure read against, "verdicts": {q: verdict(ratio - 1,
+    drift)}}, and the metronome's figure; the stages measure the same request, so there is no tolerance: a
+    difference beyond the drift is the stages'."""
     figure = within(through_load(readings), where=AROUND_LOAD)
-    drift = figure["drift"] if figure else None
     ok = results[results["status"].eq("ok") & pd.to_numeric(results["concurrency"], errors="coerce").eq(1)]
+    twins = {int(t["length"]): t for t in (load or {}).get("sweep_twins") or [] if t.get("n")}
     rows = []
     for p in (load or {}).get("closed") or []:
         if finite(p.get("level")) != 1:
             continue
         length = int(p["length"])
+        twin = twins.get(length)
         trials = ok[pd.to_numeric(ok["length"], errors="coerce").eq(length)]
-        if trials.empty:
+        if twin is None and trials.empty:
             continue
-        row = {"length": length, "sweep": {"n": int(len(trials))}, "load": {"n": p.get("n")}, "ratio": {}, "verdicts": {}}
+        moved = twin_drift(twin) if twin is not None else figure
+        row = {"length": length, "interleaved": twin is not None,
+               "sweep": {"n": twin["n"] if twin is not None else int(len(trials))}, "load": {"n": p.get("n")},
+               "ratio": {}, "drift": moved, "verdicts": {}}
         for q in QUANTITIES:
-            swept = pd.to_numeric(trials[f"{q}_s"], errors="coerce").dropna()
+            if twin is not None:
+                row["sweep"][q] = twin.get(q)
+            else:
+                swept = pd.to_numeric(trials[f"{q}_s"], errors="coerce").dropna()
+                row["sweep"][q] = float(swept.median()) if len(swept) else None
             loaded = finite(((p.get(q) or {}).get("p50") or {}).get("value"))
-            row["sweep"][q] = float(swept.median()) if len(swept) else None
             row["load"][q] = loaded
             if row["sweep"][q] and loaded:
                 row["ratio"][q] = loaded / row["sweep"][q]
-                row["verdicts"][q] = (verdict(row["ratio"][q] - 1, drift, 0.0, "the difference") if drift is not None
-                                      else None)
+                row["verdicts"][q] = (verdict(row["ratio"][q] - 1, moved["drift"], 0.0, "the difference")
+                                      if moved is not None else None)
         if row["ratio"]:
             rows.append(row)
     return {"rows": rows, "drift": figure}

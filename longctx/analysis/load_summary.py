@@ -39,7 +39,7 @@ from ..core.fitting import percentile_interval, resamples
 from ..core.numbers import finite, json_plain
 from ..specs.pool import observed_pool
 from .fits import bootstrap_settings
-from .load import CLIENT_HIGH, CLIENT_LOW, INTERFERENCE_COLUMNS, METRICS_COLUMNS, REQUEST_COLUMNS
+from .load import CLIENT_HIGH, CLIENT_LOW, INTERFERENCE_COLUMNS, METRICS_COLUMNS, REQUEST_COLUMNS, TWIN_KIND
 from .memory import adapter_of
 from .slo import DEFAULT_SLO, frontier, goodput
 from .tables import failure_reasons
@@ -299,6 +299,23 @@ def wake(df: pd.DataFrame) -> dict | None:
     return {"length": int(pd.to_numeric(ok["length"], errors="coerce").dropna().iloc[0]), "points": rows}
 
 
+def sweep_twins(df: pd.DataFrame) -> list[dict]:
+    """Per length, the sweep's lone request sent just before and just after the closed loop of one there
+    (longctx.measure.loadrun.sweep_twins): the requests sent, those that succeeded (n), their median TTFT and TPOT
+    (seconds), and each side's ("before", "after": its n and medians)."""
+    def medians(rows: pd.DataFrame) -> dict:
+        return {q: (float(v.median()) if len(v := pd.to_numeric(rows[f"{q}_s"], errors="coerce").dropna()) else None)
+                for q in ("ttft", "tpot")}
+
+    out = []
+    for length, g in df.groupby("length", sort=True):
+        ok = g[g["status"].eq("ok")]
+        out.append({"length": int(length), "sent": int(len(g)), "n": int(len(ok)), **medians(ok),
+                    **{side: {"n": int(ok["twin"].eq(side).sum()), **medians(ok[ok["twin"].eq(side)])}
+                       for side in ("before", "after")}})
+    return out
+
+
 def _share(ok: pd.DataFrame, n_boot: int, level: float, rng) -> dict:
     """How much of the injected prompt's own prefill the streams lose: extra = share x its TTFT, least squares
     through the origin over the victims, with a bootstrap interval. Near 1: they wait through every chunk
@@ -388,6 +405,7 @@ def analyze_load(requests: pd.DataFrame, interference_df: pd.DataFrame, metrics:
                                for c in ("ttft_s", "itl_max_s", "tpot_s")}  # the frontier's model scales by them
                 conf[kind].append(p)
         conf["wake"] = wake(r[r["kind"] == "wake"])
+        conf["sweep_twins"] = sweep_twins(r[r["kind"] == TWIN_KIND])
         i = interference_df[interference_df["configuration"] == name]
         conf["interference"] = interference(i, st, name) if len(i) else {"points": [], "fit": None}
         entry, memory = _entry(provenance, name), _entry(planner, name).get("memory") or {}

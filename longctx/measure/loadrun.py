@@ -11,6 +11,7 @@ import httpx
 from ..specs.pool import observed_pool
 from .load import LoadContext, background_tokens, describe, failed_point, log, new_client, point_key, run_point
 from .points import measure_points
+from .protocol import one_request
 from .wake import wake_probe, wake_wanted
 
 
@@ -67,10 +68,32 @@ def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, f
                     return await wake_probe(ctx, length)
                 return await run_point(ctx, kind, length, level, chunk, bg)
 
-        return asyncio.run(run())
+        twins = load["closed"].get("sweep_twins", 0) if kind == "closed" and level == 1 else 0
+        before = sweep_twins(session, spec, length, f"{run_id}/{spec.name}/load/twin/L{length}/before", twins,
+                             timeout(length, 1))
+        point = asyncio.run(run())
+        if twins:
+            point["sweep_twins"] = before + sweep_twins(session, spec, length,
+                                                        f"{run_id}/{spec.name}/load/twin/L{length}/after", twins,
+                                                        timeout(length, 1), "after")
+        return point
 
     return measure_points(session, spec.name, points(load), point_key, measure, lambda item, why: failed_point(*item, why),
                           describe, keep, kept, retries)
+
+
+def sweep_twins(session, spec, length: int, tag: str, n: int, timeout_s: float, side: str = "before") -> list[dict]:
+    """The sweep's lone request (measure.protocol.one_request, the sweep's own code), n times at `length`, just before
+    or just after the load stage's closed loop of one there (`side`): the sweep's side of the comparison of the two,
+    measured beside the loop so that whatever the machine does over the minutes between the stages cancels. Each
+    summary says its side and index; none after a flush that found the server gone quiet."""
+    out = []
+    for i in range(n):
+        summary = one_request(session, spec, length, f"{tag}/{i}", timeout_s)
+        if summary is None:
+            break
+        out.append({**summary, "twin": side, "index": i})
+    return out
 
 
 def points(load: dict) -> list[tuple[str, int, float]]:

@@ -36,7 +36,7 @@ def lone_requests(df: pd.DataFrame, load: dict, provenance: dict, order: list[st
     """Per configuration measured under load, the lone request of the sweep against the load stage's closed loop of
     one at the same length (longctx.analysis.drift.lone_request) as the load section prints it: {"any",
     "configurations": [{"name", "rows": [{"length", per quantity its sweep and load medians (ms), ratio and verdict
-    words}], "drift_words"}]}."""
+    words}], "drift_words": what each row is read against}]}."""
     confs = (load or {}).get("configurations") or {}
     entries = (provenance or {}).get("configurations") or {}
     names = [n for n in order if n in confs] + sorted(n for n in confs if n not in order)
@@ -56,7 +56,12 @@ def lone_requests(df: pd.DataFrame, load: dict, provenance: dict, order: list[st
                           "verdict": VERDICT[v["verdict"]] if v else ("--" if q not in r["ratio"] else "no drift measured"),
                           "words": v["words"] if v else None}
             rows.append(row)
-        out.append({"name": name, "rows": rows,
-                    "drift_words": cmp["drift"]["words"] if cmp["drift"] else
-                    "no metronome readings around the two stages: the comparison is not read against the machine's drift"})
+        said = [f"at {r['length']:,} tokens, the sweep's lone request sent just before and after the loop of one: "
+                + (r["drift"]["words"] if r["drift"] else "too few of them for a drift figure")
+                for r in cmp["rows"] if r["interleaved"]]
+        if not all(r["interleaved"] for r in cmp["rows"]):
+            said.append(("the sweep's own trials, minutes before the loop: " if said else "")
+                        + (cmp["drift"]["words"] if cmp["drift"] else "no metronome readings around the two stages: "
+                           "the comparison is not read against the machine's drift"))
+        out.append({"name": name, "rows": rows, "drift_words": "; ".join(said)})
     return {"any": bool(out), "configurations": out}
