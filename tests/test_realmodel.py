@@ -217,9 +217,12 @@ def test_llamacpp_counted_and_timed_each_prompt_as_longctx_recorded(llamacpp_wor
     # every completion llama.cpp answered 200 left one record (the probe's token-id prompt was refused: no record)
     answered = re.findall(r'"POST /v1/completions HTTP/1\.1" (\d+)', llamacpp_workflow["log"])
     assert answered.count("200") == len(records), (answered, len(records))
-    # the load stage's requests come last, each whole (one completion at a time, none interrupted): set them aside
-    loaded = [r for w in json.loads((llamacpp_workflow["work"] / "data" / "raw" / "real" / "load.json").read_text())["workloads"]
-              for r in w["requests"]]
+    # the load stage's requests come last, each whole (one completion at a time, none interrupted), with the sweep's
+    # lone request sent just before and after the loop of one (load.closed.sweep_twins, 2 a side): set them aside
+    workloads = json.loads((llamacpp_workflow["work"] / "data" / "raw" / "real" / "load.json").read_text())["workloads"]
+    twins = [r for w in workloads for r in w.get("sweep_twins") or []]
+    assert [t["twin"] for t in twins] == ["before", "before", "after", "after"], twins
+    loaded = [r for w in workloads for r in w["requests"]] + twins
     assert all(r["completion_tokens"] == 8 and not r["early_stop"] for r in loaded), loaded
     # ... but for the metronome's last reading, after them (its requests of its own short length)
     last = metronome(llamacpp_workflow["work"], points=("end",))
