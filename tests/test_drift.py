@@ -143,11 +143,11 @@ def test_the_sweeps_lone_request_against_the_load_stages_is_read_against_the_dri
 
 def test_the_sweeps_lone_request_sent_beside_the_loop_is_its_side_and_its_two_blocks_the_drift():
     """Issue 53, item 7: where the load stage sent the sweep's lone request just before and just after the loop of one
-    (load.closed.sweep_twins), those are the sweep's side, read against the drift between the two blocks; the sweep's
+    (load.sweep_twins), those are the sweep's side, read against the drift between the two blocks; the sweep's
     own trials (minutes before, and here 1.5 times slower) and the metronome's readings are not used."""
-    load = {**_load(0.0165), "sweep_twins": [{"length": 128, "sent": 4, "n": 4, "ttft": 0.0160, "tpot": 0.002,
-                                              "before": {"n": 2, "ttft": 0.0155, "tpot": 0.002},
-                                              "after": {"n": 2, "ttft": 0.0170, "tpot": 0.002}}]}
+    twins = {"sent": 4, "n": 4, "ttft": 0.0160, "tpot": 0.002, "before": {"n": 2, "ttft": 0.0155, "tpot": 0.002},
+             "after": {"n": 2, "ttft": 0.0170, "tpot": 0.002}}
+    load = {"closed": [{**_load(0.0165)["closed"][0], "sweep_twins": twins}]}
     cmp = lone_request(_results([0.010, 0.011, 0.012]), load, RUN)
     (row,) = cmp["rows"]
     assert row["interleaved"] and row["sweep"] == {"n": 4, "ttft": 0.016, "tpot": 0.002}
@@ -155,10 +155,10 @@ def test_the_sweeps_lone_request_sent_beside_the_loop_is_its_side_and_its_two_bl
     assert row["ratio"]["ttft"] == pytest.approx(16.5 / 16.0)
     assert row["drift"]["drift"] == pytest.approx(17.0 / 15.5 - 1) and row["verdicts"]["ttft"]["verdict"] == "inconclusive"
     assert row["drift"]["words"].startswith("the machine moved by up to 10% over the loop of one (the sweep's lone "
-                                            "request before and after it: request TTFT 1.00 to 1.10 (before the loop to "
-                                            "after the loop)")
+                                            "request before and after it: request TTFT 1.00 to 1.10 (before the loop of "
+                                            "one to after the loop of one)")
     # a loop 1.5 times the blocks around it: beyond their 9.7%, the stages differ
-    (row,) = lone_request(_results([0.010]), {**load, "closed": _load(0.024)["closed"]}, RUN)["rows"]
+    (row,) = lone_request(_results([0.010]), {"closed": [{**_load(0.024)["closed"][0], "sweep_twins": twins}]}, RUN)["rows"]
     assert row["ratio"]["ttft"] == pytest.approx(1.5) and row["verdicts"]["ttft"]["verdict"] == "fail"
     # the report says what each row was read against
     from longctx.report.drift import lone_requests

@@ -254,7 +254,7 @@ def test_load_config_is_validated_and_cut_per_configuration():
     base["load"] = {"lengths": [128], "closed": {"concurrency": [2]}}
     c = lcfg.validate(base)  # tiny.yaml's page16 says load: false
     page1 = lcfg.configuration_spec(c, "page1")
-    assert page1.load["closed"] == {"concurrency": [2], "requests": 8, "duration_s": None, "sweep_twins": 2}
+    assert page1.load["closed"] == {"concurrency": [2], "requests": 8, "duration_s": None}
     assert page1.load["open"]["arrival"] == "poisson" and page1.load["metrics"]["enabled"]
     assert lcfg.configuration_spec(c, "page16").load is None
     # the metrics are turned on in the server's command line where the workloads scrape them

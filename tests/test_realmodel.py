@@ -218,7 +218,7 @@ def test_llamacpp_counted_and_timed_each_prompt_as_longctx_recorded(llamacpp_wor
     answered = re.findall(r'"POST /v1/completions HTTP/1\.1" (\d+)', llamacpp_workflow["log"])
     assert answered.count("200") == len(records), (answered, len(records))
     # the load stage's requests come last, each whole (one completion at a time, none interrupted), with the sweep's
-    # lone request sent just before and after the loop of one (load.closed.sweep_twins, 2 a side): set them aside
+    # lone request sent just before and after the loop of one (load.sweep_twins, 2 a side): set them aside
     workloads = json.loads((llamacpp_workflow["work"] / "data" / "raw" / "real" / "load.json").read_text())["workloads"]
     twins = [r for w in workloads for r in w.get("sweep_twins") or []]
     assert [t["twin"] for t in twins] == ["before", "before", "after", "after"], twins

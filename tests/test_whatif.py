@@ -443,3 +443,45 @@ def test_settings_that_differ_only_in_a_chunk_that_changes_nothing_are_one_row()
                                     "chunk_effect": chunk_effect(out, rules, k)}}, "grid": g}
     (c,) = view(doc, ["x"], {})["configurations"]
     assert [s["chunk_words"] for s in c["settings"]] == ["1,024", "8,192, 16,384"]
+
+
+def test_the_model_set_to_the_lone_request_beside_each_point_checks_what_it_adds_whatever_the_machine_did():
+    """Issue 53, item 7: the machine ran the load stage 1.6 times slower in prefill and 1.3 times in decode than during
+    the sweep the model was fitted on (the truth: every cost so scaled, r = 0.5 ms). Where the load stage sent the
+    sweep's lone request beside each point (its sweep_twins: a lone request of the slower machine, TTFT by hand
+    1.6 (a + b L + c L^2)), the model is set to them first (anchor: factors 1.6 and 1.3 found again), r is fitted on
+    that model (0.5 ms in the sweep's units, found again), and the loop of 4 is predicted within 1%; without the twins
+    the check measures the machine: TTFT about 1/1.6 - 1 off. Each anchored row is read against the drift between its
+    two blocks (here 4%), not the metronome's."""
+    from longctx.analysis.whatif import anchor, calibrate_r, check, quoted, scaled
+
+    rules = Rules(PREFILL_FIRST, chunk=8192)
+    L = 1000
+    truth = scaled(K, ttft=1.6, tpot=1.3)  # K's r (0.5 ms) times 1.3 too
+    (alone,), _ = simulate(truth, rules, [(0.0, L, 17)])
+    assert alone["ttft"] == pytest.approx(1.6 * (K.a + K.b * L + K.c * L * L), rel=1e-12)
+    twins = {"n": 4, "ttft": alone["ttft"], "tpot": alone["tpot"], "output_tokens": 17,
+             "before": {"n": 2, "ttft": alone["ttft"] * 0.98, "tpot": alone["tpot"]},
+             "after": {"n": 2, "ttft": alone["ttft"] * 1.02, "tpot": alone["tpot"]}}
+    two, four = ({**_closed_point(truth, rules, c, L), "sweep_twins": twins} for c in (2, 4))
+    k = anchor(K, rules, four)
+    assert k["ttft"] == pytest.approx(1.6, rel=1e-3) and k["tpot"] == pytest.approx(1.3, rel=1e-3)
+    sweep = dataclasses.replace(K, r=0.0)
+    r, _ = calibrate_r(sweep, rules, [two, four])
+    assert r == pytest.approx(K.r, rel=0.05)
+    rows = check(dataclasses.replace(K, r=r), [], rules, {"closed": [four]}, None, None, {})
+    p50 = {x["quantity"]: x for x in rows if x["which"] == "p50"}
+    assert abs(p50["ttft"]["error"]) < 0.01 and abs(p50["tpot"]["error"]) < 0.01, p50
+    assert p50["ttft"]["anchor"]["ttft"] == pytest.approx(1.6, rel=1e-3)
+    # the drift between the blocks, 1.02 / 0.98: 4%, and a pass within it; the metronome's 30% is not used
+    metronome = [{"point": "start", "probe": {"median_s": 0.040}}, {"point": "after_sweep", "probe": {"median_s": 0.052}}]
+    q = quoted(rows, metronome)
+    assert q["anchored"] == 4 and q["drift"]["drift"] == pytest.approx(1.02 / 0.98 - 1)
+    assert q["metronome"]["drift"] == pytest.approx(0.3) and q["verdict"]["verdict"] == "pass"
+    assert q["drift"]["words"].startswith("the machine moved by up to 4% over the closed loop of 4 at 1,000 tokens")
+    # without the twins: the model of the sweep against the slower machine
+    bare = {k_: v for k_, v in four.items() if k_ != "sweep_twins"}
+    rows = check(dataclasses.replace(K, r=r), [], rules, {"closed": [bare]}, None, None, {})
+    (ttft,) = [x for x in rows if x["which"] == "p50" and x["quantity"] == "ttft"]
+    assert ttft["anchor"] is None and ttft["error"] < 1 / 1.6 - 1 + 0.1
+    assert quoted(rows, metronome)["drift"]["drift"] == pytest.approx(0.3)

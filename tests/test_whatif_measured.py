@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 
 NAME = "page1-scattered"
 L = 1024
-CLOSED = {"duration_s": None, "sweep_twins": 4}
+CLOSED = {"duration_s": None}
 ASKED = {"max_running_requests": [2], "chunked_prefill_size": [1024], "concurrency": [4], "rates": [],
          "lengths": [2048], "output_tokens": 16, "requests": 8}
 
@@ -57,7 +57,8 @@ def spec_of(lengths, trials, load, **args):
 def run(tmp_path_factory):
     work = tmp_path_factory.mktemp("whatif-measured")
     raw = work / "raw" / NAME
-    spec = spec_of([L, 2048, 4096], 8, {"lengths": [L], "output_tokens": 16, "closed": {**CLOSED, "concurrency": [1, 2], "requests": 8}})
+    spec = spec_of([L, 2048, 4096], 8, {"lengths": [L], "output_tokens": 16, "sweep_twins": 4,
+                                        "closed": {**CLOSED, "concurrency": [1, 2], "requests": 8}})
     spec = replace(spec, protocol={**spec.protocol, "itl_depth": {"length": 4096, "output_tokens": 2}})
     assert run_configuration(spec, raw, work / "server.log") == 0
     files = sorted(str(p) for p in raw.glob("*.json"))
@@ -82,7 +83,7 @@ def test_a_request_measured_by_the_sweep_and_by_the_load_stage_agrees(run):
     (alone,) = [w for w in doc["workloads"] if w["kind"] == "closed" and w["concurrency"] == 1]
     loaded = [r["ttft_s"] for r in alone["requests"] if r["status"] == "ok"]
     # the sweep's side: its lone request (the sweep's code) sent 4 times just before the loop and 4 just after it
-    # (load.closed.sweep_twins), interleaved with the loop so that the machine's move over the minutes between the
+    # (load.sweep_twins), interleaved with the loop so that the machine's move over the minutes between the
     # two stages cancels (issue 53, item 7); the sweep's own trials were minutes before
     twins = alone["sweep_twins"]
     assert [t["twin"] for t in twins] == ["before"] * 4 + ["after"] * 4 and all(t["status"] == "ok" for t in twins)
@@ -113,7 +114,8 @@ def test_the_grids_answer_at_a_setting_not_measured_holds_when_it_is_measured(ru
     (setting,) = c["whatif"]
     assert (setting["max_running_requests"], setting["chunked_prefill_size"]) == (2, 1024)
     (point,) = [p for p in setting["points"] if p.get("concurrency") == 4]
-    spec = spec_of([2048], 3, {"lengths": [2048], "output_tokens": 16, "closed": {**CLOSED, "concurrency": [4], "requests": 8}},
+    spec = spec_of([2048], 3, {"lengths": [2048], "output_tokens": 16, "sweep_twins": 0,
+                               "closed": {**CLOSED, "concurrency": [4], "requests": 8}},
                    **{"max-running-requests": 2, "chunked-prefill-size": 1024})
     out = run["work"] / "asked"
     assert run_configuration(spec, out, run["work"] / "asked.log") == 0

@@ -311,7 +311,11 @@ def test_every_measured_run_has_its_metronome_and_its_drift_in_the_report(workfl
     whatif = json.loads((workflow / "data" / "whatif.json").read_text())["configurations"]["page1"]
     words = whatif["drift"]["drift"]["words"]
     assert words.startswith("the machine moved by up to") and words in md
-    assert "were measured minutes apart, and the machine moved by up to" in text
+    # page1's load points were each bracketed by the sweep's lone request (load.sweep_twins): the model is set to
+    # them, point by point, and read against the drift between the two blocks of each (issue 53, item 7)
+    assert whatif["drift"]["anchored"] > 0 and all(r["anchor"] for r in whatif["check"] if r["kind"] != "interference")
+    assert "so that its calibration and its check points are measured seconds apart, alternately, and the machine " \
+           "moved by up to" in text
 
 
 def test_the_reused_context_workloads_are_measured_analysed_and_reported(workflow):

@@ -162,22 +162,19 @@ def verdict(error: float, drift: float | None, tolerance: float = 0.0, what: str
             "tolerance": tolerance, "words": words}
 
 
-BESIDE_LOOP = "over the loop of one"  # where the sweep's twins (before and after the loop) are
-
-
-def twin_drift(twins: dict) -> dict | None:
-    """The drift over the load stage's closed loop of one at a length, from the sweep's lone request sent just before
-    it and just after it (analysis.load_summary.sweep_twins: each side's medians): the ratio of the slower side to the
-    faster, per request figure, as within() reads the metronome's points. None without both sides."""
-    sides = [{"point": f"{side} the loop", "ttft_s": (twins.get(side) or {}).get("ttft"),
+def twin_drift(twins: dict, what: str = "loop of one") -> dict | None:
+    """The drift over one load point, from the sweep's lone request sent just before it and just after it
+    (analysis.load_summary.sweep_twins: each side's medians): the ratio of the slower side to the faster, per request
+    figure, as within() reads the metronome's points. None without both sides."""
+    sides = [{"point": f"{side} the {what}", "ttft_s": (twins.get(side) or {}).get("ttft"),
               "tpot_s": (twins.get(side) or {}).get("tpot")} for side in ("before", "after")]
-    return within(sides, where=BESIDE_LOOP, source="the sweep's lone request before and after it")
+    return within(sides, where=f"over the {what}", source="the sweep's lone request before and after it")
 
 
 def lone_request(results: pd.DataFrame, load: dict | None, readings: list[dict] | None) -> dict:
     """One configuration's lone request measured twice: by the sweep and by the load stage (its closed loop of one at
     that length, load.json's p50). Where the load stage sent the sweep's lone request just before and just after the
-    loop (load.json's sweep_twins: the sweep's code, interleaved with the loop), that is the sweep's side, and the
+    loop (load.json's point's sweep_twins: the sweep's code, interleaved with the loop), that is the sweep's side, and the
     drift it is read against is the one between those two blocks (twin_drift), seconds apart; else the sweep's own
     trials at the length (results.csv), minutes before, against the drift of the metronome's readings around the two
     stages (within of through_load). Per such length {"length", "interleaved", "sweep": {q: median, "n"}, "load": {q:
@@ -186,13 +183,12 @@ def lone_request(results: pd.DataFrame, load: dict | None, readings: list[dict] 
     difference beyond the drift is the stages'."""
     figure = within(through_load(readings), where=AROUND_LOAD)
     ok = results[results["status"].eq("ok") & pd.to_numeric(results["concurrency"], errors="coerce").eq(1)]
-    twins = {int(t["length"]): t for t in (load or {}).get("sweep_twins") or [] if t.get("n")}
     rows = []
     for p in (load or {}).get("closed") or []:
         if finite(p.get("level")) != 1:
             continue
         length = int(p["length"])
-        twin = twins.get(length)
+        twin = p.get("sweep_twins") if (p.get("sweep_twins") or {}).get("n") else None
         trials = ok[pd.to_numeric(ok["length"], errors="coerce").eq(length)]
         if twin is None and trials.empty:
             continue

@@ -6,9 +6,9 @@
   Beside the contract's columns, `itl_list_s` keeps the request's per-token gaps as a JSON list (a
   chunk's gap divided among the tokens it carries, as StreamRecord.summary gives them): the point's ITL
   percentiles are taken over every token gap of its requests (longctx.analysis.slo), and the request's
-  own itl_p50/p99/max_s summarise the same list. The sweep's lone request sent just before and after a closed
-  loop of one (measure.loadrun.sweep_twins) is a row of kind `sweep_twin` with the loop's level and length, and
-  `twin` its side (before, after): no workload's figure counts it.
+  own itl_p50/p99/max_s summarise the same list. The sweep's lone request sent just before and after a closed-
+  or open-loop point (measure.loadrun.sweep_twins) is a row of kind `sweep_twin`, with the point's level and
+  length, `twin_of` the point's kind and `twin` its side (before, after): no workload's figure counts it.
 - data/load_interference.csv: one row per victim per trial of the interference probe. From the victim's
   event_times (offsets from the workload's t0, like the injected request's sent_s): its gaps are the times
   between token-carrying events; steady_itl_s the median of the gaps that ended before the injected
@@ -44,9 +44,9 @@ REQUEST_COLUMNS = [
     "configuration", "kind", "level", "length", "index", "status", "reason", "scheduled_s", "sent_s",
     "schedule_lag_s", "ttft_s", "tpot_s", "itl_p50_s", "itl_p99_s", "itl_max_s", "e2e_s", "queue_s",
     "prompt_tokens", "completion_tokens", "output_tokens", "first_token_s", "last_token_s", "duration_s",
-    "itl_list_s", "service_ttft_s", "service_e2e_s", "idle_s", "twin",
+    "itl_list_s", "service_ttft_s", "service_e2e_s", "idle_s", "twin", "twin_of",
 ]
-TWIN_KIND = "sweep_twin"  # the rows of the sweep's lone request sent beside the closed loop of one (measure.loadrun)
+TWIN_KIND = "sweep_twin"  # the rows of the sweep's lone request sent beside a load point (measure.loadrun.sweep_twins)
 INTERFERENCE_COLUMNS = [
     "configuration", "length", "background", "background_length", "chunked_prefill_size", "trial", "victim",
     "status", "reason", "steady_itl_s", "worst_gap_s", "extra_s", "window_s", "injected_ttft_s",
@@ -311,9 +311,9 @@ def raw_rows(path: Path) -> tuple[list[dict], list[dict], list[dict]]:
         for r in rs:  # the wake probe's level is each request's idle gap as asked (its idle_s: as measured)
             requests.append(_request_row({**point, "level": r.get("gap_s")} if kind == "wake" else point, r))
         metrics += _metric_rows({**base, "trial": None}, w, rs, page, w.get("length"))
-        for r in w.get("sweep_twins") or []:  # kind, level 1 and length: those of the loop they were sent beside
-            requests.append(_request_row({**base, "kind": TWIN_KIND, "output_tokens": r.get("completion_tokens"),
-                                          "twin": r.get("twin")}, r))
+        for r in w.get("sweep_twins") or []:  # level and length: those of the point they were sent beside (twin_of)
+            requests.append(_request_row({**base, "kind": TWIN_KIND, "twin_of": kind,
+                                          "output_tokens": r.get("completion_tokens"), "twin": r.get("twin")}, r))
     return requests, interference, metrics
 
 

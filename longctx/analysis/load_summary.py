@@ -299,21 +299,20 @@ def wake(df: pd.DataFrame) -> dict | None:
     return {"length": int(pd.to_numeric(ok["length"], errors="coerce").dropna().iloc[0]), "points": rows}
 
 
-def sweep_twins(df: pd.DataFrame) -> list[dict]:
-    """Per length, the sweep's lone request sent just before and just after the closed loop of one there
-    (longctx.measure.loadrun.sweep_twins): the requests sent, those that succeeded (n), their median TTFT and TPOT
-    (seconds), and each side's ("before", "after": its n and medians)."""
-    def medians(rows: pd.DataFrame) -> dict:
-        return {q: (float(v.median()) if len(v := pd.to_numeric(rows[f"{q}_s"], errors="coerce").dropna()) else None)
+def sweep_twins(rows: pd.DataFrame) -> dict:
+    """The sweep's lone request sent just before and just after one load point at its length
+    (longctx.measure.loadrun.sweep_twins; `rows`, its rows of kind sweep_twin): the requests sent, those that
+    succeeded (n), their median TTFT and TPOT (seconds), the tokens they decoded, and each side's ("before", "after":
+    its n and medians)."""
+    def medians(part: pd.DataFrame) -> dict:
+        return {q: (float(v.median()) if len(v := pd.to_numeric(part[f"{q}_s"], errors="coerce").dropna()) else None)
                 for q in ("ttft", "tpot")}
 
-    out = []
-    for length, g in df.groupby("length", sort=True):
-        ok = g[g["status"].eq("ok")]
-        out.append({"length": int(length), "sent": int(len(g)), "n": int(len(ok)), **medians(ok),
-                    **{side: {"n": int(ok["twin"].eq(side).sum()), **medians(ok[ok["twin"].eq(side)])}
-                       for side in ("before", "after")}})
-    return out
+    ok = rows[rows["status"].eq("ok")]
+    out = pd.to_numeric(ok["completion_tokens"], errors="coerce").dropna()
+    return {"sent": int(len(rows)), "n": int(len(ok)), **medians(ok),
+            "output_tokens": int(out.median()) if len(out) else None,
+            **{side: {"n": int(ok["twin"].eq(side).sum()), **medians(ok[ok["twin"].eq(side)])} for side in ("before", "after")}}
 
 
 def _share(ok: pd.DataFrame, n_boot: int, level: float, rng) -> dict:
@@ -400,12 +399,14 @@ def analyze_load(requests: pd.DataFrame, interference_df: pd.DataFrame, metrics:
                                 & pd.to_numeric(metrics["level"], errors="coerce").eq(level)
                                 & pd.to_numeric(metrics["length"], errors="coerce").eq(length)]
                     p["held"] = held_level(g[g["index"].notna()], int(level), m)
+                twins = r[r["kind"].eq(TWIN_KIND) & r["twin_of"].eq(kind) & r["level"].eq(level) & r["length"].eq(length)]
+                if len(twins):
+                    p["sweep_twins"] = sweep_twins(twins)
                 ok = g[g["status"].eq("ok") & g["index"].notna()]
                 p["_values"] = {c: pd.to_numeric(ok[c], errors="coerce").dropna().to_numpy()
                                for c in ("ttft_s", "itl_max_s", "tpot_s")}  # the frontier's model scales by them
                 conf[kind].append(p)
         conf["wake"] = wake(r[r["kind"] == "wake"])
-        conf["sweep_twins"] = sweep_twins(r[r["kind"] == TWIN_KIND])
         i = interference_df[interference_df["configuration"] == name]
         conf["interference"] = interference(i, st, name) if len(i) else {"points": [], "fit": None}
         entry, memory = _entry(provenance, name), _entry(planner, name).get("memory") or {}

@@ -15,9 +15,13 @@ settings nobody measured -> data/whatif.json.
   points only (leave one point out: left_out), so that no figure checked was fitted on. Per point the measured and
   predicted p50 and p90 of TTFT and TPOT (p90 only where the point has the samples for it:
   longctx.analysis.load_summary.MIN_SAMPLES) and the interference's worst stall, with the error predicted /
-  measured - 1. The headline: the median absolute error at p50. The check compares a model calibrated on the sweep with
-  load points measured minutes later, so it is read against the drift the run's metronome measured around the two
-  (longctx.analysis.drift: within the readings of through_load): each row's `verdict` and the headline's are pass,
+  measured - 1. The headline: the median absolute error at p50. The model is calibrated on the sweep, minutes before
+  the load points; where the load stage sent the sweep's lone request just before and just after a point
+  (load.sweep_twins), the model's lone request at that length is first set to what those measured (`anchor`: its
+  prefill costs and its decode costs each scaled), so that its calibration is interleaved with its check points
+  and a move of the machine between the stages cancels; the row is then read against the drift between its two
+  blocks. Any other row is read against the drift the run's metronome measured around the sweep and the load stage
+  (longctx.analysis.drift: within the readings of through_load). Each row's `verdict` and the headline's are pass,
   fail or inconclusive against TOLERANCE widened by that drift (`quoted`). A closed loop that did not hold its level
   (longctx.analysis.load_summary's `held`: the client kept off its CPUs) ran another workload than the one
   simulated: its rows say so and stay out of the headline and of r's fit.
@@ -47,7 +51,7 @@ from ..specs.pool import observed_pool
 from .load import page_size, victim_figures
 from .load_summary import min_samples
 from .memory import adapter_of, memory_model, pool_tokens
-from .drift import AROUND_LOAD, through_load, verdict, within
+from .drift import AROUND_LOAD, through_load, twin_drift, verdict, within
 from .simulate import TOKEN_BUDGET, Costs, Rules, simulate
 from .slo import goodput
 
@@ -115,6 +119,42 @@ def _run_closed(costs: Costs, rules: Rules, p: dict) -> list[dict]:
     return _closed(costs, rules, p["level"], p["n"], p["length"], _output(p), p.get("starts"))
 
 
+ANCHOR_ROUNDS = 3  # scalings toward the twins' lone request (each corrects what s, min(t0, a), and the chunks moved)
+
+
+def scaled(costs: Costs, ttft: float = 1.0, tpot: float = 1.0) -> Costs:
+    """The serving model with its prefill costs (a, b, c) times `ttft` and its decode costs (t0, beta, r) times `tpot`;
+    a pass's fixed cost s is min(t0, a) of the new ones, as `model` sets it."""
+    a, t0 = costs.a * ttft, costs.t0 * tpot
+    return dataclasses.replace(costs, a=a, b=costs.b * ttft, c=costs.c * ttft, t0=t0, beta=costs.beta * tpot,
+                               r=costs.r * tpot, s=min(t0, a))
+
+
+def anchor(costs: Costs, rules: Rules, p: dict) -> dict | None:
+    """The factors (`scaled`'s ttft and tpot) that make the model's lone request at a load point's length cost what the
+    sweep's lone request measured just before and just after that point (its sweep_twins, longctx.measure.loadrun:
+    their median TTFT and TPOT, at the tokens they decoded): the model's calibration taken beside each of its check
+    points instead of from the sweep minutes before, so that the machine's move between the two cancels and what is
+    checked is what the model adds (batching, scheduling, r). Found by scaling ANCHOR_ROUNDS times; r does not enter
+    (a lone request decodes alone). None where the point has no twins."""
+    t = p.get("sweep_twins") or {}
+    want = {q: finite(t.get(q)) for q in QUANTITIES}
+    if not t.get("n") or not all(want.values()):
+        return None
+    out = max(2, int(t.get("output_tokens") or _output(p)))
+    k = {"ttft": 1.0, "tpot": 1.0}
+    for _ in range(ANCHOR_ROUNDS):
+        (alone,) = _closed(scaled(costs, **k), rules, 1, 1, int(p["length"]), out)
+        if not alone.get("ttft") or not alone.get("tpot"):
+            return None
+        k = {q: k[q] * want[q] / alone[q] for q in QUANTITIES}
+    return k
+
+
+def _anchored(costs: Costs, k: dict | None) -> Costs:
+    return scaled(costs, **k) if k else costs
+
+
 def _requests_of(requests: pd.DataFrame, kind: str, p: dict) -> pd.DataFrame:
     """load_requests.csv's rows of one measured point."""
     return requests[(requests["kind"] == kind) & (requests["level"] == p["level"]) & (requests["length"] == p["length"])]
@@ -178,11 +218,13 @@ def calibrate_r(costs: Costs, rules: Rules, closed: list[dict], other: str = "")
     pts = r_points(closed)
     if not pts:
         return 0.0, f"0: no {other}closed-loop point held more than one request in flight"
+    ks = {id(p): anchor(costs, rules, p) for p in pts}  # each point's model at its own time (its twins), r aside
+
     def err(r: float) -> float:
         c = dataclasses.replace(costs, r=r)
         e = 0.0
         for p in pts:
-            pred = _summary(_run_closed(c, rules, p))["tpot"]["p50"]
+            pred = _summary(_run_closed(_anchored(c, ks[id(p)]), rules, p))["tpot"]["p50"]
             e += (np.log(pred) - np.log(p["tpot"]["p50"]["value"])) ** 2 if pred else 1e9
         return e
 
@@ -233,9 +275,13 @@ def _held_below(p: dict) -> str | None:
     return f"the loop held its {held.get('level')} requests {held['share']:.0%} of the time{stall}"
 
 
-def _row(kind: str, p: dict, predicted: dict, draws: list[dict], r_source: str | None) -> list[dict]:
+def _row(kind: str, p: dict, predicted: dict, draws: list[dict], r_source: str | None,
+         k: dict | None = None) -> list[dict]:
     rows = []
     excluded = _held_below(p) if kind == "closed" else None
+    what = {"closed": f"closed loop of {p['level']:g}", "open": f"open loop at {p['level']:g}/s"}[kind]
+    anchored = ({**k, "drift": twin_drift(p["sweep_twins"], f"{what} at {int(p['length']):,} tokens")}
+                if k is not None else None)
     for q in QUANTITIES:
         for which in ("p50", "p90"):
             m, v = _measured(p, q, which), predicted[q][which]
@@ -245,7 +291,7 @@ def _row(kind: str, p: dict, predicted: dict, draws: list[dict], r_source: str |
                          "low": float(np.quantile(d, 0.025)) if len(d) >= 10 else None,
                          "high": float(np.quantile(d, 0.975)) if len(d) >= 10 else None,
                          "error": v / m - 1 if m and v is not None else None,
-                         "r_left_out": r_source, "excluded": excluded})
+                         "r_left_out": r_source, "excluded": excluded, "anchor": anchored})
     return rows
 
 
@@ -268,7 +314,11 @@ def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: 
                 if not arrivals:
                     continue
                 run = lambda c, a=arrivals: _open(c, rules, a, p["length"], _output(p))  # noqa: E731
-            rows += _row(kind, p, _summary(run(own)), [_summary(run(c)) for c in own_draws[:DRAWS]], r_source)
+            k = anchor(own, rules, p)
+            if k is not None:  # each draw set to the same twins by its own factors
+                own_draws = [_anchored(d, kd) for d in own_draws[:DRAWS] if (kd := anchor(d, rules, p)) is not None]
+            rows += _row(kind, p, _summary(run(_anchored(own, k))), [_summary(run(c)) for c in own_draws[:DRAWS]],
+                         r_source, k)
     for p in (load.get("interference") or {}).get("points") or []:
         m = finite((p.get("worst_gap") or {}).get("value"))
         sel = inter[inter["length"] == p["length"]]
@@ -282,7 +332,8 @@ def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: 
                      "quantity": "worst_gap", "which": "p50", "measured": m, "predicted": v,
                      "low": float(np.quantile(d, 0.025)) if len(d) >= 10 else None,
                      "high": float(np.quantile(d, 0.975)) if len(d) >= 10 else None,
-                     "error": v / m - 1 if m and v is not None else None, "r_left_out": None, "excluded": None})
+                     "error": v / m - 1 if m and v is not None else None, "r_left_out": None, "excluded": None,
+                     "anchor": None})
     return rows
 
 
@@ -298,19 +349,34 @@ def errors(rows: list[dict]) -> dict:
 
 
 def quoted(rows: list[dict], readings: list[dict] | None) -> dict:
-    """The check read against the drift it was measured under (module docstring): the drift of the readings around
-    the sweep and the load stage (longctx.analysis.drift.within of through_load; None without a metronome), each
-    row's `verdict` (pass, fail or inconclusive: longctx.analysis.drift.verdict against TOLERANCE) and the
-    headline's: the verdict of the median figure at p50 (by the size of its error, the lower of two middle ones; its
-    error signed: a machine that moved by D could have made a figure D times slower or faster), None without one."""
-    figure = within(through_load(readings), where=AROUND_LOAD)
-    drift = figure["drift"] if figure else None
+    """The check read against the drift it was measured under (module docstring): a row whose model was set to the
+    sweep's lone request beside its point (its `anchor`) against the drift between the two blocks around that point
+    (longctx.analysis.drift.twin_drift), seconds apart; any other row (no twins, or an interference probe) against
+    the drift of the metronome's readings around the sweep and the load stage (within of through_load; None without
+    a metronome). Each row's `verdict` (pass, fail or inconclusive: longctx.analysis.drift.verdict against TOLERANCE),
+    and the headline's: the verdict of the median figure at p50 (by the size of its error, the lower of two middle
+    ones; its error signed: a machine that moved by D could have made a figure D times slower or faster), against the
+    largest drift any of the figures at p50 was read against. {"drift": that figure (with words), "metronome": the
+    metronome's, "anchored": how many rows were set to their twins, "verdict"}."""
+    metronome = within(through_load(readings), where=AROUND_LOAD)
+
+    def drift_of(r: dict) -> dict | None:
+        return ((r.get("anchor") or {}).get("drift") or metronome) if r.get("anchor") else metronome
+
     for r in rows:
-        r["verdict"] = verdict(r["error"], drift, TOLERANCE)["verdict"] if r["error"] is not None else None
-    p50 = sorted((r["error"] for r in rows if r["which"] == "p50" and r["error"] is not None and not r.get("excluded")),
-                 key=abs)
+        moved = drift_of(r)
+        r["verdict"] = (verdict(r["error"], moved["drift"] if moved else None, TOLERANCE)["verdict"]
+                        if r["error"] is not None else None)
+    at_p50 = [r for r in rows if r["which"] == "p50" and r["error"] is not None and not r.get("excluded")]
+    anchored = sum(bool(r.get("anchor")) for r in rows)
+    figures = [m for r in at_p50 if (m := drift_of(r)) is not None]
+    figure = max(figures, key=lambda f: f["drift"]) if figures else metronome
+    if anchored and figure is not None and figure is not metronome:
+        figure = {**figure, "words": figure["words"] + ", the largest move over any point checked"}
+    p50 = sorted((r["error"] for r in at_p50), key=abs)
     median = p50[(len(p50) - 1) // 2] if p50 else None
-    return {"drift": figure, "verdict": verdict(median, drift, TOLERANCE, "the median error at p50")
+    return {"drift": figure, "metronome": metronome, "anchored": anchored,
+            "verdict": verdict(median, figure["drift"] if figure else None, TOLERANCE, "the median error at p50")
             if median is not None else None}
 
 

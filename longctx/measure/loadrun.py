@@ -68,13 +68,12 @@ def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, f
                     return await wake_probe(ctx, length)
                 return await run_point(ctx, kind, length, level, chunk, bg)
 
-        twins = load["closed"].get("sweep_twins", 0) if kind == "closed" and level == 1 else 0
-        before = sweep_twins(session, spec, length, f"{run_id}/{spec.name}/load/twin/L{length}/before", twins,
-                             timeout(length, 1))
+        twins = load.get("sweep_twins", 0) if kind in ("closed", "open") else 0
+        tag = f"{run_id}/{spec.name}/load/twin/{kind}{level:g}/L{length}"
+        before = sweep_twins(session, spec, length, f"{tag}/before", twins, timeout(length, 1))
         point = asyncio.run(run())
         if twins:
-            point["sweep_twins"] = before + sweep_twins(session, spec, length,
-                                                        f"{run_id}/{spec.name}/load/twin/L{length}/after", twins,
+            point["sweep_twins"] = before + sweep_twins(session, spec, length, f"{tag}/after", twins,
                                                         timeout(length, 1), "after")
         return point
 
@@ -84,9 +83,11 @@ def run_load(session, spec, run_id: str, predict: Callable[[int], tuple[float, f
 
 def sweep_twins(session, spec, length: int, tag: str, n: int, timeout_s: float, side: str = "before") -> list[dict]:
     """The sweep's lone request (measure.protocol.one_request, the sweep's own code), n times at `length`, just before
-    or just after the load stage's closed loop of one there (`side`): the sweep's side of the comparison of the two,
-    measured beside the loop so that whatever the machine does over the minutes between the stages cancels. Each
-    summary says its side and index; none after a flush that found the server gone quiet."""
+    or just after a closed- or open-loop point there (`side`), so that the lone request and the point are measured
+    seconds apart, alternately, whatever the machine does over the minutes of the stages: the what-if's calibration
+    beside each of its check points (longctx.analysis.whatif), and beside the loop of one the sweep's side of the
+    comparison of the two stages (longctx.analysis.drift.lone_request). Each summary says its side and index; none
+    after a flush that found the server gone quiet."""
     out = []
     for i in range(n):
         summary = one_request(session, spec, length, f"{tag}/{i}", timeout_s)

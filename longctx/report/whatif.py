@@ -58,13 +58,15 @@ def _verdict(row: dict) -> str:
 
 
 def _drift_words(quoted: dict | None) -> dict:
-    """The check read against the drift of the run's metronome: {"drift_words": what the machine moved, in words,
-    or None without a metronome; "verdict_words": the headline error against it; "verdict"}."""
+    """The check read against the drift it was measured under (longctx.analysis.whatif.quoted): {"drift_words": what
+    the machine moved, in words, or None without a figure; "verdict_words": the headline error against it;
+    "verdict"; "anchored": how many rows had their model set to the sweep's lone request beside their point}."""
     figure, head = (quoted or {}).get("drift"), (quoted or {}).get("verdict")
+    anchored = int((quoted or {}).get("anchored") or 0)
     if not figure:
-        return {"drift_words": None, "verdict_words": None, "verdict": None}
+        return {"drift_words": None, "verdict_words": None, "verdict": None, "anchored": anchored}
     return {"drift_words": figure["words"], "verdict_words": head["words"] if head else None,
-            "verdict": head["verdict"] if head else None}
+            "verdict": head["verdict"] if head else None, "anchored": anchored}
 
 
 def view(doc: dict, order: list[str], load: dict) -> dict:
