@@ -20,7 +20,8 @@ settings nobody measured -> data/whatif.json.
   (load.sweep_twins), the model's lone request at that length is first set to what those measured (`anchor`: its
   prefill costs and its decode costs each scaled), so that its calibration is interleaved with its check points
   and a move of the machine between the stages cancels; the row is then read against the drift between its two
-  blocks. Any other row is read against the drift the run's metronome measured around the sweep and the load stage
+  blocks; a closed loop of one so bracketed is the lone request the model was set to, so it is not checked (the
+  load section compares the two). Any other row is read against the drift the run's metronome measured around the sweep and the load stage
   (longctx.analysis.drift: within the readings of through_load). Each row's `verdict` and the headline's are pass,
   fail or inconclusive against TOLERANCE widened by that drift (`quoted`). A closed loop that did not hold its level
   (longctx.analysis.load_summary's `held`: the client kept off its CPUs) ran another workload than the one
@@ -315,6 +316,10 @@ def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: 
                     continue
                 run = lambda c, a=arrivals: _open(c, rules, a, p["length"], _output(p))  # noqa: E731
             k = anchor(own, rules, p)
+            if k is not None and kind == "closed" and p["level"] == 1:
+                # the loop of one is the lone request the model is set to beside it: no check out of sample (the
+                # load section compares the two: longctx.analysis.drift.lone_request)
+                continue
             if k is not None:  # each draw set to the same twins by its own factors
                 own_draws = [_anchored(d, kd) for d in own_draws[:DRAWS] if (kd := anchor(d, rules, p)) is not None]
             rows += _row(kind, p, _summary(run(_anchored(own, k))), [_summary(run(c)) for c in own_draws[:DRAWS]],
