@@ -221,7 +221,7 @@ def test_llamacpp_counted_and_timed_each_prompt_as_longctx_recorded(llamacpp_wor
     # lone request sent just before and after the loop of one (load.sweep_twins, 2 a side): set them aside
     workloads = json.loads((llamacpp_workflow["work"] / "data" / "raw" / "real" / "load.json").read_text())["workloads"]
     twins = [r for w in workloads for r in w.get("sweep_twins") or []]
-    assert [t["twin"] for t in twins] == ["before", "before", "after", "after"], twins
+    assert [t["twin"] for t in twins] == ["before", "before", "after", "after"] * 2, twins  # the loops of 1 and 2
     loaded = [r for w in workloads for r in w["requests"]] + twins
     assert all(r["completion_tokens"] == 8 and not r["early_stop"] for r in loaded), loaded
     # ... but for the metronome's last reading, after them (its requests of its own short length)
@@ -364,10 +364,10 @@ def test_vllm_every_length_is_measured_and_counted_as_vllm_counted(vllm_workflow
     probe = raw(work, VLLM_LENGTHS[0])["provenance"]["prompt_probe"]
     assert probe["prompt"] == "token_ids" and probe["text_source"]["kind"] == "text", probe
     needles = [raw(work, length)["needle"] for length in VLLM_LENGTHS]
-    # beside the lengths: the load stage's requests, the metronome's, and the request that primed the server (the run's
-    # longest prompt)
+    # beside the lengths: the load stage's requests (with the sweep's lone request sent before and after each point:
+    # load.sweep_twins), the metronome's, and the request that primed the server (the run's longest prompt)
     loaded = [r for w in json.loads((work / "data" / "raw" / "real" / "load.json").read_text())["workloads"]
-              for r in w["requests"]]
+              for r in w["requests"] + (w.get("sweep_twins") or [])]
     (primed,) = raw(work, VLLM_LENGTHS[0])["provenance"]["primed"]
     assert primed["status"] == "ok" and primed["length"] == max(VLLM_LENGTHS), primed
     before, after = vllm_workflow["before"], vllm_workflow["after"]
