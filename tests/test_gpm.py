@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from longctx.measure import gpm
-from longctx.measure.telemetry import NvmlSource, summarize
+from longctx.measure.sampling import summarize
+from longctx.measure.telemetry import NvmlSource
 
 from .test_telemetry import FakeNvml
 
@@ -280,6 +281,124 @@ def test_a_bound_the_counters_contradict_is_not_stated():
             "is stated") in text and "decode is latency-bound" not in text, text
 
 
+def test_prefill_by_its_counters_beside_the_fit_and_a_compute_bound_they_contradict_is_not_stated():
+    """Issue 56, item 3 for prefill: the study's deployment with a prefill whose attention the fit puts at 62% of the
+    datasheet's FLOP rate (c = 5e-10 s per token pair: 1.56e5 FLOPs a pair over c is 312 TFLOP/s, of 504): compute-
+    bound by the fit. With the tensor pipes read 70% active over prefill, by both, and said beside it; read 20%
+    active, under the 50% the roof needs: not by both, so no bound is stated, and why."""
+    def case(tensor):
+        df, prov = _study_with_counters(lambda L: 0.10464 + 7.15639e-6 * L, {})
+        df["ttft_s"] = 0.5 + 1e-5 * df["length"] + 5e-10 * df["length"] ** 2
+        df["prefill_gpm_tensor_active_pct_mean"] = tensor
+        df["prefill_gpm_sm_active_pct_mean"] = 99.0
+        return _words(df, prov)
+
+    fit, text = case(70.0)
+    b = fit["bounds"]["prefill"]
+    assert b["class"] == "compute" and b["compute"]["pct"]["datasheet"] == pytest.approx(62.0, rel=0.01)
+    assert "prefill is compute-bound" in text
+    assert ("By the GPU's own counters (GPM), prefill of 185,000 tokens kept SMs busy 99% of the time, tensor pipes 70% "
+            "active; the prefill fit's attention runs at 62% of the datasheet's") in text, text
+    fit, text = case(20.0)
+    b = fit["bounds"]["prefill"]
+    assert (b["class"], b["fit_class"]) == ("unknown", "compute")
+    assert ("the GPU's counters read its tensor pipes 20% active, under the 50% the FLOP roof needs, so no bound is "
+            "stated") in text and "prefill is compute-bound" not in text, text
+
+
+def test_a_gpu_that_works_more_than_the_others_is_said():
+    """Issue 56, item 2, per GPU: the study's 8 GPUs over decode, one reading DRAM at 40% and the others at 0.8%
+    (results.csv's decode_gpm_dram_bw_pct_by_gpu, each GPU's median over the trials): the diagnosis names the spread
+    and the GPUs; an even spread (0.8 to 1.0%) is not said."""
+    import json
+
+    uneven = [0.8, 0.8, 0.8, 40.0, 0.8, 0.8, 0.8, 0.8]
+    df, prov = _study_with_counters(lambda L: 0.10464 + 7.15639e-6 * L, {"dram_bw_pct": 5.7})
+    df["decode_gpm_dram_bw_pct_by_gpu"] = json.dumps(uneven)
+    _, text = _words(df, prov)
+    assert ("DRAM at 5.7% of its bandwidth; per GPU, DRAM from 0.8% (GPU 0) to 40% (GPU 3) of the 8 it ran on: the "
+            "work is not even over them, and a step waits for the busiest") in text, text
+    df["decode_gpm_dram_bw_pct_by_gpu"] = json.dumps([0.8, 0.9, 1.0, 0.8, 0.9, 1.0, 0.8, 0.9])
+    _, text = _words(df, prov)
+    assert "per GPU" not in text and "DRAM at 5.7% of its bandwidth" in text
+
+
+def test_the_counters_per_gpu_reach_the_window_and_results_csv(tmp_path):
+    """Two GPUs counting different DRAM rates: each sample has both, their window means per GPU reach results.csv
+    as a JSON list beside the mean over them."""
+    import json
+
+    import pandas as pd
+
+    from longctx.analysis.aggregate import aggregate
+
+    fake = GpmNvml(gpus({**STUDY, 10: 2.0}, {**STUDY, 10: 30.0}))
+    source = NvmlSource(fake)
+    samples = [(k * 0.05, source.sample()) for k in range(1, 6)]
+    assert samples[0][1]["gpm_dram_bw_pct_by_gpu"] == pytest.approx([2.0, 30.0])
+    window = summarize(samples, 0.06, 0.25, source.metrics)
+    assert window["gpm_dram_bw_pct_mean"] == pytest.approx(16.0) and window["gpm_dram_bw_pct_by_gpu_mean"] == pytest.approx([2.0, 30.0])
+    raw = tmp_path / "raw" / "h200"
+    raw.mkdir(parents=True)
+    (raw / "1024.json").write_text(json.dumps({
+        "configuration": "h200", "length": 1024, "status": "ok", "engine": "sglang",
+        "trials": [{"trial": 0, "status": "ok", "ttft_s": 0.1, "tpot_s": 0.01, "decode_tok_s": 100.0,
+                    "telemetry": {"prefill": {"n": 0}, "decode": window}}]}))
+    aggregate([raw / "1024.json"], tmp_path / "results.csv", tmp_path / "provenance.json")
+    row = pd.read_csv(tmp_path / "results.csv").iloc[0]
+    assert json.loads(row["decode_gpm_dram_bw_pct_by_gpu"]) == pytest.approx([2.0, 30.0])
+    assert row["decode_gpm_dram_bw_pct_mean"] == pytest.approx(16.0) and row["decode_gpm_outside_s"] == pytest.approx(0.01)
+
+
+def test_a_phase_bracketed_by_samples_of_its_own_is_counted_alone():
+    """Issue 56, item 2: GPM's figures are rates over the time since the sample before. A prefill at 70% tensor
+    activity from 0 to 0.23 s, then decode at 3% to 0.43 s, sampled every 0.1 s. Without a sample at the phase's
+    edges, the decode window [0.23, 0.43] takes the intervals (0.2, 0.3] and (0.3, 0.4]: the first holds 0.03 s of
+    prefill (by hand 0.3 x 70 + 0.7 x 3 = 23.1%), so the window reads (23.1 + 3) / 2 = 13.05%, with 0.03 s counted
+    outside it. With a sample taken at 0.23 s (the first token's: Sampler.mark) and at 0.43 s (after the last),
+    the window is the decode's own, 3%, nothing outside it."""
+    def at(t, v):
+        return (t, {"gpm_tensor_active_pct": v})
+
+    plain = [at(0.0, 70.0), at(0.1, 70.0), at(0.2, 70.0), at(0.3, 23.1), at(0.4, 3.0), at(0.5, 3.0)]
+    w = summarize(plain, 0.23, 0.43, ["gpm_tensor_active_pct"])
+    # the window closes at the first sample at or after 0.43: (0.4, 0.5] too, at 3%
+    assert w["gpm_tensor_active_pct_mean"] == pytest.approx((23.1 + 3.0 + 3.0) / 3)
+    assert w["gpm_outside_s"] == pytest.approx(0.03 + 0.07)
+    marked = [at(0.0, 70.0), at(0.1, 70.0), at(0.2, 70.0), at(0.23, 70.0), at(0.33, 3.0), at(0.43, 3.0), at(0.53, 3.0)]
+    w = summarize(marked, 0.23, 0.43, ["gpm_tensor_active_pct"])
+    assert w["gpm_tensor_active_pct_mean"] == pytest.approx(3.0) and w["gpm_outside_s"] == pytest.approx(0.0)
+    prefill = summarize(marked, 0.0, 0.23, ["gpm_tensor_active_pct"])
+    assert prefill["gpm_tensor_active_pct_mean"] == pytest.approx(70.0)
+
+
+def test_the_sampler_brackets_a_phase_only_where_the_counters_count_over_intervals():
+    """Sampler.mark_now takes a sample in the caller's thread and Sampler.mark has the thread take one at once, where
+    the source is GPM's (NvmlSource with GPM); on a GPU without it, and for the CPU's process tree, neither adds a
+    sample (an extra psutil walk would cost the server its CPU)."""
+    import time
+
+    from longctx.measure.sampling import Sampler
+
+    with Sampler(NvmlSource(GpmNvml(gpus(STUDY))), 30.0) as s:  # one sample at the start, the next in 30 s
+        time.sleep(0.05)
+        n = len(s.samples)
+        s.mark_now()
+        assert len(s.samples) == n + 1
+        s.mark()
+        deadline = time.monotonic() + 5
+        while len(s.samples) < n + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(s.samples) == n + 2
+    with Sampler(NvmlSource(GpmNvml(gpus(STUDY, gpm=False))), 30.0) as s:
+        time.sleep(0.05)
+        n = len(s.samples)
+        s.mark_now()
+        s.mark()
+        time.sleep(0.1)
+        assert len(s.samples) == n and not s.marks
+
+
 def test_the_telemetry_line_says_whether_the_counters_were_read():
     from longctx.report.wording import gpm_line
 
@@ -307,3 +426,42 @@ def test_the_device_checks_gpm_step_says_why_where_there_is_no_gpu(tmp_path):
     assert proc.returncode == 0, proc.stderr
     [line] = proc.stdout.splitlines()
     assert line.startswith("GPM counters not read: ") and json.loads(out.read_text())["said"] == line
+
+
+def test_a_real_sweep_brackets_each_trials_phases_with_samples_of_their_own(tmp_path, monkeypatch):
+    """End to end on the reference engine (a real server and client), its telemetry the GPM stand-in sampled every
+    5 s: each trial takes a sample just before it is sent, one at its first token and one after its last (3 a trial,
+    beside the sampler's first), so each window's counted time is the window's own within the marks' latency
+    (gpm_outside_s, gpm_missed_s). Without the marks the 5 s schedule gives 1 sample for the whole length, and no
+    window has a figure of its own."""
+    import json
+
+    from longctx.measure import session as session_module
+    from longctx.measure.sweep import run_configuration
+    from longctx.measure.telemetry import Telemetry
+
+    from .conftest import tiny_spec
+
+    def gpm_telemetry(adapter, spec, pid, base, **_):
+        src = NvmlSource(GpmNvml(gpus(STUDY)), [0], "the stand-in")
+        return Telemetry("gpu", src, src.describe(), "gpus", pid, src.indices)
+
+    monkeypatch.setattr(session_module, "telemetry_source", gpm_telemetry)
+    spec = tiny_spec("page1", lengths=[256])
+    spec.protocol.update(warmup=0, trials=2, output_tokens=16)
+    spec.telemetry["interval_s"] = 5.0
+    assert run_configuration(spec, tmp_path / "raw", tmp_path / "server.log") == 0
+    raw = json.loads((tmp_path / "raw" / "256.json").read_text())
+    assert "GPM counters read" in raw["telemetry"]["description"]
+    times = [t for t, _ in raw["telemetry"]["samples"]]
+    trials = raw["trials"]
+    assert len(times) >= 1 + 3 * len(trials), times
+    for t in trials:
+        # a sample just before the request was sent, just after its first token and just after its last
+        assert any(t["t_sent"] - 0.5 <= x <= t["t_sent"] for x in times), (t["t_sent"], times)
+        for edge in ("t_first_token", "t_last_token"):
+            assert any(t[edge] <= x <= t[edge] + 0.5 for x in times), (edge, t[edge], times)
+        for window in ("prefill", "decode"):
+            w = t["telemetry"][window]
+            assert w["gpm_dram_bw_pct_mean"] == pytest.approx(0.8) and w["gpm_dram_bw_pct_by_gpu_mean"] == pytest.approx([0.8])
+            assert w["gpm_outside_s"] < 0.5 and w["gpm_missed_s"] < 0.5, (window, w)

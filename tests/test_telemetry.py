@@ -16,8 +16,8 @@ import pytest
 from longctx.engines import get_adapter
 from longctx.measure.process import free_port, listening_process
 from longctx.measure.sweep import run_configuration
-from longctx.measure.telemetry import (NvmlSource, ProcessSource, Sampler, is_local_host, summarize,
-                                       telemetry_source, visible_gpus)
+from longctx.measure.sampling import Sampler, summarize
+from longctx.measure.telemetry import NvmlSource, ProcessSource, is_local_host, telemetry_source, visible_gpus
 
 from .conftest import tiny_spec
 

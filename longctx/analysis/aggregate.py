@@ -15,6 +15,7 @@ import pandas as pd
 
 from ..core.errors import write_atomic
 from ..core.numbers import is_number
+from ..measure.gpm import METRICS as GPM_METRICS
 from ..measure.rawfiles import read_raw
 from ..measure.telemetry import NVML_METRICS, PSUTIL_METRICS
 from ..specs import hardware
@@ -37,6 +38,10 @@ COLUMNS = [
     *(f"{window}_{m}_mean" for window in ("prefill", "decode") for m in (*NVML_METRICS, *PSUTIL_METRICS)),
     # GPM's DRAM bandwidth share times the datasheet's bandwidth of the GPU (longctx.specs.hardware), where both exist
     "prefill_gpm_dram_gbs_mean", "decode_gpm_dram_gbs_mean",
+    # GPM per GPU of the server (a JSON list, NVML's order of the GPUs telemetry watched), and the counted time that
+    # lay outside the window (longctx.measure.telemetry.summarize)
+    *(f"{window}_{m}_by_gpu" for window in ("prefill", "decode") for m in GPM_METRICS),
+    "prefill_gpm_outside_s", "decode_gpm_outside_s",
     "prefill_samples", "decode_samples", "contended", "contended_reason",
 ]
 # A trial whose server got markedly less of its device than the configuration's other trials is contended (another
@@ -126,8 +131,11 @@ def _rows(path: Path, partial_dir: Path | None = None) -> tuple[list[dict], dict
     for t in [{**t, "concurrency": 1, "request": 0} for t in trials] + batched:
         row = {**base, **{k: t.get(k) for k in COLUMNS if k in t}}
         for window, summary in (t.get("telemetry") or {}).items():
-            row.update({f"{window}_{k}": v for k, v in summary.items() if k.endswith("_mean")})
+            row.update({f"{window}_{k}": v for k, v in summary.items() if k.endswith("_mean") and not k.endswith("_by_gpu_mean")})
+            row.update({f"{window}_{k[:-len('_mean')]}": json.dumps([round(x, 4) for x in v])
+                        for k, v in summary.items() if k.endswith("_by_gpu_mean") and isinstance(v, list)})
             row[f"{window}_samples"] = summary.get("n")
+            row[f"{window}_gpm_outside_s"] = summary.get("gpm_outside_s")
             share = summary.get("gpm_dram_bw_pct_mean")
             if peak and is_number(share):
                 row[f"{window}_gpm_dram_gbs_mean"] = share / 100 * peak / 1e9

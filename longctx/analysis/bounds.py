@@ -211,9 +211,27 @@ def attention_rate(flops_per_pair: float, c: float, ci) -> tuple[float, list | N
 
 
 def prefill(fit: dict | None, ttft: dict[int, float], length: int, spec: ModelSpec | None, ceilings: dict,
-            settings: dict) -> dict | None:
+            settings: dict, counters: dict | None = None) -> dict | None:
     """The prefill phase's class at `length` (see the module's words). ttft: median TTFT per length;
-    spec: the model spec, for the attention's FLOPs (None where it does not describe the model exactly)."""
+    spec: the model spec, for the attention's FLOPs (None where it does not describe the model exactly); counters:
+    the GPU's own (GPM) over prefill at `length` where they were read ({tensor_active_pct, ...}, medians over the
+    trials): a compute bound whose tensor pipes the counters read under the roof's share is not stated (`unknown`,
+    with `fit_class` and `why`), as for decode."""
+    out = _prefill(fit, ttft, length, spec, ceilings, settings)
+    if out is None or not counters:
+        return out
+    out["counters"] = counters
+    share = 100 * out["thresholds"]["roof_share"]
+    tensor = counters.get("tensor_active_pct")
+    if out["class"] == "compute" and tensor is not None and tensor < share:
+        return {**out, "class": "unknown", "fit_class": "compute",
+                "why": f"the GPU's counters read its tensor pipes {tensor:.2g}% active, under the {share:.0f}% the "
+                       "FLOP roof needs"}
+    return out
+
+
+def _prefill(fit: dict | None, ttft: dict[int, float], length: int, spec: ModelSpec | None, ceilings: dict,
+             settings: dict) -> dict | None:
     if not fit or length not in ttft:
         return None
     flops_per_pair = spec.prefill_flops_per_pair() if spec else None

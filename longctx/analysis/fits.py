@@ -263,17 +263,18 @@ def _with_bounds(out: dict, fits: dict, p: pd.DataFrame, d: pd.DataFrame, kv, ex
     def top(medians: dict[int, float]) -> int:
         return max((L for L in medians if L not in partial), default=max(medians))
 
-    def counters(L: int) -> dict:  # the GPU's own over decode at L (results.csv's GPM columns), where read
-        at = d[d["length"] == L]
-        got = {k: pd.to_numeric(at[f"decode_gpm_{k}_mean"], errors="coerce").median()
-               for k in ("dram_bw_pct", "tensor_active_pct") if f"decode_gpm_{k}_mean" in at}
+    def counters(rows: pd.DataFrame, phase: str, L: int) -> dict:  # the GPU's own over a phase at L, where read
+        at = rows[rows["length"] == L]
+        got = {k: pd.to_numeric(at[f"{phase}_gpm_{k}_mean"], errors="coerce").median()
+               for k in ("dram_bw_pct", "tensor_active_pct") if f"{phase}_gpm_{k}_mean" in at}
         return {k: float(v) for k, v in got.items() if pd.notna(v)}
 
     out["quality"] = {kind: bounds.quality(out.get(kind), kind, st) for kind in ("prefill", "decode")}
     out["bounds"] = {
         "decode": bounds.decode(out.get("decode"), steps, top(steps), kv, exact.decode_flops_per_kv_token() * q if exact else None,
-                                q, ceil, st, counters(top(steps))) if steps else None,
-        "prefill": bounds.prefill(out.get("prefill"), ttfts, top(ttfts), exact, ceil, st) if ttfts else None,
+                                q, ceil, st, counters(d, "decode", top(steps))) if steps else None,
+        "prefill": bounds.prefill(out.get("prefill"), ttfts, top(ttfts), exact, ceil, st,
+                                  counters(p, "prefill", top(ttfts))) if ttfts else None,
     }
     return out
 

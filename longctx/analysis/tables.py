@@ -3,6 +3,9 @@ the lengths measured by fewer successful trials than configured (partial lengths
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pandas as pd
 
 
@@ -92,6 +95,15 @@ def chosen_trials(provenance: dict | None) -> set[str]:
     return {n for n, e in ((provenance or {}).get("configurations") or {}).items() if (e or {}).get("sweep")}
 
 
+def per_gpu_median(values: pd.Series) -> str | None:
+    """The median of each GPU's figure over the trials, from results.csv's JSON lists (one figure per GPU, in the
+    order telemetry watched them), as a JSON list; None without a list, or where the trials watched different GPUs."""
+    lists = [json.loads(v) for v in values.dropna() if isinstance(v, str) and v.startswith("[")]
+    if not lists or len({len(x) for x in lists}) != 1:
+        return None
+    return json.dumps([float(np.median([x[k] for x in lists])) for k in range(len(lists[0]))])
+
+
 def medians(df: pd.DataFrame, provenance: dict | None = None) -> pd.DataFrame:
     """One row per (configuration, length): medians over ok trials, and the trial counts: `trials`
     (recorded), `ok`, `configured` (what the protocol asked for: configured_trials) and `partial` (some
@@ -113,6 +125,9 @@ def medians(df: pd.DataFrame, provenance: dict | None = None) -> pd.DataFrame:
         if column in df:
             first = df.groupby(["configuration", "length"])[column].first()
             out[column] = [first.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
+    for column in (c for c in df.columns if c.endswith("_by_gpu")):  # GPM per GPU (JSON lists): each GPU's median
+        per = {key: per_gpu_median(g[column]) for key, g in ok_rows(df).groupby(["configuration", "length"], sort=True)}
+        out[column] = [per.get((c, l)) for c, l in zip(out["configuration"], out["length"])]
     # the trials whose decode was not measurable (their tokens did not arrive apart: longctx.measure.burst),
     # counted, and the first one's reason: their TTFT is in the medians, their decode figures are not
     ok = ok_rows(df)

@@ -3,8 +3,9 @@
 NVML's utilisation rate is the share of time any kernel ran: it reads near 100% while the tensor cores idle. GPM
 counts what the SMs and DRAM did between two samples: SM activity, SM occupancy, tensor-pipe activity and DRAM
 bandwidth as a share of the device's peak. `Gpm` holds two sample buffers per GPU and, at each telemetry sample,
-gives the metrics over the interval since the one before (each a rate over that interval, so a window's mean over
-its samples is the mean over the window); the first sample has none. Where GPM cannot be read (pynvml without its
+gives the metrics over the interval since the one before, per GPU and their mean over the GPUs (each a rate over that
+interval: a window's figure is its samples' mean weighted by their intervals, longctx.measure.telemetry.summarize);
+the first sample has none. Where GPM cannot be read (pynvml without its
 GPM calls, a GPU before Hopper, MIG, no permission), `open_gpm` says why in one line, and nothing else changes.
 
 Read through nvidia-ml-py's documented calls: nvmlGpmQueryDeviceSupport, nvmlGpmSampleAlloc, nvmlGpmSampleGet,
@@ -37,7 +38,8 @@ class Gpm:
         self.filled = False
 
     def sample(self) -> dict:
-        """The metrics over the interval since the previous call, mean over the GPUs ({} at the first call, and for a
+        """The metrics over the interval since the previous call: each one's mean over the GPUs, and under
+        `<metric>_by_gpu` its value on each GPU, in the order of `handles` ({} at the first call, and nothing of a
         metric any GPU could not give)."""
         n = self.nvml
         per_gpu = []
@@ -47,8 +49,12 @@ class Gpm:
             if self.filled:
                 per_gpu.append(self._between(pair[1], pair[0]))
         self.filled = True
-        return {m: statistics.fmean(g[m] for g in per_gpu) for m in METRICS
-                if per_gpu and all(m in g for g in per_gpu)}
+        out = {}
+        for m in METRICS:
+            if per_gpu and all(m in g for g in per_gpu):
+                out[m] = statistics.fmean(g[m] for g in per_gpu)
+                out[f"{m}_by_gpu"] = [g[m] for g in per_gpu]
+        return out
 
     def _between(self, older, newer) -> dict:
         n = self.nvml

@@ -19,7 +19,8 @@ from .progress import Progress, fitted
 from .prompts import check_counts
 from .rawfiles import may_pass
 from .session import Session
-from .telemetry import Sampler, summarize
+from .stream import StreamRecord
+from .sampling import Sampler, summarize
 
 log = logging.getLogger("longctx.measure.protocol")
 progress = logging.getLogger("longctx.progress")
@@ -52,7 +53,7 @@ def measure_length(session: "Session", spec: ConfigurationSpec, length: int, run
     if telemetry is None:
         return _requests(session, spec, length, run_id, timeout_s, tracker, stall_s)
     with Sampler(telemetry, spec.telemetry["interval_s"]) as sampler:
-        result = _requests(session, spec, length, run_id, timeout_s, tracker, stall_s)
+        result = _requests(session, spec, length, run_id, timeout_s, tracker, stall_s, sampler)
     for t in result["trials"]:
         t["telemetry"] = {
             "prefill": summarize(sampler.samples, t.get("t_sent"), t.get("t_first_token"), telemetry.metrics),
@@ -111,11 +112,13 @@ def _gone_quiet(session: "Session", failure: str | None) -> bool:
 
 
 def one_request(session: "Session", spec: ConfigurationSpec, length: int, tag: str, timeout_s: float,
-                stall_s: float | None = None) -> dict | None:
+                stall_s: float | None = None, sampler: Sampler | None = None) -> dict | None:
     """One lone request of the protocol: a prompt of exactly `length` tokens with a prefix unique to `tag`, the cache
     flushed before it (protocol.flush_cache), streamed and timed, speculative acceptance from the server's counters
     where its stream has none, its counts checked (its status says what went wrong). None where the flush found the
-    server gone quiet (nothing is sent to it)."""
+    server gone quiet (nothing is sent to it). With a telemetry `sampler`, its phases are bracketed by samples of
+    their own where the telemetry counts over intervals (Sampler.mark: just before it is sent, at its first token,
+    after its last)."""
     proto = spec.protocol
     client, base, adapter, api, prompter = session.client, session.base, session.adapter, session.api, session.prompter
     body = prompter.body(length, tag, proto["output_tokens"])
@@ -123,7 +126,14 @@ def one_request(session: "Session", spec: ConfigurationSpec, length: int, tag: s
     if _gone_quiet(session, flush_error):
         return None
     counters = adapter.spec_counters(client, base)
-    summary = prompter.generate(client, base + api.generate_path, body, timeout_s, length, stall_s=stall_s)
+    record = None
+    if sampler is not None and sampler.marks:
+        sampler.mark_now()
+        record = StreamRecord(arm=(1, sampler.mark))
+    summary = prompter.generate(client, base + api.generate_path, body, timeout_s, length, record=record,
+                                stall_s=stall_s)
+    if record is not None:
+        sampler.mark_now()
     summary["timeout_s"] = timeout_s
     if counters is not None and summary["spec_verify_ct"] is None:
         summary.update(_spec_from_counters(counters, adapter.spec_counters(client, base)))
@@ -133,7 +143,7 @@ def one_request(session: "Session", spec: ConfigurationSpec, length: int, tag: s
 
 
 def _requests(session: "Session", spec: ConfigurationSpec, length: int, run_id: str, timeout_s: float,
-              tracker: Progress | None, stall_s: float | None = None) -> dict:
+              tracker: Progress | None, stall_s: float | None = None, sampler: Sampler | None = None) -> dict:
     proto = spec.protocol
     name = spec.name
     warmup, trials = [], []
@@ -141,7 +151,7 @@ def _requests(session: "Session", spec: ConfigurationSpec, length: int, run_id: 
     quiet = False  # the server stopped answering: nothing more is sent to it
     for i in range(total):
         is_warmup = i < proto["warmup"]
-        summary = one_request(session, spec, length, f"{run_id}/{name}/{length}/{i}", timeout_s, stall_s)
+        summary = one_request(session, spec, length, f"{run_id}/{name}/{length}/{i}", timeout_s, stall_s, sampler)
         if summary is None:
             quiet = True
             break

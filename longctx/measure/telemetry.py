@@ -6,9 +6,8 @@ this machine's GPUs uses; psutil for a server on this machine's CPU, over the se
 process cannot be found, over the whole machine (said so); nothing for a remote server. Its description,
 recorded in each raw file's provenance, says which source and over what.
 
-A Sampler thread reads its source every interval and time-stamps each sample with the same
-clock as the client (time.perf_counter), so a trial's samples can be split into its prefill
-window (request sent to first token) and its decode window (first to last token).
+longctx.measure.sampling reads a source every interval beside a measurement (its Sampler) and splits a trial's
+samples into its prefill window (request sent to first token) and its decode window (first to last token).
 
 NVML: per GPU, SM and memory utilisation (%), power (W), SM and memory clocks (MHz), memory used
 (GB); the summary averages over the GPUs. With the server's process known, also the SM utilisation NVML attributes
@@ -26,8 +25,6 @@ import ipaddress
 import os
 import socket
 import statistics
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -66,6 +63,11 @@ class NvmlSource:
         self.handles = [nvml.nvmlDeviceGetHandleByUUID(i) if isinstance(i, str) else nvml.nvmlDeviceGetHandleByIndex(i)
                         for i in self.indices]
         self.gpm, self.gpm_said = gpm.open_gpm(nvml, self.handles)
+
+    @property
+    def marks(self) -> bool:
+        """Whether a trial brackets its phases with samples of their own (GPM counts over intervals: Sampler.mark)."""
+        return self.gpm is not None
 
     def sample(self) -> dict:
         n = self.nvml
@@ -334,47 +336,3 @@ def telemetry_source(adapter, spec, pid: int | None, base_url: str | None, nvml=
     except psutil.Error as exc:  # the process ended between being found and being watched
         src = ProcessSource(None, f"the server's process {pid} cannot be watched: {type(exc).__name__}")
     return Telemetry(device, src, src.describe(), src.over, src.pid)
-
-
-class Sampler:
-    """Samples source every interval_s in a thread: [(perf_counter time, {metric: value}), ...]."""
-
-    def __init__(self, source, interval_s: float):
-        self.source = source
-        self.interval_s = interval_s
-        self.samples: list[tuple[float, dict]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
-
-    def _run(self) -> None:
-        next_t = time.perf_counter()
-        while not self._stop.is_set():
-            now = time.perf_counter()
-            try:
-                self.samples.append((now, self.source.sample()))
-            except Exception as exc:  # a sampler must never stop a measurement
-                self.samples.append((now, {"error": str(exc)}))
-            next_t += self.interval_s
-            self._stop.wait(max(0.0, next_t - time.perf_counter()))
-
-    def __enter__(self) -> "Sampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
-def summarize(samples: list, t0: float | None, t1: float | None, metrics) -> dict:
-    """Mean and max of each metric over the samples taken in [t0, t1]; n says how many there were."""
-    if t0 is None or t1 is None:
-        return {"n": 0}
-    window = [s for t, s in samples if t0 <= t <= t1 and "error" not in s]
-    out: dict = {"n": len(window)}
-    for m in metrics:
-        values = [s[m] for s in window if m in s]
-        if values:
-            out[f"{m}_mean"] = statistics.fmean(values)
-            out[f"{m}_max"] = max(values)
-    return out

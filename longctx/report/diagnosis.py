@@ -15,6 +15,8 @@ one, and wherever a partial length is named it says by how many trials it was me
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from ..analysis.fits import FIT_LENGTHS
@@ -132,21 +134,47 @@ def _decode(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list[
     return out
 
 
-# GPM's counters over the decode windows (results.csv decode_gpm_*_mean; longctx.measure.gpm), medians over the trials
-GPM = {m: f"decode_gpm_{m}_mean" for m in ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct",
-                                           "dram_gbs")}
+# GPM's counters over each phase's windows (results.csv {phase}_gpm_*_mean; longctx.measure.gpm), medians over the
+# trials, and each GPU's ({phase}_gpm_*_by_gpu, longctx.analysis.tables.medians)
+GPM_FIGURES = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct", "dram_gbs")
+# per GPU, a figure is uneven where its busiest GPU reads UNEVEN_RATIO times its least busy one, and UNEVEN_POINTS
+# percentage points more: one GPU's work the others wait for (a tensor-parallel step is as slow as its slowest rank)
+UNEVEN_RATIO, UNEVEN_POINTS = 1.5, 5.0
+GPU_FIGURES = {"dram_bw_pct": "DRAM", "tensor_active_pct": "tensor pipes", "sm_active_pct": "SM activity"}
 
 
-def _gpm(top) -> dict:
-    return {m: float(top[c]) for m, c in GPM.items() if c in top and is_number(top[c])}
+def _gpm(top, phase: str = "decode") -> dict:
+    return {m: float(top[c]) for m in GPM_FIGURES if (c := f"{phase}_gpm_{m}_mean") in top and is_number(top[c])}
 
 
-def _counters(name: str, top, L: int, partial: dict[int, str], b: dict, ceilings: dict | None) -> str | None:
-    """What the GPU's own counters (GPM) read over decode at L, beside what the decode fit infers: DRAM's share of
-    its bandwidth (and in GB/s, against the datasheet's), SM activity and occupancy, tensor-pipe activity; then
-    whether the fit's KV-read bandwidth agrees with the DRAM traffic counted, or what their disagreement says. None
-    where no counter was read (a CPU, a GPU without GPM): the words stand on the inference alone."""
-    g = _gpm(top)
+def _uneven(top, phase: str) -> str | None:
+    """Where the server's GPUs did not do the same work in a phase, by their counters (each GPU's median over the
+    trials): the figures whose busiest GPU read UNEVEN_RATIO times, and UNEVEN_POINTS points more than, its least busy."""
+    parts = []
+    for m, what in GPU_FIGURES.items():
+        raw = top.get(f"{phase}_gpm_{m}_by_gpu") if hasattr(top, "get") else None
+        try:
+            values = [float(x) for x in json.loads(raw)] if isinstance(raw, str) else []
+        except (ValueError, TypeError):
+            values = []
+        if len(values) < 2:
+            continue
+        lo, hi = min(values), max(values)
+        if hi - lo >= UNEVEN_POINTS and hi >= UNEVEN_RATIO * lo:
+            parts.append(f"{what} from {lo:.2g}% (GPU {values.index(lo)}) to {hi:.2g}% (GPU {values.index(hi)}) "
+                         f"of the {len(values)} it ran on")
+    return ("; per GPU, " + ", ".join(parts) + ": the work is not even over them, and a step waits for the busiest"
+            if parts else None)
+
+
+def _counters(name: str, top, L: int, partial: dict[int, str], b: dict, ceilings: dict | None,
+              phase: str = "decode") -> str | None:
+    """What the GPU's own counters (GPM) read over a phase at L, beside what its fit infers: DRAM's share of its
+    bandwidth (and in GB/s, against the datasheet's), SM activity and occupancy, tensor-pipe activity, and where the
+    GPUs differ (_uneven); then for decode whether the fit's KV-read bandwidth agrees with the DRAM traffic counted,
+    or what their disagreement says, for prefill the tensor pipes beside the fit's attention FLOP rate. None where no
+    counter was read (a CPU, a GPU without GPM): the words stand on the inference alone."""
+    g = _gpm(top, phase)
     if not g:
         return None
     parts = []
@@ -159,7 +187,15 @@ def _counters(name: str, top, L: int, partial: dict[int, str], b: dict, ceilings
         parts.append(f"SMs busy {g['sm_active_pct']:.3g}% of the time{occ}")
     if "tensor_active_pct" in g:
         parts.append(f"tensor pipes {g['tensor_active_pct']:.2g}% active")
-    text = f"{name}: by the GPU's own counters (GPM), decode at {_at(L, partial)} kept " + ", ".join(parts)
+    what = f"decode at {_at(L, partial)}" if phase == "decode" else f"prefill of {_at(L, partial)}"
+    text = f"{name}: by the GPU's own counters (GPM), {what} kept " + ", ".join(parts) + (_uneven(top, phase) or "")
+    if phase == "prefill":
+        c = b.get("compute") if b.get("basis") == "fit" else None
+        if c and "tensor_active_pct" in g and c.get("pct"):
+            text += (f"; the prefill fit's attention runs at {_pct_words(c['pct'], 'FLOP rate', ceilings)}, its tensor "
+                     f"pipes {g['tensor_active_pct']:.2g}% active over the whole prefill (the rest of the model's "
+                     "matmuls too)")
+        return text + "."
     bw = b.get("bandwidth") if b.get("basis") == "fit" else None
     if bw and bw.get("Bps") and "dram_gbs" in g:
         counted, fitted = g["dram_gbs"] * 1e9, bw["Bps"]
@@ -240,10 +276,11 @@ def _prefill(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list
             said = _pct_words(c["pct"], "FLOP rate", fit.get("ceilings"))
             if said:
                 text += ", " + said
-        text += {"compute": f": prefill is compute-bound (at least {need} of every known FLOP roof)",
-                 "latency": f": prefill is latency-bound, on no roof (bound by one needs at least {need} of it)",
-                 "unknown": f": no FLOP roof is compared ({b['why']}), so no bound is stated" if b.get("why") else
-                 ": no FLOP roof of this device (or no FLOP count of this model) is known, so no bound is stated"}[kind]
+        text += f": {b['why']}, so no bound is stated" if b.get("fit_class") else {
+            "compute": f": prefill is compute-bound (at least {need} of every known FLOP roof)",
+            "latency": f": prefill is latency-bound, on no roof (bound by one needs at least {need} of it)",
+            "unknown": f": no FLOP roof is compared ({b['why']}), so no bound is stated" if b.get("why") else
+            ": no FLOP roof of this device (or no FLOP count of this model) is known, so no bound is stated"}[kind]
         if coef["b_s_per_token"] in ("resolved", "no interval") and coef["c_s_per_token2"] in ("resolved", "no interval") \
                 and p.get("crossover_tokens"):
             text += (f"; attention overtakes the per-token work beyond {p['crossover_tokens']:,.0f} tokens"
@@ -253,7 +290,11 @@ def _prefill(name: str, top, L: int, fit: dict, partial: dict[int, str]) -> list
                 f"{_pct_words(b['medians']['lower_pct_compute'], 'FLOP rate')}: compute-bound whatever the fit")
     else:
         text = f"{head}; what bounds it is not classified: {_problems(b['quality'])}"
-    return [("ttft", text + ".")]
+    out = [("ttft", text + ".")]
+    said = _counters(name, top, L, partial, b, fit.get("ceilings"), "prefill")
+    if said:
+        out.append(("ttft", said))
+    return out
 
 
 def _scaled(ci, k):
