@@ -103,3 +103,10 @@ def test_a_managed_server_records_its_chosen_health_path(tmp_path):
     prov = json.loads((tmp_path / "raw" / "32.json").read_text())["provenance"]
     assert prov["health_path"] == "/health_generate"
     assert prov["flush_path"] == "/flush_cache"  # SGLang's API, which the reference engine serves, flushes there
+
+
+def test_a_start_up_timeout_under_a_second_is_said_as_it_was_given(tmp_path):
+    """server.startup_timeout_s 0.5 and nothing listening: the reason says "within 0.5 s", not "within 0 s"."""
+    port = free_port()
+    failed, raw, _ = external_sweep(tmp_path, f"http://127.0.0.1:{port}", startup_timeout_s=0.5)
+    assert failed == 1 and f"no answer from http://127.0.0.1:{port} within 0.5 s" in raw["reason"], raw["reason"]

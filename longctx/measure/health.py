@@ -102,7 +102,7 @@ def wait_health(base: str, paths: tuple[str, ...], timeout_s: float, alive=lambd
             if now >= deadline:
                 said = (f"{base} answered {probes.answers} times but no health probe answered 200" if probes.answers
                         else f"no answer from {base}")
-                raise ServerError(f"{said} within {timeout_s:.0f} s: {probes.tried()}")
+                raise ServerError(f"{said} within {timeout_s:.3g} s: {probes.tried()}")
             time.sleep(0.2)
 
 
