@@ -366,7 +366,7 @@ def quoted(rows: list[dict], readings: list[dict] | None) -> dict:
     metronome = within(through_load(readings), where=AROUND_LOAD)
 
     def drift_of(r: dict) -> dict | None:
-        return ((r.get("anchor") or {}).get("drift") or metronome) if r.get("anchor") else metronome
+        return (r.get("anchor") or {}).get("drift") or metronome
 
     for r in rows:
         moved = drift_of(r)

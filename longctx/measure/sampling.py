@@ -108,7 +108,7 @@ def _over_intervals(samples: list[tuple[float, dict]], t0: float, t1: float, met
     after = [i for i, (t, _) in enumerate(samples) if t >= t1]
     start = before[-1] + 1 if before else 1  # the first sample's own interval began before any sample here
     end = after[0] if after else len(samples) - 1
-    span = [(samples[i][0] - samples[i - 1][0], samples[i][1]) for i in range(max(1, start), end + 1)]
+    span = [(samples[i][0] - samples[i - 1][0], samples[i][1]) for i in range(start, end + 1)]
     out: dict = {}
     for m in metrics:
         part = [(w, s[m]) for w, s in span if m in s and w > 0]
@@ -122,7 +122,7 @@ def _over_intervals(samples: list[tuple[float, dict]], t0: float, t1: float, met
             out[f"{m}_by_gpu_mean"] = [sum(w * v[k] for w, v in gpus) / sum(w for w, _ in gpus)
                                        for k in range(len(gpus[0][1]))]
     if out:
-        first = samples[max(1, start) - 1][0]
+        first = samples[start - 1][0]
         last = samples[end][0]
         out["gpm_outside_s"] = max(0.0, t0 - first) + max(0.0, last - t1)
         out["gpm_missed_s"] = max(0.0, first - t0) + max(0.0, t1 - last)
