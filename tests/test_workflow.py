@@ -506,7 +506,12 @@ def test_the_reference_engines_load_points_are_predicted(workflow):
     rows = [r for r in c["check"] if r["which"] == "p50"]
     assert {(r["kind"], r["quantity"]) for r in rows} == {("closed", "ttft"), ("closed", "tpot"), ("open", "ttft"),
                                                           ("open", "tpot"), ("interference", "worst_gap")}
-    assert all(r["measured"] > 0 and r["predicted"] > 0 and r["error"] == r["predicted"] / r["measured"] - 1 for r in rows)
+    # every row predicted and checked where it was measured. A TPOT of 0 is a point whose requests each had their 4
+    # tokens in one read of the stream (sub-millisecond steps, the client's process descheduled that long on a busy
+    # machine: seen once in a suite run): it measured no time between tokens, and is not counted as an error
+    assert all(r["predicted"] > 0 and r["measured"] >= 0 for r in rows), rows
+    assert all(r["error"] == (r["predicted"] / r["measured"] - 1 if r["measured"] else None) for r in rows), rows
+    assert all(r["measured"] > 0 for r in rows if r["quantity"] != "tpot"), rows  # a TTFT or a gap is never 0
     assert c["rules"]["policy"] == "prefill_first" and c["rules"]["one_prefill"] and c["rules"]["chunk"] == 8192
     # the wake probe ran before the open loop (a lead request, then 20 ms and 300 ms of idle, twice), and the serving
     # model carries its figures: the first step after an idle stretch pays what a request after as long an idle paid
