@@ -21,9 +21,12 @@ report: setup tex
 TEST_ENV := LONGCTX_REQUIRE_ENGINE_PARSERS=1 LONGCTX_VLLM_PYTHON="$(CURDIR)/$(VLLM_VENV)/bin/python" \
   LONGCTX_LLAMACPP_PYTHON="$(CURDIR)/$(LLAMACPP_VENV)/bin/python" LONGCTX_SLURM=1
 ROUNDS ?= 3
+# two pytest workers (pytest-xdist); a test that measures timings holds the machine alone (tests/conftest.py)
+PYTEST_WORKERS ?= 2
+TEST_RUNNER := python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 test: setup parsers vllm llamacpp models tex slurm
-	$(RUN) $(TEST_ENV) python -m pytest $(PYTEST_ARGS)
+	$(RUN) $(TEST_ENV) $(TEST_RUNNER) $(PYTEST_ARGS)
 
 # the suite's slow tests (or TARGETS) ROUNDS times, listing any that failed in a round (bench/flake_hunt.py)
 flake-hunt: setup parsers vllm llamacpp models tex slurm

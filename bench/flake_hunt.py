@@ -23,9 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_round(targets: list[str], marker: str | None, junit: Path) -> tuple[int, float]:
+def one_round(targets: list[str], marker: str | None, junit: Path, workers: int) -> tuple[int, float]:
     started = time.monotonic()
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *targets]
+    # as `make test` runs them: two workers, the tests that measure timings alone (tests/conftest.py)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers), "--dist", "loadfile",
+           f"--junitxml={junit}", *targets]
     if marker:
         cmd += ["-m", marker]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -51,6 +53,7 @@ def failures(junit: Path) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2, help="pytest workers, as make test (PYTEST_WORKERS)")
     parser.add_argument("targets", nargs="*", help="pytest node ids or files (default: every test marked slow)")
     args = parser.parse_args(argv)
     marker = None if args.targets else "slow"
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(1, args.rounds + 1):
             junit = Path(tmp) / f"round-{k}.xml"
-            code, wall = one_round(args.targets or ["tests"], marker, junit)
+            code, wall = one_round(args.targets or ["tests"], marker, junit, args.workers)
             failed = failures(junit) if code else {}
             print(f"round {k}/{args.rounds}: exit {code} in {wall:.0f} s; {len(failed)} failed", flush=True)
             for name, message in failed.items():

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -24,6 +25,78 @@ TINY_ARCH = lcfg.load(TINY)["model"]["architecture"]
 
 WORKFLOW_FILES = ("Snakefile", "rules", "config", "kernels", "templates", "envs", "profiles")
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+# `make test` runs the suite on two pytest workers (pytest-xdist, -n 2). A module whose assertions rest on the timings it
+# measures (a prediction against a measurement, two runs compared, a speedup) is marked `alone`: each of its tests, with
+# the module's fixtures it sets up, holds the machine alone (an exclusive lock; the other worker waits between its own
+# tests). Every other test shares the machine, two at a time: its assertions hold however slow the cores are.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process: nothing to share the machine with
+        yield
+        return
+    # the run's own directory, above each worker's basetemp (.../popen-gw0): the workers' locks, removed with it
+    with machine(item.config._tmp_path_factory.getbasetemp().parent, alone=alone(item)):
+        yield
+
+
+def alone(item) -> bool:
+    mark = item.get_closest_marker("alone")  # alone(False) on a test: shared, in a module marked alone
+    return bool(mark and (mark.args or (True,))[0])
+
+
+HELD: dict = {}  # this worker's lock on the machine while a test runs, and whether it is held alone
+
+
+@contextlib.contextmanager
+def machine(run: Path, alone: bool):
+    """The machine for one test among the run's workers: alone (exclusive) or shared. A test that asks for it alone
+    holds the gate while it waits, so that no shared test starts past it (no worker waits forever for the other's
+    stream of shared tests to end)."""
+    with open(run / "machine.gate", "a") as gate, open(run / "machine.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        HELD.update(lock=lock, alone=alone)
+        try:
+            yield
+        finally:
+            HELD.clear()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def share_the_machine() -> None:
+    """A test marked alone whose measuring is done (what is left makes a report of what was measured): the other worker
+    may run its tests beside the rest of it. Nothing where the suite runs in one process."""
+    if HELD.get("alone"):
+        fcntl.flock(HELD["lock"], fcntl.LOCK_SH)
+        HELD["alone"] = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under -n (make test: --dist loadfile, each module's tests on one worker, so that its module fixtures, a server or
+    a whole workflow run, are set up once): the modules marked alone go first. They run one at a time, then the rest two
+    at a time, the longest of those first (LONGEST_SHARED), so that the run does not end on one of them while the other
+    worker has nothing left to do."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        def order(item) -> tuple:
+            name = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
+            return (not _module_alone(item), LONGEST_SHARED.index(name) if name in LONGEST_SHARED else len(LONGEST_SHARED))
+
+        items.sort(key=order)  # stable: each module's own order kept
+
+
+# the modules without timings of their own that take longest (make test's --durations, 2026-12-06: 100 to 130 s each,
+# then 50 and 47 s); the other shared modules take 30 s and less
+LONGEST_SHARED = ("test_workflow", "test_terminal", "test_slurm", "test_faults", "test_prompts", "test_report_failed")
+
+
+def _module_alone(item) -> bool:
+    marks = getattr(getattr(item, "module", None), "pytestmark", [])
+    return any(m.name == "alone" and (m.args or (True,))[0] for m in (marks if isinstance(marks, list) else [marks]))
 
 
 def bench_script(name: str):
@@ -75,7 +148,9 @@ TINY_RUN: dict = {}  # the tiny workflow's console output and the command lines 
 
 
 class CommandLines(set):
-    """The command lines of every process on this machine, sampled every 0.2 s while the block runs."""
+    """The command lines of every process this test process started (its descendants: the workflow, its jobs, their
+    servers; nothing longctx starts leaves the tree), sampled every 0.2 s while the block runs. Not the machine's every
+    process: under -n the other worker's tests run beside it, and theirs are not this run's."""
 
     def __enter__(self) -> "CommandLines":
         import psutil
@@ -84,8 +159,9 @@ class CommandLines(set):
 
         def watch():
             while not self._done.is_set():
-                for proc in psutil.process_iter(["cmdline"]):
-                    self.add(" ".join(proc.info["cmdline"] or []))
+                for proc in psutil.Process().children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        self.add(" ".join(proc.cmdline()))
                 time.sleep(0.2)
 
         self._thread = threading.Thread(target=watch, daemon=True)

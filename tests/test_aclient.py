@@ -25,6 +25,9 @@ from .openai_servers import openai_server
 from .test_client import CUMULATIVE, GAP, TTFT
 from .test_client import generate as known_delays
 
+# alone under -n (tests/conftest.py): its TTFT and gaps are held to a few milliseconds
+pytestmark = pytest.mark.alone
+
 KERNEL = "kernel" if sys.platform == "linux" else "socket"
 PARTIAL = 3  # events the stalling request gets before it stalls
 

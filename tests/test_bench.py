@@ -14,6 +14,9 @@ from longctx.measure.sweep import run_configuration
 
 from .conftest import tiny_spec
 
+# alone under -n (tests/conftest.py): its batches must overlap and its timeouts must not fire
+pytestmark = pytest.mark.alone
+
 
 def _group_gone(pid: int) -> bool:
     try:

@@ -22,6 +22,9 @@ from .openai_servers import DECODE_S, openai_server
 from .report_data import LLAMA_GQA, run_report_chain
 from .test_report_failed import text_of, unescape_md
 
+# alone under -n (tests/conftest.py): the rates it measures are held to the server's decode time
+pytestmark = pytest.mark.alone
+
 MS = 1e-3
 
 

@@ -23,6 +23,9 @@ from longctx.measure.wire import WireStream
 
 from .conftest import serve_generate
 
+# alone under -n (tests/conftest.py): its TTFT and gaps are held to a few milliseconds
+pytestmark = pytest.mark.alone
+
 TTFT = 0.30
 GAP = 0.05
 # completion_tokens after each event: the fourth event carries two tokens (as under speculation)

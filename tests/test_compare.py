@@ -19,6 +19,9 @@ from longctx.report.headline import headline
 from longctx.report.latex import TEX
 from longctx.report.markdown import MARKDOWN
 
+# alone under -n (tests/conftest.py): a real-sized comparison is timed
+pytestmark = pytest.mark.alone
+
 SETTINGS = {"confidence": 0.95}
 
 

@@ -21,6 +21,9 @@ from longctx.measure.telemetry import NvmlSource
 
 from .test_telemetry import FakeNvml
 
+# alone under -n (tests/conftest.py): a sample must fall within half a second of each mark
+pytestmark = pytest.mark.alone
+
 IDS = {"gpm_sm_active_pct": 2, "gpm_sm_occupancy_pct": 3, "gpm_tensor_active_pct": 5, "gpm_dram_bw_pct": 10}
 
 

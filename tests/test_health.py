@@ -16,6 +16,9 @@ from longctx.measure.sweep import run_configuration
 from . import openai_servers as servers
 from .conftest import tiny_spec
 
+# alone under -n (tests/conftest.py): a failure must be seen within seconds
+pytestmark = pytest.mark.alone
+
 
 @contextlib.contextmanager
 def openai_server(codes: dict[str, int], default: int = 404):

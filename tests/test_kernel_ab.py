@@ -29,6 +29,9 @@ from longctx.core.interleave import schedule
 
 from .conftest import ROOT
 
+# alone under -n (tests/conftest.py): its verdicts compare two kernels' timings
+pytestmark = pytest.mark.alone
+
 REFERENCE = ROOT / "kernels" / "reference" / "paged_mla_decode.py"
 TWIN = ROOT / "kernels" / "cpu" / "paged_mla_decode.cpp"
 SHAPE = Shape()  # 2 heads, cell 64 + 16, float32: the default config's

@@ -25,7 +25,8 @@ import pytest
 from .conftest import CORES, ENV, ROOT, copy_workflow, snakemake
 from .test_report import pdftotext
 
-pytestmark = pytest.mark.slow
+# alone under -n (tests/conftest.py): the gate compares two runs' timings
+pytestmark = [pytest.mark.alone, pytest.mark.slow]
 
 KERNEL = "kernels/reference/paged_mla_decode.py"
 CELLS = "        kv = _cells(pages, page_table[b, : -(-n // page_size)], n, dim)\n"

@@ -350,6 +350,7 @@ def test_the_workflow_benches_the_kernel_at_the_served_shape(tmp_path):
     assert "--heads 8 --kv-lora-rank 512 --rope 64 --dtype bfloat16 " in command
 
 
+@pytest.mark.alone  # under -n (tests/conftest.py): a long context must time slower than a short one
 def test_the_metronomes_kernel_call_times_the_built_kernel_at_its_shape_and_length(built):
     """Issue 53, item 7: the metronome's kernel call (longctx.attention.kernelprobe, a process of its own) loads the
     build it is given and times it at the shape and length asked: the build's hash and target come back, and a

@@ -20,6 +20,9 @@ from longctx.measure.sweep import run_configuration
 
 from .conftest import bench_script, tiny_spec
 
+# alone under -n (tests/conftest.py): its loops' send times are held to tens of milliseconds
+pytestmark = pytest.mark.alone
+
 
 def test_arrival_schedules_have_the_asked_rate_and_burstiness():
     n, rate = 20000, 50.0

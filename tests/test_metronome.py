@@ -32,6 +32,9 @@ from longctx.report import whatif as whatifview
 
 from .conftest import tiny_spec
 
+# alone under -n (tests/conftest.py): quiet readings must be faster than busy ones
+pytestmark = pytest.mark.alone
+
 BUSY = 12  # processes spinning through the stretch
 SETTLE_S = 0.5  # after they are started, before the reading: each has started spinning
 FACTOR = 1.5  # a reading in the stretch against the faster of the quiet ones, at the least

@@ -20,7 +20,8 @@ from longctx.measure.sweep import run_configuration
 
 from .conftest import ENV, TINY, copy_workflow, tiny_spec
 
-pytestmark = pytest.mark.slow
+# alone under -n (tests/conftest.py): a signal must land while the sweep runs
+pytestmark = [pytest.mark.alone, pytest.mark.slow]
 
 
 def gone(pid: int, within_s: float = 30) -> bool:

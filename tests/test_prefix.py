@@ -14,6 +14,9 @@ from longctx.measure.sweep import run_configuration
 
 from .conftest import tiny_spec
 
+# alone under -n (tests/conftest.py): a cached prompt's TTFT is held against a cold one's
+pytestmark = pytest.mark.alone
+
 PREFIX = {"lengths": [1536], "hit_rates": [0.0, 0.5, 0.9], "trials": 2, "output_tokens": 4, "granularity": None,
           "conversation": {"max_context": 400, "turn_tokens": 64, "output_tokens": 8, "control": True}}
 

@@ -13,6 +13,9 @@ from longctx.measure.progress import Progress, duration, time_left
 
 from .conftest import ENV, ROOT, tiny_spec
 
+# alone under -n (tests/conftest.py): the time left it predicts is held against the time taken
+pytestmark = pytest.mark.alone
+
 # exact laws: TTFT = a + b L + c L^2, decode step = t0 + beta L
 A, B, C, T0, BETA = 0.01, 1e-5, 1e-9, 1e-3, 1e-7
 PROTO = {"warmup": 1, "trials": 2, "output_tokens": 32, "concurrency": [2], "needle": {"enabled": False, "output_tokens": 16},

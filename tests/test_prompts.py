@@ -85,6 +85,7 @@ def external(url: str, tokenizer: str, lengths=(64, 300), **protocol) -> dict:
     })
 
 
+@pytest.mark.alone  # under -n (tests/conftest.py): decode rates are held to the server's decode time
 @pytest.mark.parametrize("behaviour", sorted(BEHAVIOURS))
 def test_every_length_is_measured_exactly_against_each_server(tmp_path, behaviour):
     from tokenizers import Tokenizer as HF
@@ -135,6 +136,7 @@ def test_a_server_that_stops_early_is_flagged(tmp_path):
         assert t["early_stop"] and t["completion_tokens"] == 4 and t["reason"] == "stopped after 4 of 9 output tokens"
 
 
+@pytest.mark.alone  # under -n (tests/conftest.py): decode rates are held to the server's decode time
 @pytest.mark.slow
 def test_the_whole_workflow_reports_every_kind_of_server(tmp_path):
     """One configuration per behaviour, through every stage (real Snakemake, real TeX) to the PDF."""

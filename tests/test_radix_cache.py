@@ -18,6 +18,9 @@ from .conftest import refengine_command
 from .test_refengine import CFG, KERNEL, MODEL, prompt
 from .test_retraction import metric
 
+# alone under -n (tests/conftest.py): a flush must arrive while a stream runs
+pytestmark = pytest.mark.alone
+
 
 class Engine:
     """A pool and a scheduler in this process, with or without the prefix cache."""

@@ -35,7 +35,7 @@ import yaml
 
 from longctx import config as lcfg
 
-from .conftest import CORES, ENV, copy_workflow, snakemake
+from .conftest import CORES, ENV, copy_workflow, share_the_machine, snakemake
 from .realmodel import PERF, PREFIX_HIT, gguf_path, held_or_said, hf_directory, llamacpp_python
 from .vllm_cpu import counter, require_vllm, serving, start_vllm, ttft_histogram
 
@@ -43,7 +43,8 @@ VLLM_PYTHON = require_vllm()
 LLAMACPP_PYTHON = llamacpp_python()
 GGUF = gguf_path()
 
-pytestmark = [pytest.mark.slow, pytest.mark.thirdparty]
+# alone under -n (tests/conftest.py): TTFT is held against the servers' own records, and the what-if against measurement
+pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.thirdparty]
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 # Prefill runs at ~200 tokens/s on llama.cpp here (2 cores; 4 to 13 s at 1,024 tokens, 11 to 38 s at 2,048 on a
@@ -73,9 +74,14 @@ def external_config(url: str, model: dict, lengths=LENGTHS, trials=TRIALS, outpu
 
 
 def run_workflow(work: Path, config: dict) -> Path:
+    """The workflow's measurements, alone on the machine under -n; then the rest of it (aggregation to the PDF and the
+    twin), which reports what was measured, beside the other worker's tests."""
     copy_workflow(work)
     (work / "real.yaml").write_text(yaml.safe_dump(config))
-    snakemake(work, *CORES, "report/longctx.pdf", "report/longctx.md", "--configfile", "real.yaml")
+    targets = ("report/longctx.pdf", "report/longctx.md", "--configfile", "real.yaml")
+    snakemake(work, *CORES, *targets, "--until", "bench_configuration", "calibrate_hardware")
+    share_the_machine()
+    snakemake(work, *CORES, *targets)
     return work
 
 
@@ -174,6 +180,11 @@ def llamacpp_workflow(llamacpp_server, smollm2, tmp_path_factory):
     with log.open("rb") as f:
         f.seek(start)
         return {"work": work, "log": f.read().decode(errors="replace")}
+
+
+@pytest.mark.alone(False)  # the model's conversion and the server's start-up time nothing: they share the machine
+def test_llamacpp_serves_the_gguf_under_the_models_name(llamacpp_server, smollm2):
+    assert [m["id"] for m in httpx.get(llamacpp_server["base"] + "/v1/models").json()["data"]] == [MODEL_NAME]
 
 
 def completions(log_text: str) -> list[dict]:
@@ -351,6 +362,16 @@ def vllm_workflow(vllm_servers, smollm2, tmp_path_factory):
             "ngram_before": before["ngram"], "ngram_after": httpx.get(bases["ngram"] + "/metrics").text}
 
 
+@pytest.mark.alone(False)  # the two start-ups (half a minute of imports each) time nothing: they share the machine
+def test_vllm_refuses_a_request_without_its_key(vllm_servers):
+    """vLLM's own --api-key, as the adapter passed it: a completion without the key is refused (401), with it answered."""
+    for up in vllm_servers.values():
+        body = {"model": up["model"], "prompt": "hi", "max_tokens": 1}
+        assert httpx.post(up["base"] + "/v1/completions", json=body).status_code == 401
+        assert httpx.post(up["base"] + "/v1/completions", json=body,
+                          headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
 def test_vllm_every_length_is_measured_and_counted_as_vllm_counted(vllm_workflow):
     """Third-party truth: vLLM's usage (the counts longctx recorded are vLLM's, not its own) and its counters over
     the whole run: its prompt-token counter moved by at least what longctx recorded (the rest: the prompt probe and
@@ -448,17 +469,12 @@ def test_vllms_what_if_answer_at_a_concurrency_its_model_never_saw_holds(vllm_wo
     print(held_or_said(work, "real", errors, {"tpot": TOLERANCE, "ttft": 25 / 15 * TOLERANCE}))
 
 
-def test_vllm_refuses_a_request_without_its_key_and_the_key_is_written_nowhere(vllm_servers, vllm_workflow):
-    """vLLM's own --api-key: a completion without the key is refused (401) and the workflow measured every length
-    (above), so it sent the key; no file the workflow wrote (raw files, provenance, the PDF's text, the twin,
-    Snakemake's records and logs) nor vLLM's own log holds it."""
+def test_vllms_key_is_written_nowhere(vllm_servers, vllm_workflow):
+    """vLLM refuses a request without its key (test_vllm_refuses_a_request_without_its_key) and the workflow measured
+    every length (above), so it sent the key; no file the workflow wrote (raw files, provenance, the PDF's text, the
+    twin, Snakemake's records and logs) nor vLLM's own log holds it."""
     from .test_report import pdftotext
 
-    vllm_server = vllm_servers["plain"]
-    body = {"model": vllm_server["model"], "prompt": "hi", "max_tokens": 1}
-    assert httpx.post(vllm_server["base"] + "/v1/completions", json=body).status_code == 401
-    assert httpx.post(vllm_server["base"] + "/v1/completions", json=body,
-                      headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
     work = vllm_workflow["work"]
     found = [str(p.relative_to(work)) for p in work.rglob("*") if p.is_file()
              and KEY.encode() in (pdftotext(p).encode() if p.suffix == ".pdf" else p.read_bytes())]

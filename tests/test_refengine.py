@@ -18,6 +18,9 @@ from longctx.refengine.scheduler import Req, Scheduler
 
 from .conftest import ROOT, TINY_ARCH
 
+# alone under -n (tests/conftest.py): a stop must take under 15 s
+pytestmark = pytest.mark.alone
+
 KERNEL = kernels.load_kernel(ROOT / "kernels" / "reference")
 CFG = ModelConfig.from_overrides(TINY_ARCH)
 MODEL = MLAModel(CFG, seed=0)

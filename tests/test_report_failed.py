@@ -162,6 +162,7 @@ def test_figures_without_data_say_not_measured(report):
     assert "??" not in report["pdf"]
 
 
+@pytest.mark.alone  # under -n (tests/conftest.py): a real sweep's fits must find no regime change
 def test_a_real_sweep_with_a_trial_lost_marks_that_length_and_leaves_it_out_of_the_fits(tmp_path, monkeypatch):
     """A real sweep of the reference engine in which two of the three trials of its longest length time out (a
     timeout of 0.1 ms, on the real client, for those requests alone): the raw file says partial, and the

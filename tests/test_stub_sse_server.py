@@ -19,6 +19,9 @@ from longctx.measure.transport import async_timed_client, timed_client
 
 from .conftest import ROOT, bench_script
 
+# alone under -n (tests/conftest.py): its times are held to milliseconds
+pytestmark = pytest.mark.alone
+
 KERNEL = "kernel" if sys.platform == "linux" else "socket"
 INTERVAL = 0.004
 

@@ -21,6 +21,9 @@ from longctx.measure.telemetry import NvmlSource, ProcessSource, is_local_host, 
 
 from .conftest import tiny_spec
 
+# alone under -n (tests/conftest.py): its sampler must catch samples at its interval
+pytestmark = pytest.mark.alone
+
 
 def kernel_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of one process as the kernel counts them (/proc/<pid>/stat)."""

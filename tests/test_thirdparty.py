@@ -32,13 +32,14 @@ import yaml
 from longctx import config as lcfg
 from longctx.engines import get_adapter
 
-from .conftest import CORES, ROOT, copy_workflow
+from .conftest import CORES, ROOT, copy_workflow, share_the_machine
 from .test_workflow import snakemake
 from .vllm_cpu import counter, require_vllm, serving, start_vllm, ttft_histogram
 
 VLLM_PYTHON = require_vllm()
 
-pytestmark = [pytest.mark.slow, pytest.mark.thirdparty]
+# alone under -n (tests/conftest.py): TTFT is held against vLLM's own record, and the what-if against measurement
+pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.thirdparty]
 
 GiB = 2**30
 KV_BYTES = 2 * 2 * 64 * 2 * 2  # K and V x 2 KV heads x head_dim 64 x 2 layers x 2 bytes (bf16) = 1,024
@@ -74,6 +75,7 @@ def vllm_config(model_dir: str, hf_config: bool = True, **args) -> dict:
     })
 
 
+@pytest.mark.alone(False)  # it times nothing: it shares the machine under -n
 def test_vllm_own_parser_checks_our_command_lines():
     adapter = get_adapter("vllm")
     config = vllm_config("/models/m", hf_config=False, **{
@@ -104,6 +106,7 @@ def tiny_llama(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.alone(False)  # it times nothing: it shares the machine under -n
 def test_a_vllm_that_cannot_start_is_named_by_its_root_cause_once_and_not_started_again(tiny_llama, tmp_path, caplog):
     """Issue 54, item 8: vLLM pointed at a directory with the model's config and no weights. Its log's last line is
     the front end's "Engine core initialization failed. See root cause above."; the cause, printed above it by the
@@ -155,6 +158,7 @@ def vllm_workflow(tmp_path_factory, tiny_llama, request):
     snakemake(work, *CORES, "report/longctx.pdf", "--configfile", "vllm.yaml",
               "--until", "bench_configuration", "calibrate_hardware")
     assert not (work / "data" / "results.csv").exists()  # only the measurements so far
+    share_the_machine()  # what is left reports what was measured (and starts the TTFT test's server)
     if not SERVED and any("vllm_server" in item.fixturenames for item in request.session.items):
         EARLY.update(start_vllm_server(tmp_path_factory, tiny_llama))
     try:

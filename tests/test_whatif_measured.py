@@ -33,7 +33,8 @@ from longctx.report.whatif import TOLERANCE
 
 from .conftest import ROOT
 
-pytestmark = pytest.mark.slow
+# alone under -n (tests/conftest.py): predictions are held against measurement
+pytestmark = [pytest.mark.alone, pytest.mark.slow]
 
 NAME = "page1-scattered"
 L = 1024

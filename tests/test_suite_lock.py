@@ -1,0 +1,101 @@
+"""The suite's own lock on the machine (tests/conftest.py, machine): under `make test`'s two workers a test marked alone
+holds the machine alone, and a test that waits for it is not passed by the other worker's stream of shared tests. Each
+holder here is a thread with its own open files, as each worker has: flock's locks belong to the open file, so two
+threads conflict as two processes do. The order of events is asserted, not their timing: a holder says when it is
+waiting, and the test checks what has not happened yet before it lets the next thing happen."""
+
+from __future__ import annotations
+
+import threading
+
+from .conftest import machine, share_the_machine
+
+
+class Holder(threading.Thread):
+    def __init__(self, run, alone: bool, log: list, name: str):
+        super().__init__(daemon=True)
+        self.run_dir, self.alone, self.log, self.label = run, alone, log, name
+        self.waiting, self.held, self.release = threading.Event(), threading.Event(), threading.Event()
+
+    def run(self):
+        self.waiting.set()
+        with machine(self.run_dir, self.alone):
+            self.log.append(self.label)
+            self.held.set()
+            self.release.wait(30)
+
+
+def start(run, alone, log, name) -> Holder:
+    h = Holder(run, alone, log, name)
+    h.start()
+    assert h.waiting.wait(10)
+    return h
+
+
+def not_yet(h: Holder) -> bool:
+    return not h.held.wait(0.3)  # it asked and has not got it (it could only be late, never early)
+
+
+def test_a_test_alone_keeps_a_shared_one_out_until_it_ends(tmp_path):
+    log: list = []
+    first = start(tmp_path, True, log, "alone")
+    assert first.held.wait(10)
+    shared = start(tmp_path, False, log, "shared")
+    assert not_yet(shared)
+    first.release.set()
+    assert shared.held.wait(10) and log == ["alone", "shared"]
+    shared.release.set()
+
+
+def test_two_shared_tests_run_together(tmp_path):
+    log: list = []
+    a, b = start(tmp_path, False, log, "a"), start(tmp_path, False, log, "b")
+    assert a.held.wait(10) and b.held.wait(10)
+    a.release.set(), b.release.set()
+
+
+def test_a_test_waiting_to_be_alone_is_not_passed_by_a_later_shared_one(tmp_path):
+    """The gate: a shared test that asks after an alone one began to wait gets the machine after it, not before."""
+    log: list = []
+    running = start(tmp_path, False, log, "running")
+    assert running.held.wait(10)
+    alone = start(tmp_path, True, log, "alone")
+    assert not_yet(alone)
+    later = start(tmp_path, False, log, "later")
+    assert not_yet(later)  # it would join the running shared test but for the gate
+    running.release.set()
+    assert alone.held.wait(10) and not_yet(later)
+    alone.release.set()
+    assert later.held.wait(10) and log == ["running", "alone", "later"]
+    later.release.set()
+
+
+def test_a_test_alone_that_is_done_measuring_lets_a_shared_one_in(tmp_path):
+    """share_the_machine, in the thread that holds the machine alone (conftest.HELD is that holder's): a shared test
+    waiting for it gets the machine while the alone test goes on."""
+    from . import conftest
+
+    log: list = []
+    held: list = []  # whether the holder still held the machine alone after share_the_machine
+    holding, downgraded = threading.Event(), threading.Event()
+
+    def holder():
+        with machine(tmp_path, True):
+            log.append("alone")
+            holding.set()
+            downgraded.wait(30)
+            log.append("sharing")
+            share_the_machine()
+            held.append(conftest.HELD["alone"])
+            done.wait(30)
+
+    done = threading.Event()
+    t = threading.Thread(target=holder, daemon=True)
+    t.start()
+    assert holding.wait(10)
+    waiter = start(tmp_path, False, log, "waiter")
+    assert not_yet(waiter)
+    downgraded.set()
+    assert waiter.held.wait(10) and log == ["alone", "sharing", "waiter"] and held == [False]
+    done.set(), waiter.release.set()
+    t.join(10)
