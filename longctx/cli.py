@@ -371,15 +371,20 @@ def _compare(a) -> int:
     return 0
 
 
-def _ab_config(a) -> dict:
-    """The config `longctx ab` runs with: --configfile (or as the workflow merged them, LONGCTX_CONFIG_SOURCES; else
-    config/longctx.yaml), its --config values, then the command line's baseline and level over ab.*."""
+def _workflow_config(a) -> dict:
+    """The config a command run in the workflow's directory takes: --configfile (or as the workflow merged them,
+    LONGCTX_CONFIG_SOURCES; else config/longctx.yaml) and its --config values."""
     from . import config as cfg
 
     sources = json.loads(os.environ.get(cfg.CONFIG_SOURCES_VAR) or "{}")
     files = a.configfile or sources.get("configfiles") or ["config/longctx.yaml"]
     overrides = json.loads(a.config_overrides) if a.config_overrides else sources.get("overrides")
-    config = cfg.load(files, overrides)
+    return cfg.load(files, overrides)
+
+
+def _ab_config(a) -> dict:
+    """The config `longctx ab` runs with (_workflow_config), the command line's baseline and level over ab.*."""
+    config = _workflow_config(a)
     asked = {k: v for k, v in (("against", a.against), ("against_rev", a.against_rev), ("level", a.level)) if v}
     if asked.get("against") or asked.get("against_rev"):  # the command line's baseline replaces the config's
         config["ab"].update(against=None, against_rev=None)
@@ -389,6 +394,43 @@ def _ab_config(a) -> dict:
 
         config["ab"]["against"] = f"v{version_number(config['ab']['against'])}"
     return config
+
+
+def _advise(a) -> int:
+    import pandas as pd
+
+    from .analysis import advise
+    from .core.numbers import json_plain
+
+    config = _workflow_config(a)
+    if not config.get("advise"):
+        raise ConfigError("config key 'advise': no goal is set: give the context to fit, a workload and its SLO "
+                          "(docs/advise.md), in the config or with --config-overrides")
+    data = Path(a.data)
+
+    def read(name: str, default=None):
+        path = data / name
+        if not path.exists():
+            if default is not None:
+                return default
+            raise SystemExit(f"{path} is missing: run the workflow first (snakemake --cores 1), then advise in its directory")
+        return json.loads(path.read_text())
+
+    requests = data / "load_requests.csv"
+    try:
+        doc = advise.advise(read("fits.json"), read("load.json", {}), read("provenance.json"),
+                            pd.read_csv(requests) if requests.exists() else pd.DataFrame(columns=["configuration", "kind"]),
+                            config, a.configuration)
+    except advise.AdviceError as exc:
+        raise ConfigError(str(exc)) from None
+    text = json.dumps(json_plain(doc), indent=1, sort_keys=True) + "\n"
+    if a.out:
+        write_atomic(a.out, text)
+    if a.json:
+        print(text, end="")
+    else:
+        _say_lines(a, advise.lines(doc))
+    return 0
 
 
 def _ab(a) -> int:
@@ -695,6 +737,21 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="the whole comparison as JSON")
     s.add_argument("--versions", default="report/versions", help="where versions are kept (default: report/versions)")
     s.set_defaults(func=_compare)
+
+    s = sub.add_parser("advise", help="the flags to restart the server with for the goal of config key advise (the "
+                       "context to fit, a workload and its SLO), from the memory planner and the serving model of the "
+                       "run measured in this directory; exit 0 with the advice, or with the nearest setting and the "
+                       "constraint that binds where none meets the goal")
+    s.add_argument("--configuration", help="the configuration to advise on (default: every one measured)")
+    s.add_argument("--json", action="store_true", help='print the advice as JSON: {"configurations": {name: '
+                   '{"feasible", "binding", "recommended": {"flags", "predicted": {"ttft_s_p50", "tpot_s_p50", '
+                   '"goodput_rps"}, ...}, "runner_up", ...}}}')
+    s.add_argument("--configfile", action="append", help="config files, merged in order (default: as the workflow merged "
+                   "them, else config/longctx.yaml)")
+    s.add_argument("--config-overrides", help="--config values as JSON")
+    s.add_argument("--data", default="data", help="the run's data directory (default: data)")
+    s.add_argument("--out", help="also write the JSON advice here")
+    s.set_defaults(func=_advise)
 
     s = sub.add_parser("ab", help="the kernel sources of the working tree against an earlier version's, measured in one "
                        "run, interleaved in blocks (A B B A ...), and gated: exit 1 where a length got slower beyond the margin "

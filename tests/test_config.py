@@ -39,7 +39,7 @@ def test_default_config_validates_with_defaults_filled_in():
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (lambda c: c.update(protocl={}), "'protocl' is unknown; allowed keys: ab, allow_missing, analysis, calibration, configurations, kernels, lengths, load, metronome, model, prefix, protocol, report, resources, server, slo, telemetry"),
+    (lambda c: c.update(protocl={}), "'protocl' is unknown; allowed keys: ab, advise, allow_missing, analysis, calibration, configurations, kernels, lengths, load, metronome, model, prefix, protocol, report, resources, server, slo, telemetry"),
     (lambda c: c.update(protocol={"trails": 2}), "'protocol.trails' is unknown; allowed keys: concurrency, flush_cache, itl_depth, needle, output_tokens,"),
     (lambda c: c["configurations"]["a"].update(engine="sglangx"), "'configurations.a.engine': 'sglangx' is not allowed; allowed values: reference"),
     (lambda c: c["configurations"]["a"]["args"].update({"page-sise": 4}), "'configurations.a.args.page-sise' is not a reference flag; allowed keys: attention-backend,"),

@@ -7,6 +7,7 @@ import subprocess
 
 import pandas as pd
 import pytest
+import yaml
 
 from longctx import config as lcfg
 from longctx.report import plans as plan, latex as report
@@ -527,3 +528,40 @@ def test_the_reference_engines_load_points_are_predicted(workflow):
     md = " ".join((workflow / "report" / "longctx.md").read_text().split())
     assert "## What if: the deployment under load, predicted" in md and "Median absolute error at p50" in md
     assert all(f"The {k} fit failed its quality gate" in md for k in failed)
+
+
+def test_advise_answers_a_workload_goal_with_the_reference_engines_flags(workflow, tmp_path):
+    """`longctx advise` on the tiny run (issue 55): a closed loop of 2 at 128 tokens, an SLO, a search of 3 x 2 settings
+    (the rest, mem-fraction-static, around the measured). The answer is in the reference engine's own flags (SGLang's
+    names), with predicted figures inside their intervals; a max-running-requests of 1 serves the two clients one
+    after the other (half the requests a second, by the simulation's rules), so the pick runs both. An SLO no setting
+    can meet (a TPOT of a microsecond) gets the honest no, exit 0, the SLO binding."""
+    import sys
+
+    from .conftest import ENV
+
+    goal = {"context": 2000, "workload": {"concurrency": 2, "prompt": 128, "output": 8},
+            "slo": {"ttft_s": 0.5, "tpot_s": 0.05},
+            "search": {"max-running-requests": [1, 2, 4], "chunked-prefill-size": [64, 8192]}}
+
+    def advise(goal: dict) -> dict:
+        (tmp_path / "goal.yaml").write_text(yaml.safe_dump({"advise": goal}))
+        proc = subprocess.run([sys.executable, "-m", "longctx.cli", "advise", "--configfile", "tiny.yaml", "--configfile",
+                               str(tmp_path / "goal.yaml"), "--configuration", "page1", "--json"],
+                              cwd=workflow, env=ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["configurations"]["page1"]
+
+    a = advise(goal)
+    assert a["feasible"] and a["engine"] == "the reference engine"
+    rec = a["recommended"]
+    assert set(rec["flags"]) == {"max-running-requests", "chunked-prefill-size", "mem-fraction-static"}
+    assert rec["flags"]["max-running-requests"] >= 2 and rec["context_fits"]
+    for key in ("ttft_s_p50", "tpot_s_p50", "goodput_rps"):
+        p = rec["predicted"][key]
+        assert p["interval"][0] <= p["value"] <= p["interval"][1], (key, p)
+    assert rec["predicted"]["ttft_s_p50"]["value"] <= 0.5 and rec["slo"] == {"ttft_s": True, "tpot_s": True}
+    assert a["runner_up"] and a["runner_up"]["flags"] != rec["flags"]
+    no = advise({**goal, "slo": {"tpot_s": 1e-6}})
+    assert not no["feasible"] and no["recommended"] is None and no["binding"].startswith("the SLO: tpot_s"), no["binding"]
+    assert set(no["nearest"]["flags"]) == set(rec["flags"])

@@ -385,7 +385,7 @@ def quoted(rows: list[dict], readings: list[dict] | None) -> dict:
             if median is not None else None}
 
 
-def _grid_point(costs: Costs, rules: Rules, kind: str, level: float, L: int, g: dict, slo: dict,
+def grid_point(costs: Costs, rules: Rules, kind: str, level: float, L: int, g: dict, slo: dict,
                 conf: float, stagger: float = 0.0) -> tuple[dict, int]:
     """One predicted point of the grid, a closed loop of `level` clients or an open loop of `level` arrivals a
     second (the seeded schedule the load workloads use, longctx.measure.load.arrival_schedule): its p50 and p90,
@@ -432,7 +432,7 @@ def _frontier(costs: Costs, rules: Rules, kind: str, level: float, points: list[
             mid = int(round((lo * hi) ** 0.5))
             if mid in (lo, hi):
                 break
-            p, ev = _grid_point(costs, rules, kind, level, mid, g, slo, conf, stagger)
+            p, ev = grid_point(costs, rules, kind, level, mid, g, slo, conf, stagger)
             events += ev
             if _passes(p, slo):
                 lo, best = mid, p
@@ -467,7 +467,7 @@ def grid(costs: Costs, rules: Rules, mm: dict | None, g: dict, slo: dict, level:
         points, frontier = [], []
         for kind, levels in (("concurrency", g["concurrency"]), ("rate", g["rates"])):
             for x, L in itertools.product(levels, g["lengths"]):
-                p, ev = _grid_point(costs, r, kind, x, L, g, slo, level, stagger)
+                p, ev = grid_point(costs, r, kind, x, L, g, slo, level, stagger)
                 points.append(p)
                 events += ev
             for x in levels:
@@ -503,6 +503,39 @@ def chunk_effect(settings: list[dict], rules: Rules, costs: Costs) -> str | None
     return "; ".join(words) or None
 
 
+def serving_model(name: str, entry: dict, fit: dict, ld: dict | None, requests: pd.DataFrame) -> dict:
+    """One configuration's serving model as the what-if (and the advice, longctx.analysis.advise) asks it: its costs
+    and their bootstrap draws with the wake probe's figures and r fitted to its closed loops, its scheduler's rules,
+    its measured closed loops with their first sends, the client's stagger, the leave-one-out models (left_out), its
+    memory model (None where the planner cannot size its pool); or {"reason"} where it cannot be simulated."""
+    costs, draws, why = costs_of(fit)
+    rules, said = rules_of(entry, ld)
+    if adapter_of(entry).verify_width(entry.get("args") or {}) > 1:
+        why = why or "speculative decoding (a step verifies several tokens) is not in the serving model"
+    if rules is None:
+        why = why or said.get("not_simulated") or (
+            f"the scheduler of {adapter_of(entry).title} is not known to longctx (a server someone else runs: "
+            f"configurations.{name}.scheduler can say which it runs)")
+    if why:
+        return {"reason": why}
+    # the wake probe's idle gaps and what each cost (longctx.analysis.load_summary.wake), the shortest's 0
+    woke = tuple((x["idle_s"], x["extra_s"]) for x in ((ld or {}).get("wake") or {}).get("points") or [])
+    costs = dataclasses.replace(costs, wake=woke)
+    draws = [dataclasses.replace(c, wake=woke) for c in draws[:DRAWS]]
+    own = requests[requests["configuration"] == name]
+    # each closed loop's first requests as its client sent them (a few ms apart), and their median gap for the grid
+    closed = [{**p, "starts": closed_starts(own, p)} for p in (ld or {}).get("closed") or []]
+    loo = left_out(costs, draws, rules, closed)
+    costs, draws, r_source = with_r(costs, draws, rules, closed)
+    try:
+        mm = memory_model(entry)
+    except Exception as e:  # noqa: BLE001 - a pool the planner cannot size leaves mem_fraction_static unanswered
+        log.info("%s: no memory model (%s)", name, e)
+        mm = None
+    return {"costs": costs, "draws": draws, "rules": rules, "said": said, "fit": fit, "closed": closed,
+            "stagger": client_stagger(closed), "left_out": loo, "r_source": r_source, "memory": mm, "requests": own}
+
+
 def whatif(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, inter: pd.DataFrame, config: dict) -> dict:
     g = {**DEFAULT_GRID, **(config.get("whatif") or {})}
     slo = config.get("slo") or {}
@@ -517,36 +550,15 @@ def whatif(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, int
             continue
         if wanted is None and not ld:
             continue
-        fit = (fits.get("configurations") or {}).get(name) or {}
-        costs, draws, why = costs_of(fit)
-        rules, said = rules_of(entry, ld)
-        if adapter_of(entry).verify_width(entry.get("args") or {}) > 1:
-            why = why or "speculative decoding (a step verifies several tokens) is not in the serving model"
-        if rules is None:
-            why = why or said.get("not_simulated") or (
-                f"the scheduler of {adapter_of(entry).title} is not known to longctx (a server someone else runs: "
-                f"configurations.{name}.scheduler can say which it runs)")
-        if why:
-            out["configurations"][name] = {"reason": why}
-            continue
         t = time.perf_counter()
-        # the wake probe's idle gaps and what each cost (longctx.analysis.load_summary.wake), the shortest's 0
-        woke = tuple((x["idle_s"], x["extra_s"]) for x in ((ld or {}).get("wake") or {}).get("points") or [])
-        costs = dataclasses.replace(costs, wake=woke)
-        draws = [dataclasses.replace(c, wake=woke) for c in draws[:DRAWS]]
-        own = requests[requests["configuration"] == name]
-        # each closed loop's first requests as its client sent them (a few ms apart), and their median gap for the grid
-        closed = [{**p, "starts": closed_starts(own, p)} for p in (ld or {}).get("closed") or []]
-        stagger = client_stagger(closed)
-        loo = left_out(costs, draws, rules, closed)
-        costs, draws, r_source = with_r(costs, draws, rules, closed)
-        rows = check(costs, draws, rules, {**(ld or {}), "closed": closed}, own,
-                     inter[inter["configuration"] == name], icfg, loo) if ld else []
-        try:
-            mm = memory_model(entry)
-        except Exception as e:  # noqa: BLE001 - a pool the planner cannot size leaves mem_fraction_static unanswered
-            log.info("%s: no memory model (%s)", name, e)
-            mm = None
+        m = serving_model(name, entry, (fits.get("configurations") or {}).get(name) or {}, ld, requests)
+        if "reason" in m:
+            out["configurations"][name] = {"reason": m["reason"]}
+            continue
+        costs, draws, rules, said, fit, mm = m["costs"], m["draws"], m["rules"], m["said"], m["fit"], m["memory"]
+        stagger, r_source = m["stagger"], m["r_source"]
+        rows = check(costs, draws, rules, {**(ld or {}), "closed": m["closed"]}, m["requests"],
+                     inter[inter["configuration"] == name], icfg, m["left_out"]) if ld else []
         settings, events = (grid(costs, rules, mm, g, slo, level, stagger) if (g["concurrency"] or g["rates"]) and g["lengths"]
                             else ([], 0))
         out["configurations"][name] = {

@@ -106,6 +106,8 @@ class EngineAdapter(ABC):
     metric_names: dict[str, tuple[str, ...]] = {}
     metrics_path = "/metrics"
     chunked_prefill_flag: str | None = "chunked-prefill-size"  # the flag that sets the tokens of one prefill chunk
+    max_running_flag: str | None = "max-running-requests"  # the flag that caps the requests running at once
+    pool_fraction_flag: str | None = "mem-fraction-static"  # the share of memory the KV pool is sized from (SGLang's rule)
     prefix_cache_off_flag: str | None = "disable-radix-cache"  # the flag that turns the prefix cache off (SGLang's)
     cached_tokens_flag: str | None = None  # the flag without which the server reports no cached count (vLLM's)
     # what an OpenAI request adds for the generated token ids to come back in the stream (vLLM's; SGLang's
@@ -340,6 +342,13 @@ class EngineAdapter(ABC):
         the run recorded, where its defaults depend on it), with `source`: where they come from, in words. None where
         longctx does not know its scheduler (a server someone else runs)."""
         return None
+
+    def knob_flags(self, entry: dict) -> dict[str, str | None]:
+        """The flags of the server a provenance entry measured that the serving model and the memory planner cover, in
+        the engine's own names (None: the engine has no such flag, or it is not modelled): max_running, chunk (a
+        prefill chunk, or a step's tokens) and pool_fraction (the share of memory the KV pool is sized from)."""
+        return {"max_running": self.max_running_flag, "chunk": self.chunked_prefill_flag,
+                "pool_fraction": self.pool_fraction_flag}
 
     def run_rules(self, entry: dict, pool_tokens: int | None) -> dict | None:
         """The scheduler rules of a measured configuration, from its provenance entry: scheduler_rules of the flags it

@@ -52,6 +52,13 @@ class ExternalAdapter(EngineAdapter):
     def api(self, spec: ConfigurationSpec):
         return APIS[spec.api]
 
+    def knob_flags(self, entry: dict) -> dict[str, str | None]:
+        """The flags of the scheduler its configuration says it runs (configurations.<name>.scheduler), in that
+        engine's names; none where it says none (someone else's flags are not ours to know)."""
+        declared = (entry.get("scheduler") or {}).get("engine")
+        adapter = {"sglang": SGLangAdapter, "vllm": VLLMAdapter, "reference": ReferenceAdapter}.get(declared)
+        return adapter().knob_flags(entry) if adapter else {"max_running": None, "chunk": None, "pool_fraction": None}
+
     def run_rules(self, entry: dict, pool_tokens: int | None) -> dict | None:
         """The rules of the scheduler the configuration says its server runs (configurations.<name>.scheduler: an
         engine of SCHEDULERS and its flags as the server was started with them), or None: someone else's server is

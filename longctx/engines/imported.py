@@ -75,6 +75,12 @@ class ImportedAdapter(EngineAdapter):
     def verify_width(self, args: dict[str, Any]) -> int:
         return self.served.verify_width(args) if self.served else 1
 
+    def knob_flags(self, entry: dict) -> dict[str, str | None]:
+        """The served engine's flags (server_engine), in its names; none where the runs do not say which it was."""
+        if self.served:
+            return self.served.knob_flags(entry)
+        return {"max_running": None, "chunk": None, "pool_fraction": None}
+
     def chunked_prefill_size(self, args: dict[str, Any], server_info: dict) -> int | None:
         return self.served.chunked_prefill_size(args, server_info) if self.served else None
 

