@@ -23,7 +23,7 @@ TEST_ENV := LONGCTX_REQUIRE_ENGINE_PARSERS=1 LONGCTX_VLLM_PYTHON="$(CURDIR)/$(VL
 ROUNDS ?= 3
 # two pytest workers (pytest-xdist); a test that measures timings holds the machine alone (tests/conftest.py)
 PYTEST_WORKERS ?= 2
-TEST_RUNNER := python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+TEST_RUNNER := python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: setup parsers vllm llamacpp models tex slurm
 	$(RUN) $(TEST_ENV) $(TEST_RUNNER) $(PYTEST_ARGS)

@@ -27,6 +27,7 @@ def one_round(targets: list[str], marker: str | None, junit: Path, workers: int)
     started = time.monotonic()
     # as `make test` runs them: two workers, the tests that measure timings alone (tests/conftest.py)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers), "--dist", "loadfile",
+           "--no-loadscope-reorder",
            f"--junitxml={junit}", *targets]
     if marker:
         cmd += ["-m", marker]

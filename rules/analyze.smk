@@ -115,6 +115,27 @@ rule whatif:
         "--out {output} --log {log}"
 
 
+# The flags to restart with (longctx.analysis.advise, docs/advise.md): the memory planner and the serving model
+# searched for the goal of config key advise. Asked for by name (snakemake report/advice.json), not by the default
+# target; a changed goal reruns it alone.
+rule advise:
+    input:
+        fits="data/fits.json",
+        load="data/load.json",
+        provenance="data/provenance.json",
+        requests="data/load_requests.csv",
+    output:
+        "report/advice.json",
+    log:
+        "data/logs/advise.log",
+    params:
+        goal=lambda w: canonical_json(CFG["advise"]),
+    conda:
+        ENV
+    shell:
+        "longctx advise --data data --out {output} --log {log}"
+
+
 # The reused-context workloads (longctx.analysis.prefix): a row per request, then the cost model
 # TTFT = a + b (L - P) + c (L^2 - P^2) fitted over hit rates and cold trials, the saving against cold,
 # every cached-count check and the conversation's turns against the model.

@@ -67,7 +67,11 @@ def spec():
     s = tiny_spec("page1")
     protocol = {**s.protocol, "warmup": 1, "trials": 3, "output_tokens": 8, "concurrency": [],
                 "needle": {**s.protocol["needle"], "enabled": False}, "itl_depth": {"length": None, "output_tokens": 2}}
+    # no sweep twins (load.sweep_twins 0): the what-if's calibration is the sweep's, minutes before the stretch, and its
+    # check is read against the metronome's drift, the path under test here (with twins beside each point the model
+    # is set to what they measured in the stretch, and each row read against their drift: tests/test_whatif_measured.py)
     load = {**s.load, "lengths": [128], "output_tokens": 8, "closed": {"concurrency": [1, 2], "requests": 6, "duration_s": None},
+            "sweep_twins": 0,
             "open": {**s.load["open"], "rates": []}, "interference": {**s.load["interference"], "lengths": []},
             "wake": {**s.load["wake"], "idle_s": []}, "metrics": {**s.load["metrics"], "enabled": False}}
     prefix = {**s.prefix, "lengths": [256], "hit_rates": [0.0], "trials": 1,

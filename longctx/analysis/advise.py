@@ -29,8 +29,8 @@ one measured. The runner-up is the next. The pick's and the runner-up's figures 
 bootstrap draws simulated alike). `binding` is the constraint with the least slack at the pick (the KV pool against
 the context, the TTFT or TPOT against the SLO, the activation reserve against MAX_FRACTION); where nothing is
 feasible it is the constraint that no searched setting met, and `nearest` is the setting that came closest. A value
-beyond what was measured (a fraction above the measured one, a concurrency above the loads measured) is said with
-how far it extrapolates.
+beyond what was measured (a fraction other than the measured one, a concurrency above the loads measured) is said
+with how far it extrapolates.
 """
 
 from __future__ import annotations
@@ -211,7 +211,9 @@ def advise_configuration(name: str, entry: dict, fit: dict, ld: dict | None, req
            "settings": len(rows), "feasible": bool(feasible)}
     if feasible:
         pick = feasible[0]
-        runner = next((s for s in feasible[1:] if _goal_value(maximise, s) <= _goal_value(maximise, pick)), None)
+        # the runner-up: the best other scheduling setting (a pool one step larger is no alternative worth naming)
+        runner = next((s for s in feasible[1:] if (s["max_running"], s["chunk"]) != (pick["max_running"], pick["chunk"])),
+                      feasible[1] if len(feasible) > 1 else None)
         out["recommended"] = _answer(pick, flags, measured, new_ctx, ctx_len, model, workload, slo, level, mm)
         out["runner_up"] = _answer(runner, flags, measured, new_ctx, ctx_len, model, workload, slo, level, mm) if runner else None
         out["binding"] = _binding(pick, context, slo, workload, modelled_pool,
@@ -282,7 +284,7 @@ def _extrapolation(ans: dict | None, measured: dict, ld: dict | None, workload) 
     if not ans:
         return words
     frac = ans["flags"].get("mem-fraction-static")
-    if frac is not None and measured["pool_fraction"] is not None and float(frac) > float(measured["pool_fraction"]):
+    if frac is not None and measured["pool_fraction"] is not None and float(frac) != float(measured["pool_fraction"]):
         words.append(f"mem-fraction-static {frac:g} is {float(frac) - float(measured['pool_fraction']):+.2f} from the "
                      f"{float(measured['pool_fraction']):g} measured: the pool by SGLang's rule, calibrated there")
     levels = [int(p["level"]) for p in (ld or {}).get("closed") or []]
