@@ -66,7 +66,8 @@ def _fractions(measured: float | None) -> list[float]:
     if measured is None:
         return []
     lo = max(FRACTION_STEP, round(float(measured) - 0.05, 2))
-    return [round(float(x), 2) for x in np.arange(lo, MAX_FRACTION + FRACTION_STEP / 2, FRACTION_STEP)] or [round(float(measured), 2)]
+    steps = np.arange(lo, MAX_FRACTION + FRACTION_STEP / 2, FRACTION_STEP)
+    return [round(float(x), 2) for x in steps] or [round(float(measured), 2)]
 
 
 def search_axes(flags: dict, search: dict, measured: dict, modelled_pool: bool) -> dict[str, list]:
@@ -160,6 +161,8 @@ def advise_configuration(name: str, entry: dict, fit: dict, ld: dict | None, req
     """The advice for one measured configuration (the module's docstring)."""
     adapter = adapter_of(entry)
     flags = adapter.knob_flags(entry)
+    # the context length is not searched: it is set to the goal's where that is longer
+    searched_flags = {k: v for k, v in flags.items() if k != "context"}
     try:
         mm = memory_model(entry)
     except Exception:  # noqa: BLE001 - a pool the planner cannot size: the fraction is not searched
@@ -176,7 +179,7 @@ def advise_configuration(name: str, entry: dict, fit: dict, ld: dict | None, req
     if measured["max_running"] is not None:
         measured["max_running"] = int(measured["max_running"])
     modelled_pool = bool(mm and flags.get("pool_fraction") and pool_tokens(mm, 0.5) is not None)
-    axes = search_axes(flags, goal.get("search") or {}, measured, modelled_pool)
+    axes = search_axes(searched_flags, goal.get("search") or {}, measured, modelled_pool)
     context = int(goal["context"]) if goal.get("context") else None
     ctx_len = (mm or {}).get("context_length") or adapter.context_length(args, info)
     new_ctx = max(int(ctx_len), context) if ctx_len and context else (context or ctx_len)
@@ -203,9 +206,10 @@ def advise_configuration(name: str, entry: dict, fit: dict, ld: dict | None, req
     near = lambda s: sum(s[k] != measured[k] for k in axes)  # noqa: E731 - flags changed
     ranked = sorted(rows, key=lambda s: (-_goal_value(maximise, s), s["pool_fraction"] or 0, near(s)))
     feasible = [s for s in ranked if s["feasible"]]
-    out = {"configuration": name, "engine": adapter.title, "device": adapter.compute_device(args) if entry.get("device") != "cpu" else "cpu",
-           "maximise": maximise, "goal": goal,
-           "flags": {k: v for k, v in flags.items() if v}, "searched": {flags[k]: v for k, v in axes.items() if flags.get(k)},
+    device = "cpu" if entry.get("device") == "cpu" else adapter.compute_device(args)
+    out = {"configuration": name, "engine": adapter.title, "device": device, "maximise": maximise, "goal": goal,
+           "flags": {k: v for k, v in searched_flags.items() if v},
+           "searched": {flags[k]: v for k, v in axes.items() if flags.get(k)},
            "measured": {**{flags[k]: v for k, v in measured.items() if flags.get(k)}, "pool_tokens": observed,
                         "context_length": ctx_len},
            "settings": len(rows), "feasible": bool(feasible)}
@@ -230,8 +234,8 @@ def advise_configuration(name: str, entry: dict, fit: dict, ld: dict | None, req
 
 def _answer(s: dict, flags: dict, measured: dict, new_ctx, ctx_len, model: dict, workload, slo, level, mm) -> dict:
     changed = {flags[k]: s[k] for k in ("max_running", "chunk", "pool_fraction") if flags.get(k) and s[k] is not None}
-    if new_ctx and ctx_len and new_ctx != ctx_len and (mm or {}).get("context_length") is not None:
-        changed["context-length"] = new_ctx
+    if new_ctx and ctx_len and new_ctx != ctx_len and flags.get("context"):  # the goal is longer than the server took
+        changed[flags["context"]] = new_ctx
     out = {"flags": changed, "pool_tokens": s["pool_tokens"], "reserve_bytes_per_gpu": s["reserve_bytes_per_gpu"],
            "largest_context": s["largest_context"], "concurrency_fits": s["concurrency_fits"],
            "context_fits": s["context_fits"], "req_to_token_bytes": table_bytes(mm or {}, s["max_running"], new_ctx)}
@@ -300,7 +304,8 @@ def advise(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, con
     out: dict = {"format": FORMAT, "goal": goal, "configurations": {}}
     entries = provenance.get("configurations") or {}
     if configuration is not None and configuration not in entries:
-        raise AdviceError(f"--configuration {configuration!r}: not measured in this run; measured: {listed(sorted(entries)) or 'none'}")
+        raise AdviceError(f"--configuration {configuration!r}: not measured in this run; "
+                          f"measured: {listed(sorted(entries)) or 'none'}")
     level = float((fits.get("settings") or {}).get("confidence", 0.95))
     for name, entry in sorted(entries.items()):
         if configuration is not None and name != configuration:

@@ -346,9 +346,10 @@ class EngineAdapter(ABC):
     def knob_flags(self, entry: dict) -> dict[str, str | None]:
         """The flags of the server a provenance entry measured that the serving model and the memory planner cover, in
         the engine's own names (None: the engine has no such flag, or it is not modelled): max_running, chunk (a
-        prefill chunk, or a step's tokens) and pool_fraction (the share of memory the KV pool is sized from)."""
+        prefill chunk, or a step's tokens) and pool_fraction (the share of memory the KV pool is sized from), and
+        context, the flag that caps one request's tokens."""
         return {"max_running": self.max_running_flag, "chunk": self.chunked_prefill_flag,
-                "pool_fraction": self.pool_fraction_flag}
+                "pool_fraction": self.pool_fraction_flag, "context": self.context_length_flag}
 
     def run_rules(self, entry: dict, pool_tokens: int | None) -> dict | None:
         """The scheduler rules of a measured configuration, from its provenance entry: scheduler_rules of the flags it

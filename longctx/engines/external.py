@@ -57,7 +57,9 @@ class ExternalAdapter(EngineAdapter):
         engine's names; none where it says none (someone else's flags are not ours to know)."""
         declared = (entry.get("scheduler") or {}).get("engine")
         adapter = {"sglang": SGLangAdapter, "vllm": VLLMAdapter, "reference": ReferenceAdapter}.get(declared)
-        return adapter().knob_flags(entry) if adapter else {"max_running": None, "chunk": None, "pool_fraction": None}
+        if adapter is None:
+            return {"max_running": None, "chunk": None, "pool_fraction": None, "context": None}
+        return adapter().knob_flags(entry)
 
     def run_rules(self, entry: dict, pool_tokens: int | None) -> dict | None:
         """The rules of the scheduler the configuration says its server runs (configurations.<name>.scheduler: an

@@ -79,7 +79,7 @@ class ImportedAdapter(EngineAdapter):
         """The served engine's flags (server_engine), in its names; none where the runs do not say which it was."""
         if self.served:
             return self.served.knob_flags(entry)
-        return {"max_running": None, "chunk": None, "pool_fraction": None}
+        return {"max_running": None, "chunk": None, "pool_fraction": None, "context": None}
 
     def chunked_prefill_size(self, args: dict[str, Any], server_info: dict) -> int | None:
         return self.served.chunked_prefill_size(args, server_info) if self.served else None
