@@ -218,21 +218,21 @@ def advise_configuration(name: str, entry: dict, fit: dict, ld: dict | None, req
         # the runner-up: the best other scheduling setting (a pool one step larger is no alternative worth naming)
         runner = next((s for s in feasible[1:] if (s["max_running"], s["chunk"]) != (pick["max_running"], pick["chunk"])),
                       feasible[1] if len(feasible) > 1 else None)
-        out["recommended"] = _answer(pick, flags, measured, new_ctx, ctx_len, model, workload, slo, level, mm)
-        out["runner_up"] = _answer(runner, flags, measured, new_ctx, ctx_len, model, workload, slo, level, mm) if runner else None
+        out["recommended"] = _answer(pick, flags, new_ctx, ctx_len, model, workload, slo, level, mm)
+        out["runner_up"] = _answer(runner, flags, new_ctx, ctx_len, model, workload, slo, level, mm) if runner else None
         out["binding"] = _binding(pick, context, slo, workload, modelled_pool,
                                   max((f for f in axes["pool_fraction"] if f is not None), default=math.inf))
     else:
         nearest = min(rows, key=lambda s: _shortfall(s, context, slo))
         out["binding"] = _unmet(rows, context, slo, mm, modelled_pool, new_ctx)
-        out["nearest"] = _answer(nearest, flags, measured, new_ctx, ctx_len, model, workload, slo, level, mm)
+        out["nearest"] = _answer(nearest, flags, new_ctx, ctx_len, model, workload, slo, level, mm)
         out["recommended"] = None
         out["runner_up"] = None
     out["extrapolates"] = _extrapolation(out.get("recommended") or out.get("nearest"), measured, ld, workload)
     return out
 
 
-def _answer(s: dict, flags: dict, measured: dict, new_ctx, ctx_len, model: dict, workload, slo, level, mm) -> dict:
+def _answer(s: dict, flags: dict, new_ctx, ctx_len, model: dict, workload, slo, level, mm) -> dict:
     changed = {flags[k]: s[k] for k in ("max_running", "chunk", "pool_fraction") if flags.get(k) and s[k] is not None}
     if new_ctx and ctx_len and new_ctx != ctx_len and flags.get("context"):  # the goal is longer than the server took
         changed[flags["context"]] = new_ctx
