@@ -371,15 +371,21 @@ def _compare(a) -> int:
     return 0
 
 
-def _workflow_config(a) -> dict:
-    """The config a command run in the workflow's directory takes: --configfile (or as the workflow merged them,
-    LONGCTX_CONFIG_SOURCES; else config/longctx.yaml) and its --config values."""
+def _config_sources(a) -> tuple[list[str], dict]:
+    """The config files and --config values a command run in the workflow's directory takes: --configfile (or as the
+    workflow merged them, LONGCTX_CONFIG_SOURCES; else config/longctx.yaml) and --config-overrides."""
     from . import config as cfg
 
     sources = json.loads(os.environ.get(cfg.CONFIG_SOURCES_VAR) or "{}")
     files = a.configfile or sources.get("configfiles") or ["config/longctx.yaml"]
-    overrides = json.loads(a.config_overrides) if a.config_overrides else sources.get("overrides")
-    return cfg.load(files, overrides)
+    return files, (json.loads(a.config_overrides) if a.config_overrides else sources.get("overrides") or {})
+
+
+def _workflow_config(a) -> dict:
+    """The config a command run in the workflow's directory takes (_config_sources), validated."""
+    from . import config as cfg
+
+    return cfg.load(*_config_sources(a))
 
 
 def _ab_config(a) -> dict:
@@ -416,13 +422,24 @@ def _advise(a) -> int:
             raise SystemExit(f"{path} is missing: run the workflow first (snakemake --cores 1), then advise in its directory")
         return json.loads(path.read_text())
 
-    requests = data / "load_requests.csv"
-    try:
-        doc = advise.advise(read("fits.json"), read("load.json", {}), read("provenance.json"),
-                            pd.read_csv(requests) if requests.exists() else pd.DataFrame(columns=["configuration", "kind"]),
-                            config, a.configuration)
-    except advise.AdviceError as exc:
-        raise ConfigError(str(exc)) from None
+    def table(name: str, columns: list[str]) -> pd.DataFrame:
+        path = data / name
+        return pd.read_csv(path) if path.exists() else pd.DataFrame(columns=columns)
+
+    def answer() -> dict:
+        try:
+            return advise.advise(read("fits.json"), read("load.json", {}), read("provenance.json"),
+                                 table("load_requests.csv", ["configuration", "kind"]), config, a.configuration,
+                                 table("results.csv", ["configuration", "length", "status"]))
+        except advise.AdviceError as exc:
+            raise ConfigError(str(exc)) from None
+
+    doc = answer()
+    if a.verify:
+        code = _verify_advice(a, config, doc)
+        if code:
+            return code
+        doc = answer()  # with what the verifying run measured
     text = json.dumps(json_plain(doc), indent=1, sort_keys=True) + "\n"
     if a.out:
         write_atomic(a.out, text)
@@ -431,6 +448,53 @@ def _advise(a) -> int:
     else:
         _say_lines(a, advise.lines(doc))
     return 0
+
+
+VERIFY_FILE = "advise-verify.yaml"  # the verifying configuration `longctx advise --verify` writes, in the workflow's directory
+
+
+def _verify_advice(a, config: dict, doc: dict) -> int:
+    """`longctx advise --verify`: the advised configuration's server restarted with the recommended flags, as a
+    configuration that verifies it (configurations.<name>.verifies: a copy of it with those flags), measured by the
+    workflow with the rest of the config (the report, a version like any other); the workflow's exit status."""
+    import subprocess
+
+    import yaml
+
+    from .core.words import listed
+    from .engines import get_adapter
+
+    advised = [n for n, c in doc["configurations"].items() if c.get("recommended")]
+    name = a.configuration or (advised[0] if len(advised) == 1 else None)
+    if name is None:
+        raise ConfigError("--verify: name the configuration whose advice to verify with --configuration; "
+                          f"allowed values: {listed(advised) or 'none (no configuration has a setting to recommend)'}")
+    c = doc["configurations"][name]
+    if not c.get("recommended"):
+        raise SystemExit(f"longctx advise --verify: {name} has nothing to verify: "
+                         f"{c.get('reason') or 'no searched setting meets the goal: ' + str(c.get('binding'))}")
+    entry = config["configurations"][name]
+    flags = c["recommended"]["flags"]
+    if not get_adapter(entry["engine"]).managed:
+        said = " ".join(f"--{k} {v}" for k, v in flags.items())
+        raise SystemExit(f"longctx advise --verify: {name} is a server longctx does not start ({entry['engine']}): "
+                         f"restart it with {said}, then add a configuration with `verifies: {name}` and its url to the "
+                         "config and run the workflow (docs/advise.md)")
+    verifying = f"{name}-advised"
+    Path(VERIFY_FILE).write_text(
+        "# written by `longctx advise --verify`: the server of configuration " + name + " restarted with the flags the\n"
+        "# advice recommends; the workflow measures the goal's workload there and the advice says predicted against\n"
+        "# measured. Keep it among the config files to keep the configuration in later reports.\n"
+        + yaml.safe_dump({"configurations": {verifying: {
+            "verifies": name, "args": flags,
+            "description": f"{name} restarted with the advised flags (verifies its advice)"}}}, sort_keys=False))
+    files, overrides = _config_sources(a)
+    command = [sys.executable, "-m", "snakemake", "--cores", str(a.cores), "report/longctx.pdf", "report/longctx.md",
+               "report/advice.json", "--configfile", *files, VERIFY_FILE,
+               *(["--config", *(f"{k}={json.dumps(v)}" for k, v in overrides.items())] if overrides else [])]
+    TERMINAL.info("verifying %s's advice: %s measures the goal's workload at the recommended flags (%s)", name,
+                  verifying, VERIFY_FILE)
+    return subprocess.run(command).returncode
 
 
 def _ab(a) -> int:
@@ -677,6 +741,7 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--load", help="data/load.json (the load workloads' analysis)")
         s.add_argument("--load-metrics", help="data/load_metrics.csv (the servers' /metrics through the load workloads)")
         s.add_argument("--whatif", help="data/whatif.json (the serving model simulated, the what-if grid)")
+        s.add_argument("--advice", help="report/advice.json (the flags to restart with, toward the config's goal)")
         s.add_argument("--config-json", help="the validated configuration as JSON (what the workflow passes)")
         s.add_argument("--configfile", help="or: a config file")
         s.add_argument("--baseline", help="the configuration speedups are against (default: report.baseline, else the first one)")
@@ -751,6 +816,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--config-overrides", help="--config values as JSON")
     s.add_argument("--data", default="data", help="the run's data directory (default: data)")
     s.add_argument("--out", help="also write the JSON advice here")
+    s.add_argument("--verify", action="store_true", help=f"prove the advice with one run: the configuration's server "
+                   f"restarted with the recommended flags (a configuration `<name>-advised` that verifies it, written to "
+                   f"{VERIFY_FILE}), the goal's workload measured by the workflow, then the advice with predicted "
+                   "against measured ('verified'); exit 1 where the workflow failed")
+    s.add_argument("--cores", type=int, default=1, help="--verify: the workflow's cores (default 1)")
     s.set_defaults(func=_advise)
 
     s = sub.add_parser("ab", help="the kernel sources of the working tree against an earlier version's, measured in one "

@@ -79,7 +79,7 @@ def _describe(error) -> str:
 
 def validate(config: dict[str, Any]) -> dict[str, Any]:
     """Return a validated copy of config with every default filled in; raise ConfigError."""
-    config = copy.deepcopy(dict(config))
+    config = _inherit_verified(copy.deepcopy(dict(config)))
     errors = sorted(_Validator(_schema()).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(_describe(e) for e in errors))
@@ -128,10 +128,46 @@ def validate(config: dict[str, Any]) -> dict[str, Any]:
             if given:
                 raise ConfigError(f"config key 'configurations.{name}.{given[0]}' is for imported results (engine: imported); "
                                   f"a {conf['engine']} server is measured (remove the key)")
+        _check_verifies(name, conf, config, adapter)
         adapter.check_spec(name, conf, config)
         adapter.check_args(name, conf["args"])
         _check_context(name, conf, config, adapter)
     return config
+
+
+def _inherit_verified(config: dict) -> dict:
+    """A configuration that verifies another's advice (configurations.<name>.verifies) is a copy of that one with its
+    own keys over it (the recommended flags in `args`, merged key by key): the file `longctx advise --verify` writes
+    names only the flags, never the server's environment or key."""
+    confs = config.get("configurations")
+    if not isinstance(confs, dict):
+        return config
+    for name, conf in confs.items():
+        target = conf.get("verifies") if isinstance(conf, dict) else None
+        base = confs.get(target) if isinstance(target, str) and target != name else None
+        if isinstance(base, dict) and not base.get("verifies"):
+            confs[name] = merge(copy.deepcopy(base), conf)
+    return config
+
+
+def _check_verifies(name: str, conf: dict, config: dict, adapter) -> None:
+    """configurations.<name>.verifies names another configuration, not one that verifies in turn, and the goal it
+    proves is set (config key advise, with a context or a workload), on a server longctx measures."""
+    target = conf.get("verifies")
+    if target is None:
+        return
+    key = f"config key 'configurations.{name}.verifies'"
+    others = [n for n, c in config["configurations"].items() if n != name and not c.get("verifies")]
+    if target not in others:
+        raise ConfigError(f"{key}: {target!r} is not a configuration it can verify; allowed values: "
+                          f"{', '.join(others) or '(none)'}")
+    goal = config.get("advise") or {}
+    if not (goal.get("context") or goal.get("workload")):
+        raise ConfigError(f"{key}: there is no goal to verify: set config key 'advise' with a context or a workload "
+                          "(docs/advise.md)")
+    if not adapter.measures:
+        raise ConfigError(f"{key}: a {conf['engine']} configuration measures nothing; allowed engines: those longctx "
+                          "measures (a managed server, or an external one restarted with the flags)")
 
 
 def config_error_lines(error: ConfigError) -> str:
@@ -192,9 +228,42 @@ def requests_of(config: dict[str, Any]) -> list[tuple[str, int, int]]:
     return out
 
 
+def verify_lengths(config: dict[str, Any]) -> list[int]:
+    """The lengths a configuration that verifies the advice measures (configurations.<name>.verifies): the goal's
+    prompt, and the longest prompt the goal's context holds beside the protocol's output tokens (the request that
+    must fit)."""
+    goal = config["advise"]
+    out = {int(goal["workload"]["prompt"])} if goal.get("workload") else set()
+    if goal.get("context"):
+        out.add(int(goal["context"]) - int(config["protocol"]["output_tokens"]))
+    return sorted(out)
+
+
+def verify_load(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The load workload a configuration that verifies the advice measures: the goal's, as the config's load section
+    measures a point (its closed loop at the goal's concurrency, or its open loop at the goal's rate, at the goal's
+    prompt and output lengths; no interference probe); None where the goal has no workload."""
+    w = config["advise"].get("workload")
+    if not w:
+        return None
+    load = copy.deepcopy(config["load"])
+    requests = int(w.get("requests") or max(32, 4 * int(w.get("concurrency") or 8)))
+    load.update(lengths=[int(w["prompt"])], output_tokens=int(w["output"]))
+    load["closed"].update(concurrency=[int(w["concurrency"])] if w.get("concurrency") else [], requests=requests,
+                          duration_s=None)
+    load["open"].update(rates=[float(w["rate"])] if w.get("rate") else [], requests=requests)
+    load["interference"]["lengths"] = []
+    if not w.get("rate"):  # the wake probe is asked for the open loops' arrivals only
+        load["wake"]["idle_s"] = []
+    return load
+
+
 def load_of(config: dict[str, Any], name: str) -> dict[str, Any] | None:
     """The load workloads configuration `name` measures (config key load), or None: it measures none
-    (configurations.<name>.load false, or neither load.lengths with a level nor interference lengths)."""
+    (configurations.<name>.load false, or neither load.lengths with a level nor interference lengths). A configuration
+    that verifies the advice measures the goal's workload (verify_load)."""
+    if config["configurations"][name].get("verifies"):
+        return verify_load(config)
     load = config["load"]
     levels = load["closed"]["concurrency"] or load["open"]["rates"]
     if not config["configurations"][name].get("load", True):
@@ -208,7 +277,7 @@ def prefix_of(config: dict[str, Any], name: str) -> dict[str, Any] | None:
     """The reused-context workloads configuration `name` measures (config key prefix), or None: it measures
     none (configurations.<name>.prefix false, or neither prefix.lengths with a hit rate nor a conversation)."""
     prefix = config["prefix"]
-    if not config["configurations"][name].get("prefix", True):
+    if not config["configurations"][name].get("prefix", True) or config["configurations"][name].get("verifies"):
         return None
     if not (prefix["lengths"] and prefix["hit_rates"]) and not prefix["conversation"]["max_context"]:
         return None
@@ -327,8 +396,8 @@ def configuration_spec(config: dict[str, Any], name: str) -> ConfigurationSpec:
         **conf,
         "kernel_build": kernel_build_dir(kernel) if kernel else None,
         "imported": imported or None,
-        "lengths": length_grid(config),
-        "adaptive": adaptive_of(config),
+        "lengths": verify_lengths(config) if conf.get("verifies") else length_grid(config),
+        "adaptive": None if conf.get("verifies") else adaptive_of(config),
         "protocol": config["protocol"],
         "server": config["server"],
         "telemetry": config["telemetry"],

@@ -116,10 +116,11 @@ rule whatif:
 
 
 # The flags to restart with (longctx.analysis.advise, docs/advise.md): the memory planner and the serving model
-# searched for the goal of config key advise. Asked for by name (snakemake report/advice.json), not by the default
-# target; a changed goal reruns it alone.
+# searched for the goal of config key advise. Where a goal is set the report prints it (REPORT_DATA); asked for by
+# name (snakemake report/advice.json) it runs alone.
 rule advise:
     input:
+        results="data/results.csv",
         fits="data/fits.json",
         load="data/load.json",
         provenance="data/provenance.json",

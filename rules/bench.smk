@@ -19,7 +19,7 @@ rule bench_configuration:
         outdir=lambda w, output: os.path.dirname(output[0]),
         resume=f"{PARTIAL}/{{configuration}}",
     wildcard_constraints:
-        configuration="|".join(re.escape(c) for c in MEASURED) or "(?!)",
+        configuration="|".join(re.escape(c) for c in MEASURED if c not in VERIFYING) or "(?!)",
     threads: workflow.cores
     resources:
         gpu=bench_resource("gpu"),
@@ -30,6 +30,17 @@ rule bench_configuration:
     shell:
         "longctx bench --configuration {wildcards.configuration} --spec-hash {params.spec_hash} "
         "--outdir {params.outdir} --server-log {log.server} --resume-dir {params.resume} --log {log.bench}"
+
+
+# A configuration that verifies the advice (configurations.<name>.verifies) measures the goal's lengths, not the
+# config's: the same job, its files named for those lengths (the same for every such configuration: the goal's).
+if VERIFYING:
+
+    use rule bench_configuration as bench_verifying with:
+        output:
+            [f"data/raw/{{configuration}}/{n}.json" for n in raw_names(VERIFYING[0])],
+        wildcard_constraints:
+            configuration="|".join(re.escape(c) for c in VERIFYING),
 
 
 # What the last run of a configuration lost, noted (and said) where the same command measures it again.

@@ -27,6 +27,9 @@ IMPORTED = [c for c in CONFIGURATIONS if not get_adapter(CFG["configurations"][c
 MEASURED = [c for c in CONFIGURATIONS if c not in IMPORTED]
 IMPORTED_FILES = {c: [str(p) for p in imports.files_of(CFG["configurations"][c], c)] for c in IMPORTED}
 CONFIGURATION_LENGTHS = {c: imports.lengths_of(lcfg.configuration_spec(CFG, c)) for c in IMPORTED}
+# ... and a configuration that verifies the advice (configurations.<name>.verifies) measures the goal's lengths alone
+VERIFYING = [c for c in MEASURED if CFG["configurations"][c].get("verifies")]
+CONFIGURATION_LENGTHS.update({c: lcfg.verify_lengths(CFG) for c in VERIFYING})
 # Where each bench job keeps a copy of every length it measured (resumed from; aggregation recovers
 # an unreadable raw file from it).
 PARTIAL = "data/partial"
@@ -53,7 +56,9 @@ os.environ[lcfg.CONFIG_SOURCES_VAR] = canonical_json({"configfiles": [str(f) for
 # `longctx render/markdown/plan-section` (--results, --fits, --provenance, --itl-depth, --planner).
 REPORT_DATA = dict(results="data/results.csv", fits="data/fits.json", provenance="data/provenance.json",
                    itl_depth="data/itl_depth.csv", planner="data/planner.json", load="data/load.json",
-                   load_metrics="data/load_metrics.csv", prefix="data/prefix_fits.json", whatif="data/whatif.json")
+                   load_metrics="data/load_metrics.csv", prefix="data/prefix_fits.json", whatif="data/whatif.json",
+                   # the advice toward the config's goal (rule advise), only where a goal is set
+                   **({"advice": "report/advice.json"} if CFG.get("advise") else {}))
 # ... and the baseline and configuration those rules pass (their params).
 REPORT_PARAMS = dict(baseline=BASELINE, config=REPORT_CONFIG)
 
@@ -100,13 +105,14 @@ ITL_DEPTH = bool(CFG["protocol"]["itl_depth"]["length"])
 
 def raw_names(configuration, load=True):
     """The names of the files a bench (or import) job writes in data/raw/<configuration>/: a file per length (an
-    imported configuration's own lengths), the ITL-against-depth request when configured, an adaptive sweep's path,
+    imported configuration's own lengths, a verifying one's the goal's), the ITL-against-depth request when
+    configured, an adaptive sweep's path,
     a measured configuration's metronome readings (longctx.measure.metronome; or a record that it takes none), and
     (with load) load.json and prefix.json: the load and the reused-context workloads, or a record that the
     configuration measures none."""
     c = configuration
     names = [str(n) for n in CONFIGURATION_LENGTHS.get(c, LENGTHS)] + (["itl_depth"] if ITL_DEPTH else [])
-    names += ["sweep"] if ADAPTIVE and c not in IMPORTED else []
+    names += ["sweep"] if ADAPTIVE and c not in IMPORTED + VERIFYING else []
     names += ["metronome"] if c not in IMPORTED else []
     return names + (["load", "prefix"] if load else [])
 

@@ -127,3 +127,72 @@ def test_the_command_answers_no_with_exit_0_and_a_bad_goal_with_one_line(study, 
     bad = advise()
     assert bad.returncode == 2 and "config key 'advise.maximise': 'speed' is not allowed; allowed values: goodput, " \
                                    "concurrency, context" in bad.stderr, bad.stderr
+
+
+def test_the_report_says_the_studys_advice_with_what_it_costs_against_the_setting_measured(study):
+    """The section of the PDF and its twin (longctx.report.advice.view), on the study's two goals: the pick's flags as
+    typed, what it gives (the pool and the reserve per GPU worked out above: 96 GB x 7% = 6.72 GB, against 96 GB x
+    15% = 14.4 GB at the 0.85 measured), and each change against the setting measured; the no with its nearest
+    setting, the context length it grows to among its changes."""
+    from longctx.report.advice import view
+
+    fits = advise_configuration("study", study, {}, None, pd.DataFrame(), {"context": 200_000})
+    (row,) = view({"goal": {"context": 200_000}, "configurations": {"study": fits}}, ["study"])["configurations"]
+    assert row["feasible"] and row["binding"] == "the KV pool" and row["settings"] == fits["settings"]
+    assert row["setting"]["flags"] == "--max-running-requests 64 --mem-fraction-static 0.93"
+    assert row["setting"]["gives"] == ("a KV pool of 210,423 tokens, the longest request 210,423 tokens, "
+                                       "6.72 GB per GPU of memory left beside the pool")
+    assert row["setting"]["figures"] == []  # no workload: nothing to predict
+    assert row["runner_up"]["flags"] == "--max-running-requests 16 --mem-fraction-static 0.93"
+    assert row["changes"] == [{"what": "--mem-fraction-static", "measured": "0.85", "advised": "0.93"},
+                              {"what": "KV pool (tokens)", "measured": "101,134", "advised": "210,423"},
+                              {"what": "memory reserve (GB)", "measured": "14.4", "advised": "6.72"}]
+    no = advise_configuration("study", study, {}, None, pd.DataFrame(), {"context": 300_000})
+    doc = view({"goal": {"context": 300_000}, "configurations": {"study": no}}, ["study"])
+    assert doc["goal"] == "a 300,000-token request fits; leaving the most memory beside the pool"
+    (row,) = doc["configurations"]
+    assert not row["feasible"] and row["binding"].startswith("the KV pool: 300,000 tokens need mem-fraction-static 0.996")
+    assert row["setting"]["flags"] == "--max-running-requests 16 --mem-fraction-static 0.95 --context-length 300000"
+    assert {"what": "--context-length", "measured": "262144", "advised": "300000"} in row["changes"]
+    assert {"what": "--max-running-requests", "measured": "64", "advised": "16"} in row["changes"]
+
+
+def tiny_with_goal(verifying: dict | None = None, goal: dict | None = None) -> dict:
+    from .conftest import TINY
+
+    raw = lcfg.read(TINY)
+    raw["advise"] = goal or {"context": 2000, "workload": {"concurrency": 2, "prompt": 128, "output": 8, "requests": 6}}
+    if verifying is not None:
+        raw["configurations"]["page1-advised"] = verifying
+    return raw
+
+
+def test_a_configuration_that_verifies_is_its_copy_at_the_flags_and_measures_the_goal_only():
+    """configurations.<name>.verifies (what `longctx advise --verify` writes): the named configuration with the flags
+    over its args, its engine, kernel and environment inherited (the file names no secret); it measures the goal's
+    prompt and the longest prompt its context holds beside the output (2,000 - 8), the goal's closed loop and no
+    reused context; the configurations it does not touch keep their specs (nothing of theirs measured again)."""
+    plain = lcfg.validate(tiny_with_goal())
+    config = lcfg.validate(tiny_with_goal({"verifies": "page1", "args": {"max-running-requests": 4}}))
+    v = config["configurations"]["page1-advised"]
+    page1 = config["configurations"]["page1"]
+    assert v["engine"] == page1["engine"] and v["kernel"] == page1["kernel"] and v["env"] == page1["env"]
+    assert v["args"] == {**page1["args"], "max-running-requests": 4}
+    spec = lcfg.configuration_spec(config, "page1-advised")
+    assert spec.verifies == "page1" and spec.lengths == [128, 2000 - config["protocol"]["output_tokens"]]
+    assert spec.load["lengths"] == [128] and spec.load["output_tokens"] == 8 and spec.load["closed"]["concurrency"] == [2]
+    assert spec.load["closed"]["requests"] == 6 and spec.load["open"]["rates"] == [] and spec.load["interference"]["lengths"] == []
+    assert spec.prefix is None and spec.adaptive is None
+    for name in plain["configurations"]:
+        assert lcfg.configuration_spec(config, name).spec_hash() == lcfg.configuration_spec(plain, name).spec_hash()
+
+
+@pytest.mark.parametrize("verifying, goal, said", [
+    ({"verifies": "nope"}, None, r"configurations.page1-advised.verifies': 'nope' is not a configuration it can verify; "
+                                 r"allowed values: page1, page16, page16-ngram"),
+    ({"verifies": "page1"}, {"context": None}, r"there is no goal to verify: set config key 'advise' with a context or a "
+                                               r"workload"),
+])
+def test_a_verifying_configuration_without_its_configuration_or_goal_is_a_config_error(verifying, goal, said):
+    with pytest.raises(lcfg.ConfigError, match=said):
+        lcfg.validate(tiny_with_goal({"engine": "reference", **verifying}, goal))

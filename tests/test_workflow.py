@@ -571,3 +571,65 @@ def test_advise_answers_a_workload_goal_with_the_reference_engines_flags(workflo
     no = advise({**goal, "slo": {"tpot_s": 1e-6}})
     assert not no["feasible"] and no["recommended"] is None and no["binding"].startswith("the SLO: tpot_s"), no["binding"]
     assert set(no["nearest"]["flags"]) == set(rec["flags"])
+    # with the goal in the config the report says it (in a copy: the module's other tests read this run's report): the
+    # flags to restart with and the runner-up, each predicted figure with its interval, what the pick changes against
+    # the setting measured; the PDF and its twin alike
+    work = tmp_path / "with-goal"
+    shutil.copytree(workflow, work, symlinks=True)
+    (tmp_path / "goal.yaml").write_text(yaml.safe_dump({"advise": goal}))  # the goal the pick answers (not the no's)
+    snakemake(work, *CORES, "report/longctx.pdf", "report/longctx.md", "--configfile", "tiny.yaml", str(tmp_path / "goal.yaml"))
+    said = lambda flags: " ".join(f"--{k} {v:g}" for k, v in flags.items())  # noqa: E731
+    md = (work / "report" / "longctx.md").read_text()
+    section = md[md.index("## Which flags to restart with"):]
+    section = section[:section.index("\n## ", 1)]
+    assert f"**page1.** Restart the reference engine with `{said(rec['flags'])}`." in section, section
+    assert f"The runner-up: `{said(a['runner_up']['flags'])}`." in section
+    for what, key in (("TTFT p50 \\(s\\)", "ttft_s_p50"), ("goodput \\(req/s\\)", "goodput_rps")):
+        row = re.search(rf"\| {what} \| ([\d.e-]+) \| \[([\d.e-]+), ([\d.e-]+)\] \|", section)
+        p = rec["predicted"][key]
+        assert row and [float(x) for x in row.groups()] == pytest.approx([p["value"], *p["interval"]], rel=0.01), section
+    moved = [f"| --{k} | {kept['measured'][k]:g} | {v:g} |" for k, v in rec["flags"].items() if kept["measured"][k] != v]
+    assert all(m in section for m in moved) and ("against the setting measured" in section) == bool(moved), section
+    pdf = " ".join(pdftotext(work / "report" / "longctx.pdf").split())
+    assert "Which flags to restart with" in pdf and f"Restart the reference engine with {said(rec['flags'])}" in pdf, pdf[-3000:]
+    assert "Not verified yet" in section
+
+    # one run proves it: --verify restarts page1's server with the flags (a configuration that verifies it, in a file
+    # that names the flags and nothing else of page1's: its environment holds tests/test_secrets.py's marker), measures
+    # the goal's workload and a request at the goal's context, and the advice says predicted against measured; the
+    # run is a version like any other, and page1's own measurements are not taken again
+    page1_raw = (work / "data" / "raw" / "page1" / "128.json").read_bytes()
+    versions = len(json.loads((work / "report" / "versions" / "log.json").read_text())["versions"])
+    proc = subprocess.run([sys.executable, "-m", "longctx.cli", "advise", "--verify", "--configuration", "page1",
+                           "--configfile", "tiny.yaml", "--configfile", str(tmp_path / "goal.yaml"), "--cores", "2",
+                           "--out", "verified.json"], cwd=work, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    written = (work / "advise-verify.yaml").read_text()
+    assert "mk-7f3e91c2" not in written and yaml.safe_load(written)["configurations"] == {"page1-advised": {
+        "verifies": "page1", "args": rec["flags"], "description": "page1 restarted with the advised flags (verifies its advice)"}}
+    assert (work / "data" / "raw" / "page1" / "128.json").read_bytes() == page1_raw
+    doc = json.loads((work / "verified.json").read_text())
+    assert "page1-advised" not in doc["configurations"]  # a verifying run is not advised in turn
+    v = doc["configurations"]["page1"]["verified"]
+    assert doc["configurations"]["page1"]["recommended"] == rec  # the same advice: page1's data did not change
+    assert v["configuration"] == "page1-advised" and v["flags_match"]
+    # third-party truth: the pool the reference engine allocated at the flags (its log), against the planner's
+    provenance = json.loads((work / "data" / "provenance.json").read_text())["configurations"]["page1-advised"]
+    assert provenance["verifies"] == "page1" and provenance["args"]["max-running-requests"] == rec["flags"]["max-running-requests"]
+    assert v["pool"]["measured"] == provenance["kv_pool"]["tokens"] and v["pool"]["predicted"] == rec["pool_tokens"]
+    assert v["context"] == {"length": 2000 - 8, "fits": True, "reason": None}  # tiny.yaml's 8 output tokens
+    figures = {f["key"]: f for f in v["figures"]}
+    assert set(figures) == {"ttft_s_p50", "tpot_s_p50", "goodput_rps"}
+    load = json.loads((work / "data" / "load.json").read_text())["configurations"]["page1-advised"]
+    (point,) = [p for p in load["closed"] if p["level"] == 2 and p["length"] == 128]
+    assert figures["ttft_s_p50"]["measured"]["value"] == point["ttft"]["p50"]["value"]
+    for f in figures.values():  # each figure against the prediction: the error, and whether it held
+        assert f["error"] == pytest.approx(f["predicted"]["value"] / f["measured"]["value"] - 1)
+    assert v["slo_held"] == (figures["ttft_s_p50"]["measured"]["value"] <= 0.5 and figures["tpot_s_p50"]["measured"]["value"] <= 0.05)
+    assert v["missed"] == ([] if v["pool"]["held"] else ["pool_tokens"]) + [k for k, f in figures.items() if f["held"] is False]
+    assert v["proven"] == (not v["missed"])
+    log = json.loads((work / "report" / "versions" / "log.json").read_text())["versions"]
+    assert len(log) == versions + 1
+    md = (work / "report" / "longctx.md").read_text()
+    assert "**Verified by one run** (configuration page1-advised, the same server restarted with these flags): " + (
+        "proven" if v["proven"] else "unproven") in md, md[md.index("## Which flags"):][:3000]

@@ -31,6 +31,16 @@ the context, the TTFT or TPOT against the SLO, the activation reserve against MA
 feasible it is the constraint that no searched setting met, and `nearest` is the setting that came closest. A value
 beyond what was measured (a fraction other than the measured one, a concurrency above the loads measured) is said
 with how far it extrapolates.
+
+Proven by one run (`verified`): a configuration that names this one in `verifies` (longctx advise --verify writes
+it: the same server restarted with the recommended flags) measures the goal's workload and one request at the goal's
+context. Each predicted figure is read against what it measured: the KV pool the server allocated (held within
+POOL_TOLERANCE, the planner's accuracy on the study), the request at the goal's context (it fits or it does not), and
+the workload's TTFT and TPOT at the goal's percentile and its goodput against the goal's SLO, each measured with its
+interval (the load stage's bootstrap; Wilson's for the share that met the SLO): a figure holds where the measured
+interval meets the predicted one or the two are within TOLERANCE (the what-if's); the SLO held where the measured
+figures meet it. The advice is proven where every figure holds and the request fits, and unproven (with what missed)
+otherwise.
 """
 
 from __future__ import annotations
@@ -45,13 +55,15 @@ import pandas as pd
 from ..core.words import listed
 from .memory import adapter_of, memory_model, pool_tokens
 from .simulate import TOKEN_BUDGET
-from .whatif import DRAWS, grid_point, serving_model
+from .slo import goodput, wilson
+from .whatif import DRAWS, TOLERANCE, grid_point, serving_model
 
 FORMAT = "longctx.advice/1"
 MAX_FRACTION = 0.95  # the default search's highest mem-fraction-static: a reserve of 5% of the GPU's memory
 FRACTION_STEP = 0.01
 MAXIMISE = ("goodput", "concurrency", "context")
 SGLANG_TABLE_ENTRY_BYTES = 4  # SGLang's req_to_token table: int32 entries, context-length + 4 a request
+POOL_TOLERANCE = 0.05  # the planner's pool against the one a server allocated: within 5% on the study's restarts
 
 
 class AdviceError(ValueError):
@@ -211,7 +223,9 @@ def advise_configuration(name: str, entry: dict, fit: dict, ld: dict | None, req
            "flags": {k: v for k, v in searched_flags.items() if v},
            "searched": {flags[k]: v for k, v in axes.items() if flags.get(k)},
            "measured": {**{flags[k]: v for k, v in measured.items() if flags.get(k)}, "pool_tokens": observed,
-                        "context_length": ctx_len},
+                        "context_length": ctx_len,
+                        "reserve_bytes_per_gpu": int(round(memory * (1 - float(measured["pool_fraction"]))))
+                        if memory and measured["pool_fraction"] is not None else None},
            "settings": len(rows), "feasible": bool(feasible)}
     if feasible:
         pick = feasible[0]
@@ -297,9 +311,105 @@ def _extrapolation(ans: dict | None, measured: dict, ld: dict | None, workload) 
     return words
 
 
+def _point(ld: dict | None, workload: dict) -> dict | None:
+    """The load point that measured the goal's workload: the closed loop at its concurrency, or the open loop at its
+    rate, at its prompt length."""
+    kind, level = ("closed", float(workload["concurrency"])) if workload.get("concurrency") else ("open", float(workload["rate"]))
+    return next((p for p in (ld or {}).get(kind) or [] if float(p["level"]) == level and int(p["length"]) == int(workload["prompt"])),
+                None)
+
+
+def _measured_goodput(rows: pd.DataFrame, point: dict, slo: dict, level: float) -> dict | None:
+    """The point's requests a second that met the goal's SLO, with the Wilson interval of that share over its
+    requests (longctx.analysis.slo.goodput, over the point's duration)."""
+    keys = {k: slo.get(k) for k in ("ttft_s", "tpot_s") if slo.get(k)}
+    duration = point.get("duration_s")
+    if rows.empty or not duration:
+        return None
+    g = goodput(rows.reset_index(drop=True), keys, float(point["length"]), duration, level)
+    lo, hi = wilson(g["met"], g["n"], level)
+    scale = g["n"] / duration
+    return {"value": g["rate_s"], "low": None if lo is None else lo * scale, "high": None if hi is None else hi * scale}
+
+
+def _held(predicted: dict, measured: dict) -> tuple[float | None, bool | None]:
+    """(predicted over measured less one, whether the figure holds: the two intervals meet, or the error is within
+    TOLERANCE)."""
+    p, m = predicted.get("value"), measured.get("value")
+    if p is None or m is None or m <= 0:
+        return None, None
+    error = p / m - 1
+    iv, lo, hi = predicted.get("interval"), measured.get("low"), measured.get("high")
+    meet = bool(iv and lo is not None and hi is not None and iv[0] <= hi and lo <= iv[1])
+    return error, abs(error) <= TOLERANCE or meet
+
+
+def verification(advice: dict, name: str, entry: dict, ld: dict | None, requests: pd.DataFrame,
+                 results: pd.DataFrame, level: float = 0.95) -> dict:
+    """The recommended setting of `advice` against what configuration `name` (which verifies it) measured (the
+    module's docstring)."""
+    goal, rec = advice["goal"], advice["recommended"]
+    workload, slo = goal.get("workload"), goal.get("slo") or {}
+    flags = {k: entry.get("args", {}).get(k) for k in rec["flags"]}
+    out: dict = {"configuration": name, "flags_as_run": flags, "flags_match": flags == rec["flags"], "figures": []}
+    try:
+        observed = memory_model(entry).get("observed_tokens")
+    except Exception:  # noqa: BLE001 - a server whose pool the planner cannot read: not compared
+        observed = None
+    if rec.get("pool_tokens") and observed:
+        error = rec["pool_tokens"] / observed - 1
+        out["pool"] = {"predicted": rec["pool_tokens"], "measured": int(observed), "error": error,
+                       "held": abs(error) <= POOL_TOLERANCE}
+    if goal.get("context"):
+        rows = results[results["configuration"] == name] if not results.empty else results
+        longest = rows[rows["length"] == rows["length"].max()] if not rows.empty else rows
+        ok = not longest.empty and bool(longest["status"].eq("ok").all())
+        reasons = sorted({str(r) for r in longest.get("reason", pd.Series(dtype=str)).dropna() if str(r)})
+        out["context"] = {"length": int(longest["length"].iloc[0]) if not longest.empty else None, "fits": ok,
+                          "reason": None if ok else ("; ".join(reasons) or "not measured")}
+    if workload:
+        point = _point(ld, workload)
+        q = f"p{int(slo.get('percentile', 50))}"
+        if point is None:
+            out["workload"] = {"reason": "the goal's workload was not measured"}
+        else:
+            kind = "closed" if workload.get("concurrency") else "open"
+            rows = requests[(requests["configuration"] == name) & (requests["kind"] == kind)
+                            & (pd.to_numeric(requests["level"]) == float(point["level"]))
+                            & (requests["length"] == int(point["length"]))] if not requests.empty else requests
+            if "twin" in rows:
+                rows = rows[rows["twin"].isna() | (rows["twin"].astype(str) == "")]
+            for figure, key in (("ttft", f"ttft_s_{q}"), ("tpot", f"tpot_s_{q}")):
+                m = (point.get(figure) or {}).get(q) or {}
+                measured = {"value": m.get("value"), "low": m.get("low"), "high": m.get("high")}
+                error, held = _held(rec["predicted"].get(key) or {}, measured)
+                out["figures"].append({"key": key, "predicted": rec["predicted"].get(key), "measured": measured,
+                                       "error": error, "held": held})
+            measured = _measured_goodput(rows, point, slo, level) or {"value": None, "low": None, "high": None}
+            error, held = _held(rec["predicted"].get("goodput_rps") or {}, measured)
+            out["figures"].append({"key": "goodput_rps", "predicted": rec["predicted"].get("goodput_rps"),
+                                   "measured": measured, "error": error, "held": held})
+            values = {f["key"]: f["measured"]["value"] for f in out["figures"]}
+            out["slo_held"] = all(values.get(f"{k}_{q}") is not None and values[f"{k}_{q}"] <= float(slo[k])
+                                  for k in ("ttft_s", "tpot_s") if slo.get(k))
+    missed = [f["key"] for f in out["figures"] if f["held"] is False]
+    if out.get("pool") and not out["pool"]["held"]:
+        missed.insert(0, "pool_tokens")
+    if out.get("context") and not out["context"]["fits"]:
+        missed.insert(0, "context")
+    if (out.get("workload") or {}).get("reason"):
+        missed.append("workload")
+    if not out["flags_match"]:
+        missed.insert(0, "flags")
+    out["missed"] = missed
+    out["proven"] = not missed
+    return out
+
+
 def advise(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, config: dict,
-           configuration: str | None = None) -> dict:
-    """The advice for every measured configuration (or the one named) toward config key `advise`."""
+           configuration: str | None = None, results: pd.DataFrame | None = None) -> dict:
+    """The advice for every measured configuration (or the one named) toward config key `advise`; each one that a
+    configuration of the run verifies (its `verifies`) with what that run measured (`verified`)."""
     goal = config.get("advise")
     out: dict = {"format": FORMAT, "goal": goal, "configurations": {}}
     entries = provenance.get("configurations") or {}
@@ -307,12 +417,18 @@ def advise(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, con
         raise AdviceError(f"--configuration {configuration!r}: not measured in this run; "
                           f"measured: {listed(sorted(entries)) or 'none'}")
     level = float((fits.get("settings") or {}).get("confidence", 0.95))
+    verifiers = {e["verifies"]: n for n, e in sorted(entries.items()) if e.get("verifies")}
     for name, entry in sorted(entries.items()):
-        if configuration is not None and name != configuration:
-            continue
+        if (configuration is not None and name != configuration) or entry.get("verifies"):
+            continue  # a run that verifies an advice is not advised in turn
         fit = (fits.get("configurations") or {}).get(name) or {}
         ld = (load.get("configurations") or {}).get(name)
-        out["configurations"][name] = advise_configuration(name, entry, fit, ld, requests, goal, level)
+        a = advise_configuration(name, entry, fit, ld, requests, goal, level)
+        v = verifiers.get(name)
+        if v and a.get("recommended"):
+            a["verified"] = verification(a, v, entries[v], (load.get("configurations") or {}).get(v), requests,
+                                         results if results is not None else pd.DataFrame(), level)
+        out["configurations"][name] = a
     return out
 
 
@@ -354,4 +470,10 @@ def lines(doc: dict) -> list[str]:
         if a.get("extrapolates"):
             line += "; extrapolates: " + "; ".join(a["extrapolates"])
         out.append(line)
+        v = a.get("verified")
+        if v:
+            figures = ", ".join(f"{f['key']} {f['error']:+.0%}" for f in v["figures"] if f["error"] is not None)
+            out.append(f"{name}: verified by {v['configuration']}: " + ("proven" if v["proven"] else
+                       f"unproven ({', '.join(v['missed'])} missed)") + (f"; predicted against measured: {figures}" if figures else "")
+                       + ("" if "slo_held" not in v else "; the SLO held" if v["slo_held"] else "; the SLO was missed"))
     return out

@@ -92,6 +92,9 @@ class ConfigurationSpec:
     # config key metronome, where this configuration's run takes its readings (longctx.measure.metronome); None where it
     # takes none (metronome.enabled false, or results imported), left out of to_dict then
     metronome: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+    # config key configurations.<name>.verifies: the configuration whose advice this run proves (config key advise);
+    # its lengths and load are the goal's. None: an ordinary configuration. Left out of to_dict() when None
+    verifies: str | None = field(default=None, metadata={"omit_if_none": True})
 
     def api_key(self) -> str | None:
         """The server's API key, from the environment variable api_key_env names (None where it names none);

@@ -57,6 +57,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
         **provenance.model_provenance(adapter, spec),
         "args": mask(spec.args),
         **({"scheduler": mask(spec.scheduler)} if spec.scheduler else {}),  # an external server's, as its config says
+        **({"verifies": spec.verifies} if spec.verifies else {}),  # the configuration whose advice this run proves
         "settings": spec.settings(),  # what a later version must match to be compared with this one
         "git": provenance.git_info(),
         "packages": provenance.package_versions(),

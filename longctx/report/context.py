@@ -36,7 +36,7 @@ from ..analysis import bands
 from ..analysis.tables import concurrency_table, decode_absent, length_cause, medians
 from ..measure.provenance import git_info, package_versions
 from ..specs.hardware import TABLE_PATH
-from . import (changes, drafting as draftview, drift as driftview, history as historyview, load as loadview,
+from . import (advice as adviceview, changes, drafting as draftview, drift as driftview, history as historyview, load as loadview,
                prefix as prefixview, versions, whatif as whatifview, wording)
 from .diagnosis import bound_words, diagnose
 from .headline import choose_baseline, compact, headline
@@ -50,13 +50,14 @@ __all__ = ["DATA_FILES", "ReportError", "ReportInputs", "command_lines", "contex
 # this order; a section file not named here (a new analysis) comes after the named ones that precede
 # "comparison". Files named appendix_* make the appendix, in APPENDIX_ORDER, then by name.
 BODY_ORDER = ("diagnosis", "prefill", "decode", "intervals", "roofline", "hardware", "speculative", "telemetry", "planner", "needle",
-              "concurrency", "load", "whatif", "prefix", "itl_depth", "comparison", "history", "failures")
+              "concurrency", "load", "whatif", "advice", "prefix", "itl_depth", "comparison", "history", "failures")
 APPENDIX_ORDER = ("appendix_configuration", "appendix_servers", "appendix_model", "appendix_hardware", "appendix_results",
                   "appendix_versions")
 FRONT = ("summary",)
 # The data files a report reads: the fields of ReportInputs, in this order, are the keys of
 # rules/common.smk's REPORT_DATA and the options of `longctx render/markdown/plan-section`.
-DATA_FILES = ("results", "fits", "provenance", "itl_depth", "planner", "prefix", "load", "load_metrics", "whatif")
+DATA_FILES = ("results", "fits", "provenance", "itl_depth", "planner", "prefix", "load", "load_metrics", "whatif",
+              "advice")
 
 
 class ReportError(SystemExit):
@@ -85,6 +86,9 @@ class ReportInputs:
     """data/load_metrics.csv: the server's own series over every load workload; None: none."""
     whatif: str | Path | None = None
     """data/whatif.json: the serving model simulated (longctx.analysis.whatif); None or absent: no what-if section."""
+    advice: str | Path | None = None
+    """report/advice.json: the flags to restart with toward the config's goal (longctx.analysis.advise); None or
+    absent (no goal set): no advice section."""
     baseline: str | None = None
     """The configuration speedups are against; None: the first one in the configuration's order."""
     config: dict | None = None
@@ -472,6 +476,8 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
         "lone": driftview.lone_requests(df, load, prov, order),
         # the serving model simulated against the load points, and the what-if grid (longctx.report.whatif.view)
         "whatif": whatifview.view(whatifview.read(inputs.whatif), order, load),
+        # the flags to restart with toward the config's goal (longctx.report.advice.view)
+        "advice": adviceview.view(adviceview.read(inputs.advice), order),
         # the prefix cache's hit rates and conversations (longctx.report.prefix.view): its section where measured
         "prefix": prefixview.view(prefix, order),
         # each drafting configuration against its twin without drafting (longctx.report.drafting.view)
