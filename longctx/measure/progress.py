@@ -7,7 +7,10 @@ reused from an earlier run included), once they cover FIT_LENGTHS lengths. A req
 TTFT(L) + output_tokens x step(L); a batch of c requests sent together costs c prefills and one
 decode (prefills queue, decode steps are shared). Before FIT_LENGTHS lengths the line gives a lower
 bound instead, and says so: each request costs what the longest measured length not above its own
-cost. Server start-ups are not predicted (a restart cannot be).
+cost. Server start-ups are not predicted (a restart cannot be), nor are the load and reused-context workloads
+after the lengths (their points may be reused from an interrupted run, and an open loop lasts as long as its
+arrivals): where the configuration measures them the line says they are not counted, and a line says when the
+lengths are done and the workloads begin.
 
 The console gets a warm-up or trial line at most every `every_s` seconds (a failed one always), and
 every length's final line; the lines held back go to the log file (logger longctx.measure.progress),
@@ -101,8 +104,10 @@ class Progress:
     """Where one configuration's sweep stands: which length (i of n), which request of it, the time
     since the sweep started, and the time left (the module's docstring says how it is predicted)."""
 
-    def __init__(self, name: str, lengths: list[int], proto: dict, every_s: float = EVERY_S, clock=time.monotonic):
+    def __init__(self, name: str, lengths: list[int], proto: dict, every_s: float = EVERY_S, clock=time.monotonic,
+                 workloads: bool = False):
         self.name, self.lengths, self.proto, self.every_s, self.clock = name, list(lengths), proto, every_s, clock
+        self.workloads = workloads  # load or reused-context workloads follow the lengths (not predicted)
         self.t0 = clock()
         self.last: float | None = None  # when a line last went to the console
         self.history: list[Sample] = []
@@ -137,6 +142,7 @@ class Progress:
         if left is None:
             return f"{elapsed}, time left: unknown until a length is measured"
         seconds, predicted = left
+        start += ", workloads not counted" if self.workloads else ""
         if predicted:
             return f"{elapsed}, time left ~{duration(seconds)}{start}"
         measured = len({h[0] for h in self.history})
@@ -171,6 +177,12 @@ class Progress:
         where = self.where()
         self.index, self.done = self.index + 1, 0
         self._say(f"{where}: {text}; {self.clock_text(server_up)}", force=True)
+
+    def lengths_done(self) -> None:
+        """The lengths and the ITL-depth request are done: the workloads (not predicted) begin."""
+        if self.workloads:
+            self._say(f"{self.name}: lengths done, elapsed {duration(self.clock() - self.t0)}; the load and "
+                      "reused-context workloads next", force=True)
 
     def finish(self) -> None:
         self._say(f"{self.name}: sweep done, elapsed {duration(self.clock() - self.t0)}", force=True)

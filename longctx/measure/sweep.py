@@ -43,7 +43,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
     a line per warm-up and trial, at most one every progress_every_s seconds, and every length's."""
     outdir, server_log = Path(outdir), Path(server_log)
     resume_dir = Path(resume_dir) if resume_dir else None
-    tracker = Progress(spec.name, spec.lengths, spec.protocol, progress_every_s)
+    tracker = Progress(spec.name, spec.lengths, spec.protocol, progress_every_s, workloads=bool(spec.load or spec.prefix))
     adapter = get_adapter(spec.engine)
     for where in (outdir, resume_dir, server_log.parent if adapter.managed else None):
         writable(where)  # before any server starts: nothing measured may be lost for want of a place to keep it
@@ -152,6 +152,7 @@ def run_configuration(spec: ConfigurationSpec, outdir: str | Path, server_log: s
             session.up()
             write_json(outdir / "itl_depth.json", {**common, "provenance": copy.deepcopy(prov),
                                                    **measure_itl_depth(session, spec, run_id, history)})
+        tracker.lengths_done()
         metronome.tick(session, "after_sweep")
         if spec.load:
             _measure_load(session, spec, run_id, history, common, prov, key, outdir, resume_dir, retries)
