@@ -222,36 +222,45 @@ def _plan_memory(a) -> int:
     return 0
 
 
-def _plot_analysis(a) -> int:
-    from .report.figures.analysis import plot_analysis
+def _figures(a, kind: str) -> list:
+    """The figures of one kind drawn from a's inputs: the measured ones, the analysis' (planner), the load
+    workloads' or the reused context's; their paths."""
+    from .report.figures import analysis, load, measured, prefix
 
-    for p in plot_analysis(a.results, a.fits, a.planner, a.style, a.outdir):
+    if kind == "analysis":
+        return list(analysis.plot_analysis(a.results, a.fits, a.planner, a.style, a.outdir))
+    if kind == "load":
+        return list(load.plot_load(a.load, a.metrics, a.style, a.outdir))
+    if kind == "prefix":
+        return list(prefix.plot_prefix(a.prefix, a.style, a.outdir))
+    return list(measured.plot_all(a.results, a.fits, a.style, a.outdir, a.itl_depth, a.provenance))
+
+
+def _print_paths(paths: list) -> int:
+    for p in paths:
         print(p)
     return 0
 
 
 def _plot(a) -> int:
-    from .report.figures.measured import plot_all
+    """The measured figures, and those of each further input given (the analysis', the load workloads', the reused
+    context's): the workflow draws them all in this one process."""
+    if bool(a.load) != bool(a.metrics):
+        raise ConfigError("longctx plot: --load and --metrics go together (data/load.json, data/load_metrics.csv)")
+    given = {"analysis": a.planner, "load": a.load, "prefix": a.prefix}
+    return _print_paths([p for kind in ("measured", *given) if kind == "measured" or given[kind] for p in _figures(a, kind)])
 
-    for p in plot_all(a.results, a.fits, a.style, a.outdir, a.itl_depth, a.provenance):
-        print(p)
-    return 0
+
+def _plot_analysis(a) -> int:
+    return _print_paths(_figures(a, "analysis"))
 
 
 def _plot_load(a) -> int:
-    from .report.figures.load import plot_load
-
-    for p in plot_load(a.load, a.metrics, a.style, a.outdir):
-        print(p)
-    return 0
+    return _print_paths(_figures(a, "load"))
 
 
 def _plot_prefix(a) -> int:
-    from .report.figures.prefix import plot_prefix
-
-    for p in plot_prefix(a.prefix, a.style, a.outdir):
-        print(p)
-    return 0
+    return _print_paths(_figures(a, "prefix"))
 
 
 def _plot_history(a) -> int:
@@ -725,6 +734,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--style", required=True)
     s.add_argument("--itl-depth", help="data/itl_depth.csv")
     s.add_argument("--provenance", help="data/provenance.json: the trials configured, for the partial lengths")
+    s.add_argument("--planner", help="data/planner.json: the analysis' figures too (as plot-analysis)")
+    s.add_argument("--load", help="data/load.json, with --metrics: the load workloads' figures too (as plot-load)")
+    s.add_argument("--metrics", help="data/load_metrics.csv, with --load")
+    s.add_argument("--prefix", help="data/prefix_fits.json: the reused context's figures too (as plot-prefix)")
     s.add_argument("--outdir", required=True)
     s.set_defaults(func=_plot)
 

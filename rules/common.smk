@@ -8,7 +8,7 @@ import re
 from longctx import config as lcfg
 from longctx.core.hashing import canonical_json
 from longctx.measure.calibration import plan as calibration_plan
-from longctx.report.figures import ANALYSIS_FIGURES, FIGURES, FORMATS, HISTORY_FIGURES, LOAD_FIGURES, PREFIX_FIGURES
+from longctx.report.figures import DATA_FIGURES, FORMATS, HISTORY_FIGURES
 from longctx.measure.resources import bench_resources
 from longctx.measure import imports
 from longctx.measure.rawfiles import retry_input
@@ -72,14 +72,11 @@ localrules:
     aggregate_load,
     analyze_load,
     whatif,
-    plot_load_figures,
     aggregate_prefix,
     analyze_prefix,
-    plot_prefix_figures,
     fit_models,
     plan_memory,
     plot_figures,
-    plot_analysis_figures,
     render_report,
     plot_history,
     build_pdf,

@@ -1,12 +1,19 @@
+# Every figure of the data (the measured, the analysis', the load workloads' and the reused context's) in one process:
+# four processes took 15.8 s for what one takes in 8.9 on a tiny run (bench/figure_time.py): matplotlib's start-up
+# and first drawing paid once.
 rule plot_figures:
     input:
         results="data/results.csv",
         fits="data/fits.json",
         itl_depth="data/itl_depth.csv",
         provenance="data/provenance.json",
+        planner="data/planner.json",
+        load="data/load.json",
+        metrics="data/load_metrics.csv",
+        prefix="data/prefix_fits.json",
         style="templates/plot.mplstyle",
     output:
-        expand("report/figures/{figure}.{ext}", figure=FIGURES, ext=FORMATS),
+        expand("report/figures/{figure}.{ext}", figure=DATA_FIGURES, ext=FORMATS),
     log:
         "data/logs/plot_figures.log",
     params:
@@ -15,60 +22,8 @@ rule plot_figures:
         ENV
     shell:
         "longctx plot --results {input.results} --fits {input.fits} --style {input.style} "
-        "--itl-depth {input.itl_depth} --provenance {input.provenance} --outdir {params.outdir} --log {log}"
-
-
-rule plot_analysis_figures:
-    input:
-        results="data/results.csv",
-        fits="data/fits.json",
-        planner="data/planner.json",
-        style="templates/plot.mplstyle",
-    output:
-        expand("report/figures/{figure}.{ext}", figure=ANALYSIS_FIGURES, ext=FORMATS),
-    log:
-        "data/logs/plot_analysis_figures.log",
-    params:
-        outdir=lambda w, output: os.path.dirname(output[0]),
-    conda:
-        ENV
-    shell:
-        "longctx plot-analysis --results {input.results} --fits {input.fits} --planner {input.planner} "
-        "--style {input.style} --outdir {params.outdir} --log {log}"
-
-
-rule plot_load_figures:
-    input:
-        load="data/load.json",
-        metrics="data/load_metrics.csv",
-        style="templates/plot.mplstyle",
-    output:
-        expand("report/figures/{figure}.{ext}", figure=LOAD_FIGURES, ext=FORMATS),
-    log:
-        "data/logs/plot_load_figures.log",
-    params:
-        outdir=lambda w, output: os.path.dirname(output[0]),
-    conda:
-        ENV
-    shell:
-        "longctx plot-load --load {input.load} --metrics {input.metrics} --style {input.style} "
-        "--outdir {params.outdir} --log {log}"
-
-
-rule plot_prefix_figures:
-    input:
-        prefix="data/prefix_fits.json",
-        style="templates/plot.mplstyle",
-    output:
-        expand("report/figures/{figure}.{ext}", figure=PREFIX_FIGURES, ext=FORMATS),
-    log:
-        "data/logs/plot_prefix_figures.log",
-    params:
-        outdir=lambda w, output: os.path.dirname(output[0]),
-    conda:
-        ENV
-    shell:
-        "longctx plot-prefix --prefix {input.prefix} --style {input.style} --outdir {params.outdir} --log {log}"
+        "--itl-depth {input.itl_depth} --provenance {input.provenance} --planner {input.planner} --load {input.load} "
+        "--metrics {input.metrics} --prefix {input.prefix} --outdir {params.outdir} --log {log}"
 
 
 # The .tex, its version record (number, hash, previous version, the trials it keeps) and its history (every kept
@@ -116,7 +71,7 @@ rule build_pdf:
         tex="report/longctx.tex",
         version="report/version.json",
         provenance="data/provenance.json",
-        figures=expand("report/figures/{figure}.pdf", figure=FIGURES + ANALYSIS_FIGURES + LOAD_FIGURES + PREFIX_FIGURES + HISTORY_FIGURES),
+        figures=expand("report/figures/{figure}.pdf", figure=DATA_FIGURES + HISTORY_FIGURES),
     output:
         "report/longctx.pdf",
     log:
@@ -135,7 +90,7 @@ rule render_markdown:
         partials=MARKDOWN_PARTIALS,
         version="report/version.json",
         pdf="report/longctx.pdf",
-        figures=expand("report/figures/{figure}.png", figure=FIGURES + ANALYSIS_FIGURES + LOAD_FIGURES + PREFIX_FIGURES + HISTORY_FIGURES),
+        figures=expand("report/figures/{figure}.png", figure=DATA_FIGURES + HISTORY_FIGURES),
     output:
         "report/longctx.md",
     log:

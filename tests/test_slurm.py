@@ -244,7 +244,7 @@ def test_bench_jobs_calibration_and_kernel_build_went_through_sbatch_and_the_res
     for job in jobs.values():  # the plugin's own log of each SLURM job, kept by --slurm-keep-successful-logs
         rule, _, wildcard = job["Comment"].removeprefix("rule_").partition("_wildcards_")
         assert (slurm_run["work"] / "data" / "logs" / "slurm" / f"rule_{rule}" / wildcard / f"{job['JobID']}.log").is_file()
-    for rule in ("aggregate_results", "fit_models", "plan_memory", "plot_figures", "plot_analysis_figures", "render_report",
+    for rule in ("aggregate_results", "fit_models", "plan_memory", "plot_figures", "render_report",
                  "build_pdf", "render_markdown"):
         assert f"localrule {rule}:" in slurm_run["out"]
 

@@ -112,7 +112,7 @@ def test_every_stage_left_its_outputs_and_logs(workflow):
                  "report/version.json", "report/longctx.md", "data/logs/bench/page1.log", "data/logs/server/page16.log",
                  "data/logs/build_pdf.log", "data/logs/render_markdown.log",
                  "data/calibration.json", "data/logs/calibrate_hardware.log", "data/planner.json", "data/logs/plan_memory.log",
-                 "report/figures/roofline.pdf", "report/figures/planner.png", "data/logs/plot_analysis_figures.log",
+                 "report/figures/roofline.pdf", "report/figures/planner.png", "data/logs/plot_figures.log",
                  "report/history.json", "report/figures/history.pdf", "report/figures/history.png", "data/logs/plot_history.log"):
         assert (workflow / path).is_file(), path
 
@@ -159,9 +159,9 @@ def test_kernel_edit_reruns_its_build_the_configurations_using_it_and_downstream
         # the calibration stands: it measures the machine, not the kernel
         assert planned_jobs(workflow) == {
             "build_kernel": 1, "bench_configuration": len(configurations), "aggregate_results": 1, "fit_models": 1,
-            "plan_memory": 1, "plot_figures": 1, "plot_analysis_figures": 1, "render_report": 1, "plot_history": 1,
-            "build_pdf": 1, "aggregate_load": 1, "analyze_load": 1, "whatif": 1, "plot_load_figures": 1,
-            "aggregate_prefix": 1, "analyze_prefix": 1, "plot_prefix_figures": 1,
+            "plan_memory": 1, "plot_figures": 1, "render_report": 1, "plot_history": 1,
+            "build_pdf": 1, "aggregate_load": 1, "analyze_load": 1, "whatif": 1,
+            "aggregate_prefix": 1, "analyze_prefix": 1,
             **({"bench_kernel": 1} if "page16" in configurations else {}),  # the native kernel, timed alone
         }
     finally:
@@ -179,9 +179,8 @@ def test_the_studys_deployment_config_plans_its_jobs_without_a_gpu(workflow):
     jobs = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m[1] != "total"}
     assert jobs == {"build_kernel": 1, "bench_kernel": 1, "bench_configuration": 3, "calibrate_hardware": 1,
                     "aggregate_results": 1, "fit_models": 1, "plan_memory": 1, "plot_figures": 1,
-                    "plot_analysis_figures": 1, "render_report": 1, "plot_history": 1, "build_pdf": 1, "aggregate_load": 1,
-                    "analyze_load": 1, "whatif": 1, "plot_load_figures": 1, "aggregate_prefix": 1, "analyze_prefix": 1,
-                    "plot_prefix_figures": 1}
+                    "render_report": 1, "plot_history": 1, "build_pdf": 1, "aggregate_load": 1,
+                    "analyze_load": 1, "whatif": 1, "aggregate_prefix": 1, "analyze_prefix": 1}
     for configuration in ("triton-page1", "sm120-kernel", "sm120-kernel-defrag"):
         assert f"data/raw/{configuration}/185000.json" in out
 

@@ -2,12 +2,14 @@
 
 # overview: page one's TTFT and decode rate side by side
 FIGURES = ("overview", "ttft", "decode_rate", "step_time", "itl_depth", "drafting")
-# made by `longctx plot-analysis` (the plot_analysis_figures rule)
+# made by `longctx plot-analysis`, and by `longctx plot` given the planner (the plot_figures rule)
 ANALYSIS_FIGURES = ("roofline", "residuals", "extrapolation", "planner", "prediction")
 # made by `longctx plot-load` (data/load.json and data/load_metrics.csv; longctx.report.figures.load)
 LOAD_FIGURES = ("load_latency", "interference", "load_metrics", "frontier")
 # made by `longctx plot-prefix` (data/prefix_fits.json; longctx.report.figures.prefix)
 PREFIX_FIGURES = ("prefix_ttft", "prefix_saving", "prefix_conversation")
+# the figures of the data, all four kinds above: `longctx plot` with every input (the plot_figures rule)
+DATA_FIGURES = FIGURES + ANALYSIS_FIGURES + LOAD_FIGURES + PREFIX_FIGURES
 # made by `longctx plot-history` (report/history.json, which the render step writes; longctx.report.figures.history)
 HISTORY_FIGURES = ("history",)
 # the formats each figure is saved in (PDF for LaTeX, PNG for Markdown): the files the plot rules expect
