@@ -239,6 +239,12 @@ def verify_lengths(config: dict[str, Any]) -> list[int]:
     return sorted(out)
 
 
+def workload_requests(workload: dict[str, Any]) -> int:
+    """The requests of the advice's workload (config key advise.workload): as many as it says, else at least 32 and
+    four times its concurrency (4 x 8 for arrivals at a rate): what the advice simulates and its verifying run sends."""
+    return int(workload.get("requests") or max(32, 4 * int(workload.get("concurrency") or 8)))
+
+
 def verify_load(config: dict[str, Any]) -> dict[str, Any] | None:
     """The load workload a configuration that verifies the advice measures: the goal's, as the config's load section
     measures a point (its closed loop at the goal's concurrency, or its open loop at the goal's rate, at the goal's
@@ -247,7 +253,7 @@ def verify_load(config: dict[str, Any]) -> dict[str, Any] | None:
     if not w:
         return None
     load = copy.deepcopy(config["load"])
-    requests = int(w.get("requests") or max(32, 4 * int(w.get("concurrency") or 8)))
+    requests = workload_requests(w)
     load.update(lengths=[int(w["prompt"])], output_tokens=int(w["output"]))
     load["closed"].update(concurrency=[int(w["concurrency"])] if w.get("concurrency") else [], requests=requests,
                           duration_s=None)

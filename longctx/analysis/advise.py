@@ -52,6 +52,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from ..config import workload_requests
 from ..core.words import listed
 from .memory import adapter_of, memory_model, pool_tokens
 from .simulate import TOKEN_BUDGET
@@ -144,8 +145,7 @@ def _meets(p: dict, slo: dict) -> dict[str, bool | None]:
 
 def _workload_grid(w: dict) -> tuple[str, float, dict]:
     kind, level = ("concurrency", float(w["concurrency"])) if w.get("concurrency") else ("rate", float(w["rate"]))
-    requests = int(w.get("requests") or max(32, 4 * int(level if kind == "concurrency" else 8)))
-    return kind, level, {"requests": requests, "output_tokens": int(w["output"]), "arrival": "poisson",
+    return kind, level, {"requests": workload_requests(w), "output_tokens": int(w["output"]), "arrival": "poisson",
                          "burstiness": 1.0, "seed": int(w.get("seed", 0))}
 
 
