@@ -470,6 +470,7 @@ def _verify_advice(a, config: dict, doc: dict) -> int:
 
     import yaml
 
+    from .analysis.advise import flag_words as advise_words
     from .core.words import listed
     from .engines import get_adapter
 
@@ -485,9 +486,8 @@ def _verify_advice(a, config: dict, doc: dict) -> int:
     entry = config["configurations"][name]
     flags = c["recommended"]["flags"]
     if not get_adapter(entry["engine"]).managed:
-        said = " ".join(f"--{k} {v}" for k, v in flags.items())
         raise SystemExit(f"longctx advise --verify: {name} is a server longctx does not start ({entry['engine']}): "
-                         f"restart it with {said}, then add a configuration with `verifies: {name}` and its url to the "
+                         f"restart it with {advise_words(flags)}, then add a configuration with `verifies: {name}` and its url to the "
                          "config and run the workflow (docs/advise.md)")
     verifying = f"{name}-advised"
     Path(VERIFY_FILE).write_text(
