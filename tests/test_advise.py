@@ -196,3 +196,62 @@ def test_a_configuration_that_verifies_is_its_copy_at_the_flags_and_measures_the
 def test_a_verifying_configuration_without_its_configuration_or_goal_is_a_config_error(verifying, goal, said):
     with pytest.raises(lcfg.ConfigError, match=said):
         lcfg.validate(tiny_with_goal({"engine": "reference", **verifying}, goal))
+
+
+def _brute_force_input(bf, goodput: dict, predicted_pick: dict | None = None):
+    """An advice whose pick is --max-running-requests 1 --chunked-prefill-size 512, and a brute force whose loops of 16
+    requests took 16 / goodput[label][round] seconds (what the rounds measured, written by hand)."""
+    settings = bf.settings_of()
+    figures = {"ttft_s_p50": 0.15, "tpot_s_p50": 0.01, "goodput_rps": 10.0}
+    ranked = [{"flags": {**s, "mem-fraction-static": 0.5}, "feasible": True, "predicted": figures} for s in settings]
+    pick = predicted_pick or figures
+    advised = {"ranked": ranked, "recommended": {
+        "flags": {"max-running-requests": 1, "chunked-prefill-size": 512, "mem-fraction-static": 0.5},
+        "predicted": {k: {"value": v, "interval": None} for k, v in pick.items()}}}
+
+    def point(rps: float) -> dict:
+        return {"length": 1024, "duration_s": 16 / rps,
+                "requests": [{"status": "ok", "ttft_s": 0.15, "tpot_s": 0.01} for _ in range(16)]}
+
+    measured = {"settings": [{"flags": s, "rounds": [point(x) for x in goodput.get(bf._label(s), [10.0] * 3)]}
+                             for s in settings], "readings": []}
+    return advised, measured
+
+
+def test_the_brute_force_verdict_fails_a_pick_the_rounds_put_below_the_best_and_a_prediction_beyond_ten_percent():
+    """bench/advise_bruteforce.judge, the check of tests/test_whatif_measured.py, on rounds written by hand: a pick at
+    two thirds of the best in every round fails; one 3% below passes; one that three rounds leave open (a round above
+    the best, two below) is inconclusive; a predicted goodput 20% above what was measured fails (no metronome: no
+    drift to allow for), one 5% above passes."""
+    from .conftest import bench_script
+
+    bf = bench_script("advise_bruteforce")
+    pick, best = "--max-running-requests 1 --chunked-prefill-size 512", "--max-running-requests 4 --chunked-prefill-size 4096"
+    cases = [({pick: [8.0, 8.1, 7.9], best: [12.0, 12.1, 11.9]}, "fail", (0.66, 0.67)),
+             ({pick: [11.6, 11.7, 11.5], best: [12.0, 12.1, 11.9]}, "pass", (0.96, 0.97)),
+             ({pick: [12.5, 10.0, 10.6], best: [12.0, 12.1, 11.9]}, "inconclusive", (0.82, 0.90))]
+    for goodput, said, (low, high) in cases:
+        verdict = bf.judge(*_brute_force_input(bf, goodput), [])
+        assert verdict["pick"] == pick and verdict["best"] == best, verdict
+        assert verdict["pick_holds"] == said and low <= verdict["pick_ratio"]["median"] <= high, (said, verdict["pick_ratio"])
+    measured_rps = 10.0
+    for over, said in ((1.20, "fail"), (1.05, "pass")):
+        advised, measured = _brute_force_input(bf, {}, {"ttft_s_p50": 0.15, "tpot_s_p50": 0.01,
+                                                        "goodput_rps": measured_rps * over})
+        v = bf.judge(advised, measured, [])["prediction"]
+        assert v["goodput_rps"]["verdict"] == said and v["goodput_rps"]["error"] == pytest.approx(over - 1)
+        assert v["ttft_s_p50"]["verdict"] == v["tpot_s_p50"]["verdict"] == "pass"
+
+
+@pytest.mark.parametrize("predicted, measured, held", [
+    ({"value": 1.10, "interval": [1.05, 1.15]}, {"value": 1.0, "low": 0.95, "high": 1.04}, True),  # within 15%
+    ({"value": 1.30, "interval": [1.20, 1.40]}, {"value": 1.0, "low": 0.90, "high": 1.25}, True),  # the intervals meet
+    ({"value": 1.30, "interval": [1.20, 1.40]}, {"value": 1.0, "low": 0.90, "high": 1.10}, False),  # neither
+    ({"value": 0.80, "interval": None}, {"value": 1.0, "low": 0.70, "high": 1.30}, False),  # -20%, no interval
+])
+def test_a_verified_figure_holds_within_the_whatifs_tolerance_or_where_the_intervals_meet_and_misses_otherwise(
+        predicted, measured, held):
+    from longctx.analysis.advise import _held
+
+    error, ok = _held(predicted, measured)
+    assert ok is held and error == pytest.approx(predicted["value"] / measured["value"] - 1)

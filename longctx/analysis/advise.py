@@ -226,7 +226,10 @@ def advise_configuration(name: str, entry: dict, fit: dict, ld: dict | None, req
                         "context_length": ctx_len,
                         "reserve_bytes_per_gpu": int(round(memory * (1 - float(measured["pool_fraction"]))))
                         if memory and measured["pool_fraction"] is not None else None},
-           "settings": len(rows), "feasible": bool(feasible)}
+           "settings": len(rows), "feasible": bool(feasible),
+           # every setting searched, best first: its flags and its predicted figures (the pick's and the runner-up's
+           # with their intervals are below)
+           "ranked": [_ranked(s, flags, workload) for s in ranked]}
     if feasible:
         pick = feasible[0]
         # the runner-up: the best other scheduling setting (a pool one step larger is no alternative worth naming)
@@ -259,6 +262,14 @@ def _answer(s: dict, flags: dict, new_ctx, ctx_len, model: dict, workload, slo, 
                  "goodput_rps": "goodput_rps"}
         out["predicted"] = {k: {"value": s[v], "interval": _interval([d[v] for d in draws], level)} for k, v in named.items()}
         out["slo"] = s.get("slo")
+    return out
+
+
+def _ranked(s: dict, flags: dict, workload) -> dict:
+    out = {"flags": {flags[k]: s[k] for k in ("max_running", "chunk", "pool_fraction") if flags.get(k) and s[k] is not None},
+           "feasible": s["feasible"], "pool_tokens": s["pool_tokens"]}
+    if workload:
+        out["predicted"] = {"ttft_s_p50": s["ttft_p50"], "tpot_s_p50": s["tpot_p50"], "goodput_rps": s["goodput_rps"]}
     return out
 
 
