@@ -134,11 +134,12 @@ def _label(flags: dict) -> str:
 def brute_force(settings: list[dict], rounds: int, work: Path, goal: dict = GOAL) -> dict:
     """Every setting measured under the goal's closed loop, interleaved (module docstring): {"settings": [{"flags",
     "rounds": [the loop's point, as the load stage writes it]}], "readings": the metronome's, before and after,
-    "starts": server starts, "wall_s"}."""
+    "starts": server starts, "up_s": the seconds until every server was up, "wall_s"}."""
     w = goal["workload"]
     load = {"lengths": [int(w["prompt"])], "output_tokens": int(w["output"]), "sweep_twins": 0,
             "closed": {"duration_s": None, "concurrency": [int(w["concurrency"])], "requests": lcfg.workload_requests(w)}}
-    specs = [spec_of([], 1, load, **flags) for flags in settings]
+    # the sweep's length the goal's prompt: each server is primed with it (Session), and nothing else is measured
+    specs = [spec_of([int(w["prompt"])], 1, load, **flags) for flags in settings]
     t0 = time.monotonic()
     (work / "metronome").mkdir(parents=True, exist_ok=True)
     sessions: list[Session] = []
@@ -147,7 +148,8 @@ def brute_force(settings: list[dict], rounds: int, work: Path, goal: dict = GOAL
         for i, spec in enumerate(specs):
             prov = {"settings": spec.settings(), "args": spec.args}
             sessions.append(Session(get_adapter(spec.engine), spec, work / f"server-{i}.log", prov))
-            sessions[-1].up()
+            sessions[-1].up()  # in this thread: a server dies with the thread that started it (PR_SET_PDEATHSIG)
+        out["up_s"] = time.monotonic() - t0
         common = {"run_id": "bruteforce", "configuration": NAME}
         metronome = Metronome(specs[0], common, {}, "bruteforce", work / "metronome", None)
         metronome.tick(sessions[0], "start")
@@ -253,7 +255,7 @@ def report(verdict: dict, measured: dict, rounds: int) -> str:
     if verdict["drift"]:
         out.append(f"drift between the calibration and the brute force: {verdict['drift']['words']}")
     out.append(f"restarts: the brute force started {measured['starts']} servers ({len(verdict['table'])} settings, "
-               f"{rounds} rounds, {measured['wall_s']:.0f} s); the advice needs the run already made and one verifying "
+               f"{rounds} rounds, {measured['wall_s']:.0f} s, {measured['up_s']:.0f} s of it until all were up); the advice needs the run already made and one verifying "
                f"run (longctx advise --verify): {measured['starts'] - 1} restarts saved")
     return "\n".join(out)
 
