@@ -255,3 +255,24 @@ def test_a_verified_figure_holds_within_the_whatifs_tolerance_or_where_the_inter
 
     error, ok = _held(predicted, measured)
     assert ok is held and error == pytest.approx(predicted["value"] / measured["value"] - 1)
+
+
+@pytest.mark.parametrize("error, drift, said", [
+    (0.25, 0.30, "inconclusive"),  # 25% over, on a machine that moved 30%: the move could explain it
+    (0.25, 0.02, "missed"),  # beyond 15% and beyond the 2% the machine moved
+    (0.25, None, "missed"),  # no metronome on one side: the error alone
+    (0.10, 0.50, "held"),  # within 15%: held whatever the machine did
+])
+def test_a_verified_figure_that_missed_is_inconclusive_only_where_the_machines_drift_could_explain_it(error, drift, said):
+    """longctx.analysis.advise.against_drift: the verifying run's figure against the drift between the run the advice
+    came from and the verifying run (a figure's error 25%: 1.25 / 1.30 - 1 = -4% to 1.25 x 1.30 - 1 = +63% once the
+    move is allowed for, which holds 0; with a 2% move, 23% to 28%, all beyond the 15% held to)."""
+    from longctx.analysis.advise import _held, against_drift
+
+    measured = {"value": 1.0, "low": 0.98, "high": 1.02}
+    error_, held = _held({"value": 1 + error, "interval": [1 + error - 0.01, 1 + error + 0.01]}, measured)
+    figure = against_drift({"key": "ttft_s_p50", "error": error_, "held": held},
+                           None if drift is None else {"drift": drift, "words": ""})
+    got = "held" if figure["held"] else "missed" if figure["held"] is False else "inconclusive"
+    assert got == said, figure
+    assert bool(figure.get("inconclusive")) == (said == "inconclusive")

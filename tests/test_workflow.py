@@ -626,9 +626,12 @@ def test_advise_answers_a_workload_goal_with_the_reference_engines_flags(workflo
         assert f["error"] == pytest.approx(f["predicted"]["value"] / f["measured"]["value"] - 1)
     assert v["slo_held"] == (figures["ttft_s_p50"]["measured"]["value"] <= 0.5 and figures["tpot_s_p50"]["measured"]["value"] <= 0.05)
     assert v["missed"] == ([] if v["pool"]["held"] else ["pool_tokens"]) + [k for k, f in figures.items() if f["held"] is False]
-    assert v["proven"] == (not v["missed"])
+    # a figure that missed is read against the drift between page1's run and this one (both runs' metronomes)
+    assert v["drift"] is not None and v["drift"]["drift"] >= 0 and "between the two runs" in v["drift"]["words"]
+    assert v["inconclusive"] == [k for k, f in figures.items() if f["held"] is None and f.get("inconclusive")]
+    assert v["proven"] == (not v["missed"] and not v["inconclusive"])
     log = json.loads((work / "report" / "versions" / "log.json").read_text())["versions"]
     assert len(log) == versions + 1
     md = (work / "report" / "longctx.md").read_text()
     assert "**Verified by one run** (configuration page1-advised, the same server restarted with these flags): " + (
-        "proven" if v["proven"] else "unproven") in md, md[md.index("## Which flags"):][:3000]
+        "proven" if v["proven"] else "unproven" if v["missed"] else "inconclusive") in md, md[md.index("## Which flags"):][:3000]

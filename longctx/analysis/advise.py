@@ -38,9 +38,11 @@ context. Each predicted figure is read against what it measured: the KV pool the
 POOL_TOLERANCE, the planner's accuracy on the study), the request at the goal's context (it fits or it does not), and
 the workload's TTFT and TPOT at the goal's percentile and its goodput against the goal's SLO, each measured with its
 interval (the load stage's bootstrap; Wilson's for the share that met the SLO): a figure holds where the measured
-interval meets the predicted one or the two are within TOLERANCE (the what-if's); the SLO held where the measured
-figures meet it. The advice is proven where every figure holds and the request fits, and unproven (with what missed)
-otherwise.
+interval meets the predicted one or the two are within TOLERANCE (the what-if's); one that does neither is read
+against the drift between the two runs (their metronomes: longctx.analysis.drift): missed where its error is beyond
+what the machine's move could explain, inconclusive where it is not. The SLO held where the measured figures meet it.
+The advice is proven where every figure holds and the request fits, unproven (with what missed) where one missed,
+and inconclusive (with the figures the drift leaves open) otherwise.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ import pandas as pd
 
 from ..config import workload_requests
 from ..core.words import listed
+from . import drift
 from .memory import adapter_of, memory_model, pool_tokens
 from .simulate import TOKEN_BUDGET
 from .slo import goodput, wilson
@@ -355,14 +358,34 @@ def _held(predicted: dict, measured: dict) -> tuple[float | None, bool | None]:
     return error, abs(error) <= TOLERANCE or meet
 
 
+def against_drift(figure: dict, moved: dict | None) -> dict:
+    """A verified figure that missed (_held) read against the drift between the run the advice came from and the run
+    that verified it (longctx.analysis.drift.between of their metronomes): where the machine's move could explain the
+    miss (drift.verdict: inconclusive), it is neither held nor missed (held None) and says so (`inconclusive`);
+    where the error is beyond that move too it stays missed."""
+    if figure["held"] is not False or not moved or figure["error"] is None:
+        return figure
+    judged = drift.verdict(figure["error"], moved["drift"], TOLERANCE, what="the error")
+    if judged["verdict"] == "inconclusive":
+        return {**figure, "held": None, "inconclusive": judged["words"]}
+    return figure
+
+
+def _readings(entry: dict | None) -> list[dict]:
+    return ((entry or {}).get("metronome") or {}).get("readings") or []
+
+
 def verification(advice: dict, name: str, entry: dict, ld: dict | None, requests: pd.DataFrame,
-                 results: pd.DataFrame, level: float = 0.95) -> dict:
+                 results: pd.DataFrame, level: float = 0.95, advised_entry: dict | None = None) -> dict:
     """The recommended setting of `advice` against what configuration `name` (which verifies it) measured (the
     module's docstring)."""
     goal, rec = advice["goal"], advice["recommended"]
     workload, slo = goal.get("workload"), goal.get("slo") or {}
     flags = {k: entry.get("args", {}).get(k) for k in rec["flags"]}
     out: dict = {"configuration": name, "flags_as_run": flags, "flags_match": flags == rec["flags"], "figures": []}
+    # the machine between the run the advice came from and this one: the same engine's code on both (the flags differ)
+    moved = drift.between(_readings(advised_entry), _readings(entry), same_code=True)
+    out["drift"] = None if moved is None else {"drift": moved["drift"], "words": moved["words"]}
     try:
         observed = memory_model(entry).get("observed_tokens")
     except Exception:  # noqa: BLE001 - a server whose pool the planner cannot read: not compared
@@ -394,12 +417,12 @@ def verification(advice: dict, name: str, entry: dict, ld: dict | None, requests
                 m = (point.get(figure) or {}).get(q) or {}
                 measured = {"value": m.get("value"), "low": m.get("low"), "high": m.get("high")}
                 error, held = _held(rec["predicted"].get(key) or {}, measured)
-                out["figures"].append({"key": key, "predicted": rec["predicted"].get(key), "measured": measured,
-                                       "error": error, "held": held})
+                out["figures"].append(against_drift({"key": key, "predicted": rec["predicted"].get(key),
+                                                     "measured": measured, "error": error, "held": held}, moved))
             measured = _measured_goodput(rows, point, slo, level) or {"value": None, "low": None, "high": None}
             error, held = _held(rec["predicted"].get("goodput_rps") or {}, measured)
-            out["figures"].append({"key": "goodput_rps", "predicted": rec["predicted"].get("goodput_rps"),
-                                   "measured": measured, "error": error, "held": held})
+            out["figures"].append(against_drift({"key": "goodput_rps", "predicted": rec["predicted"].get("goodput_rps"),
+                                                 "measured": measured, "error": error, "held": held}, moved))
             values = {f["key"]: f["measured"]["value"] for f in out["figures"]}
             out["slo_held"] = all(values.get(f"{k}_{q}") is not None and values[f"{k}_{q}"] <= float(slo[k])
                                   for k in ("ttft_s", "tpot_s") if slo.get(k))
@@ -413,7 +436,9 @@ def verification(advice: dict, name: str, entry: dict, ld: dict | None, requests
     if not out["flags_match"]:
         missed.insert(0, "flags")
     out["missed"] = missed
-    out["proven"] = not missed
+    # figures the machine's move leaves open: the advice is not proven, and not disproven by them
+    out["inconclusive"] = [f["key"] for f in out["figures"] if f.get("inconclusive")]
+    out["proven"] = not missed and not out["inconclusive"]
     return out
 
 
@@ -438,7 +463,7 @@ def advise(fits: dict, load: dict, provenance: dict, requests: pd.DataFrame, con
         v = verifiers.get(name)
         if v and a.get("recommended"):
             a["verified"] = verification(a, v, entries[v], (load.get("configurations") or {}).get(v), requests,
-                                         results if results is not None else pd.DataFrame(), level)
+                                         results if results is not None else pd.DataFrame(), level, entry)
         out["configurations"][name] = a
     return out
 
@@ -484,7 +509,10 @@ def lines(doc: dict) -> list[str]:
         v = a.get("verified")
         if v:
             figures = ", ".join(f"{f['key']} {f['error']:+.0%}" for f in v["figures"] if f["error"] is not None)
-            out.append(f"{name}: verified by {v['configuration']}: " + ("proven" if v["proven"] else
-                       f"unproven ({', '.join(v['missed'])} missed)") + (f"; predicted against measured: {figures}" if figures else "")
+            verdict = ("proven" if v["proven"] else f"unproven ({', '.join(v['missed'])} missed)" if v["missed"] else
+                       f"inconclusive ({', '.join(v['inconclusive'])} within the machine's drift between the two runs, "
+                       f"{v['drift']['drift']:.0%})")
+            out.append(f"{name}: verified by {v['configuration']}: {verdict}"
+                       + (f"; predicted against measured: {figures}" if figures else "")
                        + ("" if "slo_held" not in v else "; the SLO held" if v["slo_held"] else "; the SLO was missed"))
     return out

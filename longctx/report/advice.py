@@ -97,7 +97,7 @@ def _verified(v: dict | None) -> dict | None:
                      "measured": None if m.get("value") is None else m["value"] * scale,
                      "measured_low": None if m.get("low") is None else m["low"] * scale,
                      "measured_high": None if m.get("high") is None else m["high"] * scale,
-                     "error": f["error"], "held": f["held"]})
+                     "error": f["error"], "held": f["held"], "inconclusive": bool(f.get("inconclusive"))})
     said = []
     pool = v.get("pool")
     if pool:
@@ -115,8 +115,13 @@ def _verified(v: dict | None) -> dict | None:
         said.append("the run's flags are not the ones recommended")
     other = {"pool_tokens": "the KV pool", "context": "the request at the goal's context", "flags": "the flags",
              "workload": "the workload"}
+    moved = v.get("drift")
+    if moved:
+        said.append(moved["words"])
     verdict = ("proven: every prediction held" if v["proven"] else
-               "unproven: " + ", ".join(other.get(k) or NAMES[k][0] for k in v["missed"]) + " missed")
+               "unproven: " + ", ".join(other.get(k) or NAMES[k][0] for k in v["missed"]) + " missed" if v["missed"] else
+               "inconclusive: " + ", ".join(NAMES[k][0] for k in v.get("inconclusive") or []) + " missed by less than the "
+               f"{moved['drift']:.0%} the machine moved between the two runs could explain")
     said = "; ".join(said)
     return {"configuration": v["configuration"], "rows": rows, "said": said[:1].upper() + said[1:], "verdict": verdict,
             "proven": v["proven"]}
