@@ -46,7 +46,30 @@ def alone(item) -> bool:
     return bool(mark and (mark.args or (True,))[0])
 
 
-HELD: dict = {}  # this worker's lock on the machine while a test runs, and whether it is held alone
+class _PerThread(threading.local):
+    """A dict of each thread's own: under -n each worker is a process running one test at a time; tests/test_suite_lock.py
+    plays the workers as threads of one process."""
+
+    def __init__(self):
+        self.d: dict = {}
+
+    def get(self, key, default=None):
+        return self.d.get(key, default)
+
+    def update(self, **kw):
+        self.d.update(kw)
+
+    def clear(self):
+        self.d.clear()
+
+    def __getitem__(self, key):
+        return self.d[key]
+
+    def __bool__(self):
+        return bool(self.d)
+
+
+HELD = _PerThread()  # this worker's lock on the machine while a test runs, and whether it is held alone
 
 
 @contextlib.contextmanager
@@ -60,7 +83,7 @@ def machine(run: Path, alone: bool):
             fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
-        HELD.update(lock=lock, alone=alone)
+        HELD.update(lock=lock, alone=alone, gate=run / "machine.gate")
         try:
             yield
         finally:
@@ -73,7 +96,24 @@ def share_the_machine() -> None:
     may run its tests beside the rest of it. Nothing where the suite runs in one process."""
     if HELD.get("alone"):
         fcntl.flock(HELD["lock"], fcntl.LOCK_SH)
-        HELD["alone"] = False
+        HELD.update(alone=False, shared_from_alone=True)
+
+
+def alone_again() -> None:
+    """A test marked alone that shared the machine (share_the_machine) while it made a report, about to measure again:
+    it holds the machine alone again. Its shared lock is let go first, then the gate taken as machine() takes it, so
+    that two workers doing this at once wait for each other's test and never for each other's lock. Nothing where the
+    suite runs in one process, or for a test that was never alone."""
+    if not HELD or HELD.get("alone") or not HELD.get("shared_from_alone"):
+        return
+    fcntl.flock(HELD["lock"], fcntl.LOCK_UN)
+    with open(HELD["gate"], "a") as gate:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(HELD["lock"], fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+    HELD.update(alone=True)
 
 
 def pytest_collection_modifyitems(config, items):

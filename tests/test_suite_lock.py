@@ -32,6 +32,23 @@ def start(run, alone, log, name) -> Holder:
     return h
 
 
+def gate_taken(run, seconds: float = 10) -> bool:
+    """Whether another open file holds the gate (machine's) within `seconds`: a holder waiting to be alone."""
+    import fcntl
+    import time
+
+    end = time.monotonic() + seconds
+    with open(run / "machine.gate", "a") as gate:
+        while time.monotonic() < end:
+            try:
+                fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(gate, fcntl.LOCK_UN)
+            time.sleep(0.01)
+    return False
+
+
 def not_yet(h: Holder) -> bool:
     return not h.held.wait(0.3)  # it asked and has not got it (it could only be late, never early)
 
@@ -99,3 +116,47 @@ def test_a_test_alone_that_is_done_measuring_lets_a_shared_one_in(tmp_path):
     assert waiter.held.wait(10) and log == ["alone", "sharing", "waiter"] and held == [False]
     done.set(), waiter.release.set()
     t.join(10)
+
+
+def test_a_test_that_shared_the_machine_holds_it_alone_again_once_the_shared_test_in_it_ends(tmp_path):
+    """alone_again, after share_the_machine (a test that measures, reports, and measures again: tests/test_kernel_gate.py):
+    it waits for the shared test that came in meanwhile to end, and a shared test that asks while it waits is kept out
+    (the gate) until it is done."""
+    from . import conftest
+    from .conftest import alone_again
+
+    log: list = []
+    shared_now, again, done = threading.Event(), threading.Event(), threading.Event()
+    results: list = []
+
+    def holder():
+        with machine(tmp_path, True):
+            share_the_machine()
+            shared_now.set()
+            again.wait(30)
+            alone_again()
+            log.append("alone again")
+            results.append(conftest.HELD["alone"])
+            done.wait(30)
+
+    t = threading.Thread(target=holder, daemon=True)
+    t.start()
+    assert shared_now.wait(10)
+    inside = start(tmp_path, False, log, "shared meanwhile")
+    assert inside.held.wait(10)  # it came in while the holder shared the machine
+    again.set()
+    assert gate_taken(tmp_path)  # the holder waits for the shared test, holding the gate
+    assert log == ["shared meanwhile"]
+    later = start(tmp_path, False, log, "later")
+    assert not_yet(later) and log == ["shared meanwhile"]
+    inside.release.set()
+    t0 = threading.Event()
+    for _ in range(100):
+        if "alone again" in log:
+            break
+        t0.wait(0.1)
+    assert log == ["shared meanwhile", "alone again"] and results == [True] and not_yet(later)
+    done.set()
+    t.join(10)
+    assert later.held.wait(10) and log == ["shared meanwhile", "alone again", "later"]
+    later.release.set()
