@@ -145,7 +145,7 @@ def test_the_whole_workflow_reports_every_kind_of_server(tmp_path):
     import pandas as pd
     import yaml
 
-    from .conftest import CORES, copy_workflow, snakemake
+    from .conftest import CORES, copy_workflow, share_the_machine, snakemake
     from .test_report import pdftotext
 
     import subprocess
@@ -179,6 +179,10 @@ def test_the_whole_workflow_reports_every_kind_of_server(tmp_path):
         # probe measures: model.tokenizer names the plain one, as a user's names the model's
         config["model"]["tokenizer"] = str(make_tokenizer(tmp_path / "tok" / "plain"))
         (work / "servers.yaml").write_text(yaml.safe_dump(config))
+        # the measuring alone on the machine under -n; the report of it beside the other worker's tests
+        snakemake(work, *CORES, "report/longctx.pdf", "--configfile", "servers.yaml", "--until", "bench_configuration",
+                  "calibrate_hardware")
+        share_the_machine()
         snakemake(work, *CORES, "report/longctx.pdf", "--configfile", "servers.yaml")
         own_rss = psutil.Process(own.pid).memory_info().rss / 1e9  # the kernel's count for that process, read here
     df = pd.read_csv(work / "data" / "results.csv")

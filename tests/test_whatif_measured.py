@@ -126,7 +126,7 @@ def test_the_advice_picks_as_well_as_a_brute_force_over_six_settings_it_did_not_
     readings = json.loads((run["raw"] / "metronome.json").read_text())["readings"]
     verdict = BRUTE.judge(advised, measured, readings)
     print(BRUTE.report(verdict, measured, BRUTE.ROUNDS))
-    assert len(verdict["table"]) == 6 and measured["starts"] == 6
+    assert len(verdict["table"]) == 6 and measured["starts"] >= 6  # a server per setting (one that died restarted)
     assert all(t["ok"] == t["n"] == BRUTE.ROUNDS * 16 for t in verdict["table"]), [(t["label"], t["ok"]) for t in verdict["table"]]
     # the pick: the best measured, or a setting whose goodput is within 5% of it; where the rounds leave that open (the
     # winner of six settings measured with noise is flattered by its luck) it is inconclusive, and it fails only where
