@@ -18,7 +18,7 @@ from longctx.measure.process import ManagedServer, pid_file, reap_stray
 from longctx.measure.rerun import clear_stale_locks
 from longctx.measure.sweep import run_configuration
 
-from .conftest import ENV, TINY, copy_workflow, tiny_spec
+from .conftest import ENV, TINY, copy_workflow, share_the_machine, tiny_spec
 
 # alone under -n (tests/conftest.py): a signal must land while the sweep runs
 pytestmark = [pytest.mark.alone, pytest.mark.slow]
@@ -148,6 +148,7 @@ def test_an_interrupted_workflow_leaves_no_server_and_the_same_command_resumes_i
         when = f"server up {t_server:.2f} s, locks checked {t_locks:.2f} s, first length seen {t_seen:.2f} s"
         assert not (work / "data" / "partial" / "page1" / "256.json").exists(), f"the sweep ended before the signal ({when})"
         snake.wait(60)
+        share_the_machine()  # the signal landed mid-sweep: what is left (the rerun) times nothing
         console.close()
         assert gone(server), f"server {server} outlived the workflow"
         said = (tmp_path / "console.txt").read_text()
