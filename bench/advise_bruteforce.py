@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from longctx import config as lcfg  # noqa: E402
 from longctx.analysis import drift  # noqa: E402
-from longctx.analysis.advise import advise  # noqa: E402
+from longctx.analysis.advise import advise, flag_words  # noqa: E402
 from longctx.analysis.aggregate import aggregate  # noqa: E402
 from longctx.analysis.fits import fit_file  # noqa: E402
 from longctx.analysis.load import aggregate_load  # noqa: E402
@@ -127,10 +127,6 @@ def settings_of(grid: dict = GRID) -> list[dict]:
     return [{a: x, b: y} for x in xs for y in ys]
 
 
-def _label(flags: dict) -> str:
-    return " ".join(f"--{k} {v}" for k, v in flags.items())
-
-
 def brute_force(settings: list[dict], rounds: int, work: Path, goal: dict = GOAL) -> dict:
     """Every setting measured under the goal's closed loop, interleaved (module docstring): {"settings": [{"flags",
     "rounds": [the loop's point, as the load stage writes it]}], "readings": the metronome's, before and after,
@@ -197,21 +193,21 @@ def judge(advised: dict, measured: dict, calibration_readings: list[dict], goal:
     drift verdict}, "drift": between the two runs}."""
     slo = goal["slo"]
     searched = list(settings_of(GRID)[0])
-    ranked = {_label({k: r["flags"][k] for k in searched}): r for r in advised["ranked"]}
+    ranked = {flag_words({k: r["flags"][k] for k in searched}): r for r in advised["ranked"]}
     table = []
     for s in measured["settings"]:
         per_round = [measured_figures(p, slo) for p in s["rounds"]]
         every = pd.DataFrame([q for p in s["rounds"] for q in p["requests"] if q["status"] == "ok"])
         figures = {"goodput_rps": float(np.median([f["goodput_rps"] for f in per_round])),
                    "ttft_s_p50": float(every["ttft_s"].median()), "tpot_s_p50": float(every["tpot_s"].median())}
-        label = _label(s["flags"])
+        label = flag_words(s["flags"])
         table.append({"flags": s["flags"], "label": label, "predicted": ranked[label]["predicted"], "measured": figures,
                       "per_round": [f["goodput_rps"] for f in per_round],
                       "ok": sum(f["ok"] for f in per_round), "n": sum(f["n"] for f in per_round)})
     for key, side in (("predicted_rank", "predicted"), ("measured_rank", "measured")):
         for rank, row in enumerate(sorted(table, key=lambda t: -(t[side]["goodput_rps"] or 0)), 1):
             row[key] = rank
-    pick_label = _label({k: advised["recommended"]["flags"][k] for k in searched})
+    pick_label = flag_words({k: advised["recommended"]["flags"][k] for k in searched})
     pick = next(t for t in table if t["label"] == pick_label)
     best = min(table, key=lambda t: t["measured_rank"])
     ratios = [p / b for p, b in zip(pick["per_round"], best["per_round"])]

@@ -213,7 +213,7 @@ def _brute_force_input(bf, goodput: dict, predicted_pick: dict | None = None):
         return {"length": 1024, "duration_s": 16 / rps,
                 "requests": [{"status": "ok", "ttft_s": 0.15, "tpot_s": 0.01} for _ in range(16)]}
 
-    measured = {"settings": [{"flags": s, "rounds": [point(x) for x in goodput.get(bf._label(s), [10.0] * 3)]}
+    measured = {"settings": [{"flags": s, "rounds": [point(x) for x in goodput.get(bf.flag_words(s), [10.0] * 3)]}
                              for s in settings], "readings": []}
     return advised, measured
 
