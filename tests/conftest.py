@@ -37,7 +37,7 @@ def pytest_runtest_protocol(item, nextitem):
         yield
         return
     # the run's own directory, above each worker's basetemp (.../popen-gw0): the workers' locks, removed with it
-    with machine(item.config._tmp_path_factory.getbasetemp().parent, alone=alone(item)):
+    with machine(item.config._tmp_path_factory.getbasetemp().parent, alone=alone(item), test=item.nodeid):
         yield
 
 
@@ -72,21 +72,35 @@ class _PerThread(threading.local):
 HELD = _PerThread()  # this worker's lock on the machine while a test runs, and whether it is held alone
 
 
+def timeline(event: str, test: str | None = None) -> None:
+    """One line of the suite's timeline (LONGCTX_SUITE_TIMELINE: a file; bench/suite_timeline.py reads it): when each
+    worker waited for, took, shared and let go of the machine, so that the time the other worker stood waiting is
+    measured, not guessed."""
+    path = os.environ.get("LONGCTX_SUITE_TIMELINE")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"t": time.time(), "worker": os.environ.get("PYTEST_XDIST_WORKER"), "event": event,
+                                "test": test or HELD.get("test")}) + "\n")
+
+
 @contextlib.contextmanager
-def machine(run: Path, alone: bool):
+def machine(run: Path, alone: bool, test: str | None = None):
     """The machine for one test among the run's workers: alone (exclusive) or shared. A test that asks for it alone
     holds the gate while it waits, so that no shared test starts past it (no worker waits forever for the other's
     stream of shared tests to end)."""
     with open(run / "machine.gate", "a") as gate, open(run / "machine.lock", "a") as lock:
+        timeline("wait", test)
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
-        HELD.update(lock=lock, alone=alone, gate=run / "machine.gate")
+        HELD.update(lock=lock, alone=alone, gate=run / "machine.gate", test=test)
+        timeline("alone" if alone else "shared")
         try:
             yield
         finally:
+            timeline("done")
             HELD.clear()
             fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -97,6 +111,7 @@ def share_the_machine() -> None:
     if HELD.get("alone"):
         fcntl.flock(HELD["lock"], fcntl.LOCK_SH)
         HELD.update(alone=False, shared_from_alone=True)
+        timeline("shared")
 
 
 def alone_again() -> None:
@@ -107,6 +122,7 @@ def alone_again() -> None:
     if not HELD or HELD.get("alone") or not HELD.get("shared_from_alone"):
         return
     fcntl.flock(HELD["lock"], fcntl.LOCK_UN)
+    timeline("wait")
     with open(HELD["gate"], "a") as gate:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
@@ -114,6 +130,7 @@ def alone_again() -> None:
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
     HELD.update(alone=True)
+    timeline("alone")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -160,3 +160,36 @@ def test_a_test_that_shared_the_machine_holds_it_alone_again_once_the_shared_tes
     t.join(10)
     assert later.held.wait(10) and log == ["shared meanwhile", "alone again", "later"]
     later.release.set()
+
+
+def test_the_timeline_charges_each_wait_to_the_test_the_other_worker_held(tmp_path, monkeypatch):
+    """bench/suite_timeline.py on a timeline written by hand, through conftest.timeline's own file format: gw0 holds A
+    alone from 0 to 10 s while gw1 waits from 2 s (8 s charged to A); gw1's shared test S runs 10 to 15 s beside gw0's
+    shared B (10 to 20 s); gw1 waits to be alone from 15 to 20 s (5 s charged to B, held shared), then holds C alone
+    20 to 25 s with nobody waiting. By hand: gw0 alone 10, shared 10, waiting 0, outside any test 5; gw1 alone 5,
+    shared 5, waiting 13, outside 2."""
+    from .conftest import bench_script
+
+    timeline = bench_script("suite_timeline")
+    events = [(0, "gw0", "wait", "A"), (0, "gw0", "alone", "A"), (2, "gw1", "wait", "S"), (10, "gw0", "done", "A"),
+              (10, "gw1", "shared", "S"), (10, "gw0", "wait", "B"), (10, "gw0", "shared", "B"), (15, "gw1", "done", "S"),
+              (15, "gw1", "wait", "C"), (20, "gw0", "done", "B"), (20, "gw1", "alone", "C"), (25, "gw1", "done", "C")]
+    path = tmp_path / "timeline.jsonl"
+    monkeypatch.setenv("LONGCTX_SUITE_TIMELINE", str(path))
+    import json
+    import time as clock
+
+    from . import conftest
+
+    for t, worker, event, test in events:  # conftest.timeline writes each line; its clock and worker set here
+        monkeypatch.setattr(clock, "time", lambda t=t: 1000.0 + t)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        conftest.timeline(event, test)
+    out = timeline.report([json.loads(x) for x in path.read_text().splitlines()])
+    assert "span of the timeline: 25 s, 2 workers" in out
+    assert "gw0: alone 10 s, shared 10 s, waiting 0 s, outside any test 5 s" in out, out
+    assert "gw1: alone 5 s, shared 5 s, waiting 13 s, outside any test 2 s" in out, out
+    alone, shared = out.split("held the machine alone")[1], out.split("held the machine shared")[1]
+    assert "waited 8 s in all while a test" in out and "    8.0    10.0  A" in alone.split("\n\n")[0], out
+    assert "waited 5 s in all while a test" in out and "    5.0    10.0  B" in shared, out
+    assert "  S" not in shared and "  C" not in alone.split("held the machine shared")[0], out
