@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from longctx import config as lcfg
+from longctx.measure.process import _die_with
 from longctx.measure.resources import bench_resources
 
 from .conftest import ENV, ROOT, TINY, copy_workflow
@@ -96,7 +97,9 @@ PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 
 
 class Daemons:
-    """The daemons this test started, each stopped by its pid (SIGTERM, then SIGKILL)."""
+    """The daemons this test started, each stopped by its pid (SIGTERM, then SIGKILL); each also gets SIGTERM when this
+    test's process dies without stopping them (PR_SET_PDEATHSIG, as longctx's servers do): a suite killed mid-run left
+    them up in sessions of their own, and the next run's SLURM tests skipped on their ports."""
 
     def __init__(self, logdir: Path):
         self.logdir = logdir
@@ -105,7 +108,8 @@ class Daemons:
     def start(self, name: str, *cmd: str, **popen) -> subprocess.Popen:
         with open(self.logdir / f"{name}.out", "wb") as out:
             proc = subprocess.Popen([command(cmd[0]), *cmd[1:]], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, **popen)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with(os.getpid()),
+                                    **popen)
         self.procs.append(proc)
         return proc
 
