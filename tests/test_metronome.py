@@ -160,9 +160,11 @@ def test_a_whatif_check_measured_across_the_stretch_is_inconclusive_rather_than_
     # their whole run while the probe reads the move at two points, and a machine busy with more than this test made
     # one of them 34 times slower than predicted while the probe read 25 times (a suite run beside other work: -97%
     # against 2437%), a miss by the rule (longctx.analysis.drift.verdict), so the test reads the rule, not one
-    # outcome of it
+    # outcome of it: which rows fall within the move is the machine's to say (every one of them could fall outside on a
+    # machine busier still), so the rule is read on each row, and no row passes across a move this large
     within = [r for r in rows if 1 / (1 + d) <= 1 + r["error"] <= 1 + d]
-    assert within and all(r["verdict"] == "inconclusive" for r in within), rows
+    assert rows and all(r["verdict"] == "inconclusive" for r in within), rows
+    assert not any(r["verdict"] == "pass" for r in rows), rows
     if not [r for r in rows if r["which"] == "p50" and not r.get("excluded")]:
         # the busy cores kept the client off its CPUs until every closed loop was held below its level (seen once in
         # three clean-clone runs: 1 held 88% of the time, 2 84%): the what-if scores none of them, so no headline
