@@ -135,16 +135,24 @@ def alone_again() -> None:
 
 def pytest_collection_modifyitems(config, items):
     """Under -n (make test: --dist loadfile, each module's tests on one worker, so that its module fixtures, a server or
-    a whole workflow run, are set up once): the modules marked alone go first. They run one at a time, then the rest two
-    at a time, the longest of those first (LONGEST_SHARED), so that the run does not end on one of them while the other
-    worker has nothing left to do."""
+    a whole workflow run, are set up once): the modules marked alone go first, FIRST of them first (one to each worker,
+    their long start-ups beside each other). They run one at a time, then the rest two at a time, the longest of those
+    first (LONGEST_SHARED), so that the run does not end on one of them while the other worker has nothing left to
+    do."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         def order(item) -> tuple:
             name = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
-            return (not _module_alone(item), LONGEST_SHARED.index(name) if name in LONGEST_SHARED else len(LONGEST_SHARED))
+            first = FIRST.index(name) if name in FIRST else len(FIRST)
+            return (not _module_alone(item), first,
+                    LONGEST_SHARED.index(name) if name in LONGEST_SHARED else len(LONGEST_SHARED))
 
         items.sort(key=order)  # stable: each module's own order kept
 
+
+# the modules marked alone whose set-ups share the machine longest (model conversions, vLLM's and llama.cpp's start-ups,
+# a vLLM that fails to start: 40 to 60 s each; bench/suite_timeline.py, 2026-12-07): at the run's start, one on each
+# worker, they share it with each other, where later the other worker waited for them to end (55 s and 43 s)
+FIRST = ("test_realmodel", "test_thirdparty")
 
 # the modules without timings of their own that take longest (make test's --durations, 2026-12-06: 100 to 130 s each,
 # then 50 and 47 s); the other shared modules take 30 s and less

@@ -182,8 +182,13 @@ def llamacpp_workflow(llamacpp_server, smollm2, tmp_path_factory):
         return {"work": work, "log": f.read().decode(errors="replace")}
 
 
-@pytest.mark.alone(False)  # the model's conversion and the server's start-up time nothing: they share the machine
-def test_llamacpp_serves_the_gguf_under_the_models_name(llamacpp_server, smollm2):
+# the model's conversion and the three servers' start-ups (llama.cpp, then both vLLMs: half a minute of imports each)
+# time nothing: they share the machine, all at the module's start, beside test_thirdparty's own start-ups (the suite
+# runs the two modules first: tests/conftest.py, FIRST), so that no start-up is left for later, when the other worker
+# would stand waiting for the machine alone. The vLLMs idle (their engines block on an empty queue) while llama.cpp is
+# measured.
+@pytest.mark.alone(False)
+def test_llamacpp_serves_the_gguf_under_the_models_name(llamacpp_server, smollm2, vllm_servers):
     assert [m["id"] for m in httpx.get(llamacpp_server["base"] + "/v1/models").json()["data"]] == [MODEL_NAME]
 
 
@@ -362,7 +367,7 @@ def vllm_workflow(vllm_servers, smollm2, tmp_path_factory):
             "ngram_before": before["ngram"], "ngram_after": httpx.get(bases["ngram"] + "/metrics").text}
 
 
-@pytest.mark.alone(False)  # the two start-ups (half a minute of imports each) time nothing: they share the machine
+@pytest.mark.alone(False)  # it times nothing: it shares the machine
 def test_vllm_refuses_a_request_without_its_key(vllm_servers):
     """vLLM's own --api-key, as the adapter passed it: a completion without the key is refused (401), with it answered."""
     for up in vllm_servers.values():
