@@ -115,17 +115,14 @@ def _vllm_base():
     the adapter starts one server per setting): 1 GiB of KV space, bfloat16, eager."""
     import os
 
-    from tests.realmodel import gguf_path, hf_directory  # the converted model, made once and kept
+    from tests.realmodel import gguf_path, hf_directory, vllm_configuration  # the converted model, made once and kept
 
     python = os.environ.get("LONGCTX_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
     model = hf_directory(gguf_path(), python)
     config = lcfg.validate({
         "lengths": [256], "load": {"lengths": [256], "closed": {"concurrency": [1]}},
         "model": {"name": "SmolLM2-135M-Instruct", "path": str(model), "hf_config": str(model)},
-        "configurations": {"vllm-cpu": {
-            "engine": "vllm", "python": python,
-            "args": {"max-model-len": 4096, "dtype": "bfloat16", "enforce-eager": True},
-            "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}}}})
+        "configurations": {"vllm-cpu": vllm_configuration(python)}})
     return lcfg.configuration_spec(config, "vllm-cpu")
 
 

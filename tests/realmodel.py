@@ -79,6 +79,15 @@ def hf_directory(gguf: Path, python: str) -> Path:
     return out
 
 
+def vllm_configuration(python: str, **args) -> dict:
+    """vLLM's CPU build on the converted model as the tests (and bench/advise_bruteforce.py --engine vllm) start it: a
+    configuration of the config's `configurations`, 1 GiB of KV space, bfloat16, eager (no torch.compile at start-up),
+    offline; `args` added to its flags."""
+    return {"engine": "vllm", "python": python,
+            "args": {"max-model-len": 4096, "dtype": "bfloat16", "enforce-eager": True, **args},
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}}
+
+
 # --- llama-cpp-python's own per-request record ------------------------------------------------------------------
 
 # What llama.cpp prints after each completion when the server is verbose (llama_perf_context_print, after

@@ -36,7 +36,7 @@ import yaml
 from longctx import config as lcfg
 
 from .conftest import CORES, ENV, copy_workflow, share_the_machine, snakemake
-from .realmodel import PERF, PREFIX_HIT, gguf_path, held_or_said, hf_directory, llamacpp_python
+from .realmodel import PERF, PREFIX_HIT, gguf_path, held_or_said, hf_directory, llamacpp_python, vllm_configuration
 from .vllm_cpu import counter, require_vllm, serving, start_vllm, ttft_histogram
 
 VLLM_PYTHON = require_vllm()
@@ -322,12 +322,9 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
 def vllm_spec(smollm2: Path, **args):
     config = lcfg.validate({
         "lengths": VLLM_LENGTHS, "model": {"name": MODEL_NAME, "path": str(smollm2)},
-        "configurations": {"vllm-cpu": {
-            "engine": "vllm", "python": VLLM_PYTHON, "api_key_env": KEY_VAR,
-            # enable-prompt-tokens-details: vLLM's cached count in every usage (its prefix cache's own word)
-            "args": {"max-model-len": 4096, "dtype": "bfloat16", "enforce-eager": True, "enable-prompt-tokens-details": True,
-                     **args},
-            "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}}}})
+        # enable-prompt-tokens-details: vLLM's cached count in every usage (its prefix cache's own word)
+        "configurations": {"vllm-cpu": {**vllm_configuration(VLLM_PYTHON, **{"enable-prompt-tokens-details": True, **args}),
+                                        "api_key_env": KEY_VAR}}})
     return lcfg.configuration_spec(config, "vllm-cpu")
 
 

@@ -6,7 +6,9 @@ waiting, and the test checks what has not happened yet before it lets the next t
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 
 from .conftest import machine, share_the_machine
 
@@ -176,13 +178,10 @@ def test_the_timeline_charges_each_wait_to_the_test_the_other_worker_held(tmp_pa
               (15, "gw1", "wait", "C"), (20, "gw0", "done", "B"), (20, "gw1", "alone", "C"), (25, "gw1", "done", "C")]
     path = tmp_path / "timeline.jsonl"
     monkeypatch.setenv("LONGCTX_SUITE_TIMELINE", str(path))
-    import json
-    import time as clock
-
     from . import conftest
 
     for t, worker, event, test in events:  # conftest.timeline writes each line; its clock and worker set here
-        monkeypatch.setattr(clock, "time", lambda t=t: 1000.0 + t)
+        monkeypatch.setattr(time, "time", lambda t=t: 1000.0 + t)
         monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
         conftest.timeline(event, test)
     out = timeline.report([json.loads(x) for x in path.read_text().splitlines()])
