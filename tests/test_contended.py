@@ -61,6 +61,41 @@ def test_the_contended_trials_stay_out_of_the_fits():
     assert abs(taken["prefill"]["a_s"] - A) > 3 * abs(p["a_s"] - A)  # the defect: the slow trials fitted in
 
 
+def test_a_length_whose_every_trial_was_contended_stands_in_a_fit_that_would_have_too_few_lengths_without_it():
+    """The CI run of 2026-12-07 (llama.cpp on SmolLM2, lengths 256, 512 and 1,024, two trials each): both trials at
+    256 ran while the machine was busy (the server's CPU share 101% and 97% against its median 185%), and the prefill
+    fit, which needs three lengths, was left with two: no prefill model, no what-if. Without them too few lengths are
+    left, so they stand at 256 (nothing else was measured there), the fit lists that length and the report says so;
+    a contended trial at a length with uncontended ones still stays out."""
+    df = results(slow_length=256)
+    df = df[df["length"].isin([256, 512, 1024])].reset_index(drop=True)
+    df.loc[df["length"] == 256, "ttft_s"] *= 1.2 / 1.8  # 1.2 times as slow: a curve with a, b, c > 0 passes through
+    extra = df[(df["length"] == 1024) & (df["trial"] == 0)].copy()  # one more trial at 1,024, contended
+    extra["trial"], extra["ttft_s"], extra["prefill_cpu_util_pct_mean"] = 3, extra["ttft_s"] * 2, 95.0
+    df = pd.concat([df, extra], ignore_index=True)
+    prov = {"configurations": {"cpu": {"telemetry_scope": {"over": "process"}}}}
+    flagged = flag_contended(df, prov)
+    assert int(flagged["contended"].sum()) == 4
+    fit = fit_all(flagged, None, None, {"bootstrap": 50})["configurations"]["cpu"]
+    p = fit["prefill"]
+    assert p["on_flagged_lengths"] == [256]
+    # the 256-token trials are in, the contended one at 1,024 (2 times as slow) is not: three lengths, three
+    # coefficients, the curve passes through the trials as built at 1,024 and 1.2 times above them at 256
+    at = lambda L: p["a_s"] + p["b_s_per_token"] * L + p["c_s_per_token2"] * L * L  # noqa: E731
+    assert at(1024) == pytest.approx(A + B * 1024 + C * 1024 ** 2, rel=0.03)
+    assert at(256) == pytest.approx(1.2 * (A + B * 256 + C * 256 ** 2), rel=0.03)
+    said = " ".join(trial_flags(flagged, prov["configurations"]["cpu"], fit))
+    assert "out of the fits unless too few lengths are left without them" in said
+    assert "Without the flagged trials too few lengths are left for a fit: the prefill fit stands on those at 256 tokens" in said
+    # with a fourth length measured cleanly the fit needs no contended trial, and stands on none
+    more = results(slow_length=256)
+    more = flag_contended(more[more["length"].isin([256, 512, 1024, 2048])].reset_index(drop=True), prov)
+    alone = fit_all(more, None, None, {"bootstrap": 50})["configurations"]["cpu"]
+    assert alone["prefill"]["on_flagged_lengths"] == []
+    assert alone["prefill"]["c_s_per_token2"] == pytest.approx(C, rel=0.2)
+    assert "Without the flagged trials" not in " ".join(trial_flags(more, prov["configurations"]["cpu"], alone))
+
+
 def test_contended_trials_stay_out_of_the_medians_and_speedups_where_others_were_measured():
     """Issue 46, item 6: a contended trial is left out of what page one prints too (the medians, the speedups and
     their verdicts: tables.ok_rows), where its length has uncontended trials; where every trial of a length was

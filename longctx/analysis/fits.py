@@ -62,10 +62,17 @@ def _flagged(g: pd.DataFrame, column: str) -> pd.Series:
     return g[column].eq(True) if column in g else pd.Series(False, index=g.index)
 
 
-def _trusted(rows: pd.DataFrame, doubtful: pd.Series) -> tuple[pd.DataFrame, bool]:
-    """The rows without the doubtful ones, or all of them where nothing else is left (True: so fitted)."""
-    keep = rows[~doubtful.reindex(rows.index, fill_value=False)]
-    return (keep, False) if len(keep) or not len(rows) else (rows, True)
+def _trusted(rows: pd.DataFrame, doubtful: pd.Series, kind: str) -> tuple[pd.DataFrame, list[int]]:
+    """The rows a fit of `kind` stands on without the doubtful ones (estimated counts, contended trials, early stops),
+    unless they leave too few lengths for the fit: then the doubtful trials stand at each length that has nothing
+    else (the tables' rule for contended ones: longctx.analysis.tables.ok_rows), and the lengths where they do are
+    returned (empty: the fit stands on none of them)."""
+    bad = doubtful.reindex(rows.index, fill_value=False)
+    keep = rows[~bad]
+    if keep["length"].nunique() >= FIT_LENGTHS[kind] or rows["length"].nunique() < FIT_LENGTHS[kind]:
+        return keep, []
+    filled = bad & ~rows["length"].isin(set(keep["length"]))
+    return rows[~bad | filled], sorted(int(x) for x in rows.loc[filled, "length"].unique())
 
 
 def _without_partial(rows: pd.DataFrame, partial: set[int], kind: str, mode: str) -> tuple[pd.DataFrame, pd.DataFrame, bool]:
@@ -74,10 +81,9 @@ def _without_partial(rows: pd.DataFrame, partial: set[int], kind: str, mode: str
     True says so; the regime detection still leaves them out). include: every row, both."""
     if mode == "include" or not partial:
         return rows, rows, False
-    full = rows[~rows["length"].isin(partial)]
-    if full["length"].nunique() < FIT_LENGTHS[kind] and rows["length"].nunique() >= FIT_LENGTHS[kind]:
-        return rows, full, True
-    return full, full, False
+    out = rows["length"].isin(partial)
+    fitted, stood = _trusted(rows, out, kind)
+    return fitted, rows[~out], bool(stood)
 
 
 def _pct(x, ref):
@@ -135,7 +141,8 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     exact = None if absent else spec  # what the FLOPs, the intensity and the roofline need
     fits: dict = {}
     # trials whose token counts were estimated stay out of the fits, and those that stopped early out of
-    # decode's, unless nothing else was measured (then the fit says it stands on them)
+    # decode's, unless the fit would have too few lengths without them (then they stand where their length has
+    # nothing else, and the fit lists those lengths: on_flagged_lengths; _trusted)
     estimated, early = _flagged(g, "tokens_estimated"), _flagged(g, "early_stop")
     out["trials_estimated"], out["trials_early_stop"] = int(estimated.sum()), int(early.sum())
     # trials whose server got markedly less of its device (longctx.analysis.aggregate.flag_contended) stay out of
@@ -145,7 +152,7 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     # trials whose tokens did not arrive apart (longctx.measure.burst) carry no decode figures: their TTFT is
     # fitted, and the decode fit never sees them (every one of them: no decode fit)
     out["trials_burst"] = int(_flagged(g, "burst").sum())
-    estimated = estimated | contended
+    doubtful = estimated | contended
     # the fits weigh relative residuals: only positive times count (a server may report 0)
     # partial lengths (fewer ok trials than configured) stay out of the fits and the regime detection
     # under exclude, unless the other lengths are too few for the fit (_without_partial)
@@ -153,12 +160,12 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
     mode = st["partial_lengths"]
     if mode not in PARTIAL_MODES:
         raise ValueError(f"analysis.partial_lengths is {mode!r}; it is one of {', '.join(PARTIAL_MODES)}")
-    p, p_estimated = _trusted(g[g["ttft_s"] > 0], estimated)
+    p, p_flagged = _trusted(g[g["ttft_s"] > 0], doubtful, "prefill")
     p, p_regime, p_partial = _without_partial(p, set(partial), "prefill", mode)
     if p["length"].nunique() >= FIT_LENGTHS["prefill"]:
         fits["prefill"] = Fit("prefill", p["length"], p["ttft_s"], n_boot, level, seed)
         out["prefill"] = prefill_summary(fits["prefill"])
-    d, d_estimated = _trusted(g[g["step_s"] > 0], estimated | early)
+    d, d_flagged = _trusted(g[g["step_s"] > 0], doubtful | early, "decode")
     d, d_regime, d_partial = _without_partial(d, set(partial), "decode", mode)
     if d["length"].nunique() >= FIT_LENGTHS["decode"]:
         fits["decode"] = Fit("decode", d["length"], d["step_s"], n_boot, level, seed)
@@ -169,11 +176,11 @@ def _analyse_configuration(name: str, g: pd.DataFrame, entry: dict, calibration:
         out[kind]["regime_change"] = regime_change_in(kind, (out["prediction"].get(kind) or {}).get("cuts", []),
                                                       st["regime_tolerance"])
     if out.get("decode"):
-        out["decode"].update(bw_pct_datasheet=None, bw_pct_measured=None, on_estimated_counts=d_estimated,
+        out["decode"].update(bw_pct_datasheet=None, bw_pct_measured=None, on_flagged_lengths=d_flagged,
                              on_partial_lengths=d_partial)
     if out.get("prefill"):
         out["prefill"].update(attention_flops=None, attention_pct_datasheet=None, attention_pct_measured=None,
-                              on_estimated_counts=p_estimated, on_partial_lengths=p_partial)
+                              on_flagged_lengths=p_flagged, on_partial_lengths=p_partial)
     used = {"prefill": (set(p["length"]) if "prefill" in fits else set(), set(p_regime["length"]) if "prefill" in fits else set()),
             "decode": (set(d["length"]) if "decode" in fits else set(), set(d_regime["length"]) if "decode" in fits else set())}
     out["partial_lengths"] = {

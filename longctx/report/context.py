@@ -360,7 +360,7 @@ def context(inputs: ReportInputs, *, template_dir: str | Path | None = None) -> 
             "telemetry": wording.telemetry(p.get("telemetry", "off")),
             "prompts": wording.prompt_probe(p.get("prompt_probe")),
             "probe_answers": list((p.get("prompt_probe") or {}).get("answers") or []),
-            "flags": wording.trial_flags(df[df["configuration"] == name], p),
+            "flags": wording.trial_flags(df[df["configuration"] == name], p, fit),
             "stray_server": p.get("stray_server"),
             "recovered": p.get("recovered") or [],
             "drift_words": driftview.run_words(p.get("metronome")),  # the run's drift (longctx.report.drift)

@@ -316,10 +316,11 @@ def prompt_probe(plan: dict | None) -> list[str]:
     return out
 
 
-def trial_flags(rows, entry: dict | None = None) -> list[str]:
+def trial_flags(rows, entry: dict | None = None, fit: dict | None = None) -> list[str]:
     """What a configuration's trials that succeeded were flagged with (results.csv rows), in sentences: a failed
-    trial is counted with the failures, never here; and, from its provenance entry, whether another job's
-    contention could be checked at all (longctx.analysis.aggregate.flag_contended)."""
+    trial is counted with the failures, never here; from its provenance entry, whether another job's contention
+    could be checked at all (longctx.analysis.aggregate.flag_contended); and from its fits.json entry, the lengths
+    at which a fit stands on flagged trials, too few others being left (longctx.analysis.fits._trusted)."""
     out = []
     why_not = ((entry or {}).get("contention") or {}).get("why_not")
     if why_not:
@@ -335,7 +336,7 @@ def trial_flags(rows, entry: dict | None = None) -> list[str]:
     client = int(rows["usage_source"].eq("client").sum()) if "usage_source" in rows else 0
     if estimated:
         out.append(f"{estimated} of {n} trials have estimated token counts; they are left out of the fits unless "
-                   "nothing else was measured")
+                   "too few lengths are left without them")
     if client:
         out.append(f"{client} of {n} trials' prompt counts were not checked: the server gave no count, so each is "
                    "taken as the length asked (the output tokens were counted here)")
@@ -355,8 +356,14 @@ def trial_flags(rows, entry: dict | None = None) -> list[str]:
                           for r in contended.head(4).to_dict("records"))
         more = f"; and {len(contended) - 4} more" if len(contended) > 4 else ""
         out.append(f"{len(contended)} of {n} trials ran while the server got markedly less of its device than in its "
-                   f"other trials ({named}{more}); they are left out of the fits, the medians, the speedups and their "
-                   "verdicts, unless nothing else was measured at their length")
+                   f"other trials ({named}{more}); they are left out of the medians, the speedups and their verdicts "
+                   "unless nothing else was measured at their length, and out of the fits unless too few lengths are "
+                   "left without them")
+    stood = [f"the {kind} fit stands on those at {listed([f'{x:,}' for x in lengths])} tokens"
+             for kind in ("prefill", "decode") if (lengths := ((fit or {}).get(kind) or {}).get("on_flagged_lengths"))]
+    if stood:
+        out.append(f"Without the flagged trials too few lengths are left for a fit: {listed(stood)}, where nothing "
+                   "else was measured")
     return out
 
 
