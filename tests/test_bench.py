@@ -47,6 +47,7 @@ def test_bench_measures_every_length_and_records_provenance(tmp_path):
     assert _group_gone(prov["server_pid"])
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_a_server_that_cannot_start_gives_failed_rows_naming_its_log(tmp_path):
     spec = tiny_spec("page1", lengths=[32, 64])
     spec.args["mem-fraction-static"] = 1e-9  # no room for the weights: the engine exits
@@ -60,6 +61,7 @@ def test_a_server_that_cannot_start_gives_failed_rows_naming_its_log(tmp_path):
         assert "Please try to increase --mem-fraction-static" in raw["reason"]  # the log's tail travels with it
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_a_wrong_prompt_length_is_a_failed_trial(tmp_path, monkeypatch):
     from longctx.measure.prompts import Prompter
 
@@ -80,6 +82,7 @@ def test_spec_of_a_configuration_is_self_contained():
     assert "configurations" not in spec.to_dict()  # nothing of the other configurations
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_sweep_leaves_no_server_behind(tmp_path, sig):
     """Ctrl-C (SIGINT) or Snakemake's cancel (SIGTERM) mid-sweep: the server's process group goes too."""
@@ -107,6 +110,7 @@ def test_interrupted_sweep_leaves_no_server_behind(tmp_path, sig):
             os.killpg(bench.pid, signal.SIGKILL)
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_an_unexpected_error_at_one_length_keeps_the_others(tmp_path, monkeypatch):
     import longctx.measure.protocol as bench
 

@@ -16,8 +16,9 @@ from longctx.measure.sweep import run_configuration
 from . import openai_servers as servers
 from .conftest import tiny_spec
 
-# alone under -n (tests/conftest.py): a failure must be seen within seconds
-pytestmark = pytest.mark.alone
+# shared under -n (tests/conftest.py): a failure must be seen within seconds, which the bounds hold with room on a busy
+# machine: with two processes spinning on this 2-core machine beside them (twice what the other worker adds) the
+# failures came after 0.2 s (bound 5 s), 5.3 and 5.1 s (bound 20 s) and 4.8 s (bound 60 s) (2026-12-07)
 
 
 @contextlib.contextmanager

@@ -69,6 +69,7 @@ def test_a_sweep_measures_hit_rates_and_a_conversation_and_checks_every_cached_c
     assert again["points"][1]["requests"] == doc["points"][1]["requests"]
 
 
+@pytest.mark.alone(False)  # counts only, nothing timed: it shares the machine
 def test_with_the_cache_off_nothing_is_expected_cached(tmp_path):
     spec = replace(_spec(1, **{"disable-radix-cache": True}),
                    prefix={**PREFIX, "lengths": [512], "hit_rates": [0.5], "conversation": {**PREFIX["conversation"], "max_context": None}})
@@ -78,6 +79,7 @@ def test_with_the_cache_off_nothing_is_expected_cached(tmp_path):
     assert doc["cache"] is False and [(r["cached_tokens"], r["cached_check"]) for r in reqs] == [(0, "ok")] * 2
 
 
+@pytest.mark.alone(False)  # counts only, nothing timed: it shares the machine
 @pytest.mark.parametrize("granularity, check", [(None, "ok"), (64, "mismatch")])
 def test_an_external_servers_count_is_checked_against_the_granularity_the_config_states(tmp_path, ref_server,
                                                                                        granularity, check):

@@ -18,8 +18,9 @@ from longctx.refengine.scheduler import Req, Scheduler
 
 from .conftest import ROOT, TINY_ARCH
 
-# alone under -n (tests/conftest.py): a stop must take under 15 s
-pytestmark = pytest.mark.alone
+# shared under -n (tests/conftest.py): nothing here is timed but a server's stop (under 15 s) and its ready line (within
+# 10 s of its start); with two processes spinning on this 2-core machine beside it (twice what the other worker adds)
+# the whole stop test took 4.3 s (2026-12-07)
 
 KERNEL = kernels.load_kernel(ROOT / "kernels" / "reference")
 CFG = ModelConfig.from_overrides(TINY_ARCH)

@@ -154,6 +154,7 @@ def test_bench_records_telemetry_per_length_and_window(tmp_path):
     assert decode["n"] >= 2 and decode["cpu_util_pct_mean"] > 0 and decode["rss_gb_mean"] > 0.01
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_telemetry_can_be_turned_off(tmp_path):
     spec = tiny_spec("page1", lengths=[32])
     spec.protocol.update(warmup=0, trials=1, output_tokens=3)
