@@ -167,15 +167,16 @@ def llamacpp_workflow(llamacpp_server, smollm2, tmp_path_factory):
     """The workflow against llama.cpp, text prompts built with the converted tokenizer; llama.cpp's log of it."""
     log = llamacpp_server["log"]
     start = log.stat().st_size
-    # its scheduler as the server was started (one completion at a time, prompts in n_batch batches of 512), closed
-    # loops of 1 and 2 (issue 45: the loop of 2 is predicted by a model that fitted nothing on load points). Not primed:
+    # its scheduler as the server was started (one completion at a time, prompts in n_batch batches of 512), a closed
+    # loop of 2 (issue 45: predicted by a model that fitted nothing on load points; a loop of 1, as this had before,
+    # checked nothing and took 8 s alone: the lone request beside the loop is its sweep twins). Not primed:
     # llama.cpp reserves its compute buffers for a whole batch when it loads the model (its log's "compute buffer
     # size"), so a long first prompt grows nothing, and a 1,024-token prompt takes 4 to 13 s here
     work = run_workflow(tmp_path_factory.mktemp("llamacpp-wf"),
                         external_config(llamacpp_server["base"], {"tokenizer": str(smollm2), "hf_config": str(smollm2)},
                                         server_log=str(log), scheduler={"engine": "llama-cpp-python",
                                                                             "args": {"n_ctx": 8192, "interrupt_requests": False}},
-                                        load={"lengths": [256], "closed": {"concurrency": [1, 2], "requests": 4}},
+                                        load={"lengths": [256], "closed": {"concurrency": [2], "requests": 4}},
                                         prime=False))
     with log.open("rb") as f:
         f.seek(start)
@@ -234,10 +235,10 @@ def test_llamacpp_counted_and_timed_each_prompt_as_longctx_recorded(llamacpp_wor
     answered = re.findall(r'"POST /v1/completions HTTP/1\.1" (\d+)', llamacpp_workflow["log"])
     assert answered.count("200") == len(records), (answered, len(records))
     # the load stage's requests come last, each whole (one completion at a time, none interrupted), with the sweep's
-    # lone request sent just before and after the loop of one (load.sweep_twins, 2 a side): set them aside
+    # lone request sent just before and after the loop (load.sweep_twins, 2 a side): set them aside
     workloads = json.loads((llamacpp_workflow["work"] / "data" / "raw" / "real" / "load.json").read_text())["workloads"]
     twins = [r for w in workloads for r in w.get("sweep_twins") or []]
-    assert [t["twin"] for t in twins] == ["before", "before", "after", "after"] * 2, twins  # the loops of 1 and 2
+    assert [t["twin"] for t in twins] == ["before", "before", "after", "after"], twins
     loaded = [r for w in workloads for r in w["requests"]] + twins
     assert all(r["completion_tokens"] == 8 and not r["early_stop"] for r in loaded), loaded
     # ... but for the metronome's last reading, after them (its requests of its own short length)
@@ -290,7 +291,6 @@ def test_llamacpp_what_if_predicts_two_clients_from_a_model_that_fitted_nothing_
     said = "; ".join(f"c={x['level']} {x['quantity']}: {x['predicted'] * 1e3:.0f} ms predicted, {x['measured'] * 1e3:.0f} "
                      f"measured ({x['error']:+.1%})" for x in rows)
     print(f"\n{said}")
-    # the loop of one is the lone request the model was set to beside each point (load.sweep_twins): not checked
     assert {(x["level"], x["quantity"]) for x in rows} == {(2, "ttft"), (2, "tpot")}
     assert all(x["anchor"] for x in rows), rows
     print(held_or_said(work, "real", {x["quantity"]: x["error"] for x in rows if x["level"] == 2},
