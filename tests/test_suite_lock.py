@@ -46,7 +46,6 @@ def start(run, alone, log, name) -> Holder:
 def gate_taken(run, seconds: float = 10) -> bool:
     """Whether another open file holds the gate (machine's) within `seconds`: a holder waiting to be alone."""
     import fcntl
-    import time
 
     end = time.monotonic() + seconds
     with open(run / "machine.gate", "a") as gate:

@@ -24,7 +24,7 @@ from . import bounds, kernel_records
 from ..specs.pool import observed_pool
 from .memory import adapter_of, kv_bytes, spec_absent_reason, spec_of
 from .drafting import drafting
-from .tables import ok_rows, partial_lengths, step_seconds
+from .tables import ok_rows, partial_lengths, standing, step_seconds
 
 
 SETTINGS = {"bootstrap": 1000, "confidence": LEVEL, "seed": 0, "regime_tolerance": 0.2, "partial_lengths": "exclude",
@@ -71,7 +71,7 @@ def _trusted(rows: pd.DataFrame, doubtful: pd.Series, kind: str) -> tuple[pd.Dat
     keep = rows[~bad]
     if keep["length"].nunique() >= FIT_LENGTHS[kind] or rows["length"].nunique() < FIT_LENGTHS[kind]:
         return keep, []
-    filled = bad & ~rows["length"].isin(set(keep["length"]))
+    filled = standing(rows, bad, ("length",))
     return rows[~bad | filled], sorted(int(x) for x in rows.loc[filled, "length"].unique())
 
 

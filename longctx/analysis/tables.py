@@ -24,9 +24,15 @@ def ok_rows(df: pd.DataFrame, contended: bool = False) -> pd.DataFrame:
     if contended or "contended" not in ok or not ok["contended"].eq(True).any():
         return ok
     flagged = ok["contended"].eq(True)
-    clean = set(map(tuple, ok.loc[~flagged, ["configuration", "length"]].itertuples(index=False)))
-    at = pd.Series([tuple(x) in clean for x in ok[["configuration", "length"]].itertuples(index=False)], index=ok.index)
-    return ok[~(flagged & at)]
+    return ok[~flagged | standing(ok, flagged, ("configuration", "length"))]
+
+
+def standing(rows: pd.DataFrame, flagged: pd.Series, keys: tuple[str, ...]) -> pd.Series:
+    """The flagged rows whose group (the same values of `keys`) has no row unflagged: where nothing else was measured,
+    they stand (ok_rows' contended trials; longctx.analysis.fits._trusted's, where a fit has too few lengths)."""
+    clean = set(map(tuple, rows.loc[~flagged, list(keys)].itertuples(index=False)))
+    alone = pd.Series([tuple(x) not in clean for x in rows[list(keys)].itertuples(index=False)], index=rows.index, dtype=bool)
+    return flagged & alone
 
 
 def failure_reasons(rows: pd.DataFrame) -> list[str]:
