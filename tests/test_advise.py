@@ -309,3 +309,66 @@ def test_the_brute_force_pick_verdict_covers_and_fails_an_as_good_pick_under_one
     assert 0.98 <= covered and equal["fail"] < 0.01, (equal, covered)
     worse, covered = verdicts(np.array([0.6, 1, 1, 1, 1, 1]), 2)
     assert 0.98 <= covered and worse["fail"] > 0.05 and worse["pass"] < 0.02, (worse, covered)
+
+
+# --- a closed loop's first step: the race vLLM ran --------------------------------------------------------------------
+
+RACE = ROOT / "tests" / "data" / "vllm_race"  # a real vLLM's tables and rounds (rounds.json says which run)
+
+
+def race_rounds(flags: dict) -> list[list[dict]]:
+    rounds = json.loads((RACE / "rounds.json").read_text())["settings"]
+    return next(s["rounds"] for s in rounds if s["flags"] == flags)
+
+
+def split_of(requests: list[dict], clients: int) -> int:
+    """How many of a round's first `clients` requests vLLM's first step took: those whose first token came with the
+    first one's (their TTFTs within 20 ms: sent within 2 ms of each other, prefilled in one step)."""
+    first = sorted(requests, key=lambda q: q["sent_s"])[:clients]
+    return sum(1 for q in first if abs(q["ttft_s"] - first[0]["ttft_s"]) < 0.02)
+
+
+def test_the_first_steps_split_is_the_race_vllm_ran_and_the_draws_span_it():
+    """Third-party truth: vLLM 0.32's CPU server (max-num-seqs 4, max-num-batched-tokens 2,048), a closed loop of 4
+    at 256 prompt and 16 output tokens, three rounds of 16 requests on the same server and flags. Its first step took
+    3 of the 4 first requests in round 0 (their TTFTs equal, the fourth's 0.38 s later, inside their decode) and 1 of 4
+    in rounds 1 and 2, and each round's TPOT p50 stayed in the split its first step made: 55.2, 34.2 and 33.0 ms.
+    The serving model of an earlier run on that server (its sweep, loops of 1 and 2: tests/data/vllm_race), at r = 0
+    (the rounds' median inter-token gaps, 32.1-32.9 ms, are the lone request's, 31.9: a batch of 3 or 4 decoded at no
+    cost per request here), simulated at each round's split (whatif.first_step), gives each round's TPOT p50 within 6%;
+    at the split the client's send times make (the first alone: a send 0.2 ms after the one before misses the step),
+    one figure, 34 ms, where round 0 measured 55. The draws of a closed loop take the splits in turn (race_split), so
+    that their interval spans both modes: each round within it, or within the model's 6% of it."""
+    import dataclasses
+
+    from longctx.analysis.simulate import simulate
+    from longctx.analysis.whatif import DRAWS, first_step, race_split, serving_model
+
+    read = lambda name: json.loads((RACE / name).read_text())  # noqa: E731
+    name = "vllm-cpu"
+    m = serving_model(name, read("provenance.json")["configurations"][name], read("fits.json")["configurations"][name],
+                      read("load.json")["configurations"][name], pd.read_csv(RACE / "load_requests.csv"))
+    costs = dataclasses.replace(m["costs"], r=0.0)
+    rules = dataclasses.replace(m["rules"], max_running=4, chunk=2048)
+    assert m["rules"].policy == "token_budget"
+
+    def tpot_p50(starts: list[float]) -> float:
+        res, _ = simulate(costs, rules, closed=(4, 16, 256, 16), starts=starts)
+        return float(np.median([x["tpot"] for x in res]))
+
+    rounds = race_rounds({"max-num-seqs": 4, "max-num-batched-tokens": 2048})
+    measured = [float(np.median([q["tpot_s"] for q in r])) for r in rounds]
+    splits = [split_of(r, 4) for r in rounds]
+    assert splits == [3, 1, 1] and [round(x * 1e3, 1) for x in measured] == [55.2, 34.2, 33.0]
+    stagger = [i * m["stagger"] for i in range(4)]
+    for split, value in zip(splits, measured):
+        predicted = tpot_p50(first_step(stagger, 4, split))
+        print(f"split {split}: TPOT p50 {predicted * 1e3:.1f} ms predicted, {value * 1e3:.1f} measured")
+        assert predicted == pytest.approx(value, rel=0.06)
+    as_sent = tpot_p50(stagger)
+    assert as_sent == pytest.approx(measured[1], rel=0.06) and not as_sent == pytest.approx(measured[0], rel=0.3)
+    draws = [tpot_p50(first_step(stagger, 4, race_split(j, 4))) for j in range(DRAWS)]
+    low, high = np.quantile(draws, [0.025, 0.975])
+    print(f"the draws' interval: [{low * 1e3:.1f}, {high * 1e3:.1f}] ms")
+    assert all(low / 1.06 <= value <= high * 1.06 for value in measured), (low, high, measured)
+    assert high > 1.5 * low  # both modes, where the send times alone give one

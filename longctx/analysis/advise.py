@@ -60,7 +60,7 @@ from . import drift
 from .memory import adapter_of, memory_model, pool_tokens
 from .simulate import TOKEN_BUDGET
 from .slo import goodput, wilson
-from .whatif import DRAWS, TOLERANCE, grid_point, serving_model
+from .whatif import DRAWS, TOLERANCE, grid_point, race_split, serving_model
 
 FORMAT = "longctx.advice/1"
 MAX_FRACTION = 0.95  # the default search's highest mem-fraction-static: a reserve of 5% of the GPU's memory
@@ -152,14 +152,16 @@ def _workload_grid(w: dict) -> tuple[str, float, dict]:
                          "burstiness": 1.0, "seed": int(w.get("seed", 0))}
 
 
-def _predict(costs, rules, setting: dict, w: dict, slo: dict, level: float, stagger: float) -> dict:
+def _predict(costs, rules, setting: dict, w: dict, slo: dict, level: float, stagger: float,
+             draw: int | None = None) -> dict:
     kind, x, g = _workload_grid(w)
     mr, chunk = setting["max_running"], setting["chunk"]
     if rules.policy == TOKEN_BUDGET and mr and chunk:
         mr = min(mr, chunk)  # vLLM caps max-num-seqs at the step's budget
     r = dataclasses.replace(rules, max_running=mr, chunk=chunk, pool_tokens=setting["pool_tokens"] or rules.pool_tokens)
     p, _ = grid_point(costs, r, kind, x, int(w["prompt"]), g, {k: slo[k] for k in ("ttft_s", "tpot_s") if slo.get(k)}
-                       | {"attainment": 0.0}, level, stagger)
+                       | {"attainment": 0.0}, level, stagger,
+                       None if draw is None or kind != "concurrency" else race_split(draw, x))
     return {"ttft_p50": p["ttft_p50"], "ttft_p90": p["ttft_p90"], "tpot_p50": p["tpot_p50"], "tpot_p90": p["tpot_p90"],
             "goodput_rps": p["goodput_rate_s"], "failed": p["failed"], "retractions": p["retractions"]}
 
@@ -259,8 +261,10 @@ def _answer(s: dict, flags: dict, new_ctx, ctx_len, model: dict, workload, slo, 
     out = {"flags": changed, "pool_tokens": s["pool_tokens"], "reserve_bytes_per_gpu": s["reserve_bytes_per_gpu"],
            "largest_context": s["largest_context"], "concurrency_fits": s["concurrency_fits"],
            "context_fits": s["context_fits"], "req_to_token_bytes": table_bytes(mm or {}, s["max_running"], new_ctx)}
-    if workload:  # each figure with the interval of the model's bootstrap draws, each simulated alike
-        draws = [_predict(c, model["rules"], s, workload, slo, level, model["stagger"]) for c in model["draws"][:DRAWS]]
+    if workload:  # each figure with the interval of the model's bootstrap draws, each simulated alike, a closed loop's
+        # each with its own split of the first requests at the server's first step (whatif.race_split)
+        draws = [_predict(c, model["rules"], s, workload, slo, level, model["stagger"], j)
+                 for j, c in enumerate(model["draws"][:DRAWS])]
         named = {"ttft_s_p50": "ttft_p50", "tpot_s_p50": "tpot_p50", "ttft_s_p90": "ttft_p90", "tpot_s_p90": "tpot_p90",
                  "goodput_rps": "goodput_rps"}
         out["predicted"] = {k: {"value": s[v], "interval": _interval([d[v] for d in draws], level)} for k, v in named.items()}

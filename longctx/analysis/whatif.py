@@ -53,7 +53,7 @@ from .load import page_size, victim_figures
 from .load_summary import min_samples
 from .memory import adapter_of, memory_model, pool_tokens
 from .drift import AROUND_LOAD, through_load, twin_drift, verdict, within
-from .simulate import TOKEN_BUDGET, Costs, Rules, simulate
+from .simulate import TOKEN_BUDGET, TURNAROUND, Costs, Rules, simulate
 from .slo import goodput
 
 log = logging.getLogger("longctx.analysis.whatif")
@@ -114,10 +114,28 @@ def _closed(costs: Costs, rules: Rules, c: int, n: int, prompt: int, output: int
     return simulate(costs, rules, closed=(int(c), int(n), int(prompt), int(output)), starts=starts)[0]
 
 
-def _run_closed(costs: Costs, rules: Rules, p: dict) -> list[dict]:
+def first_step(starts: list[float] | None, clients: int, k: int) -> list[float]:
+    """A closed loop's first sends with k of them in the server's first step: the first k at once (at 0), the others
+    when they were sent, after that step began (at least TURNAROUND after). Which of a loop's first requests reach the
+    engine before its first step starts is a race the client's send times do not settle: vLLM's CPU server took 3 of
+    4 in one round of the brute force and 1 of 4 in the next two, on the same flags, and each round's TPOT p50 stayed
+    in the split its first step made (55 ms against 33). The model's draws of a closed loop each take one split in
+    turn (race_split), so that its interval spans what the race can give."""
+    sent = list(starts or []) + [0.0] * (clients - len(starts or []))
+    return [0.0 if i < k else max(float(t), TURNAROUND) for i, t in enumerate(sent[:clients])]
+
+
+def race_split(draw: int, clients: int) -> int:
+    """The first step's split the draw-th bootstrap draw of a closed loop of `clients` takes: 1 to clients in turn."""
+    return 1 + draw % max(1, int(clients))
+
+
+def _run_closed(costs: Costs, rules: Rules, p: dict, split: int | None = None) -> list[dict]:
     """A measured closed-loop point simulated: its clients, requests, prompt and output, its first requests sent when
-    the client sent them (`starts`, from load_requests.csv: closed_starts)."""
-    return _closed(costs, rules, p["level"], p["n"], p["length"], _output(p), p.get("starts"))
+    the client sent them (`starts`, from load_requests.csv: closed_starts); with `split`, that many of them in the
+    server's first step (first_step)."""
+    starts = p.get("starts") if split is None else first_step(p.get("starts"), int(p["level"]), split)
+    return _closed(costs, rules, p["level"], p["n"], p["length"], _output(p), starts)
 
 
 ANCHOR_ROUNDS = 3  # scalings toward the twins' lone request (each corrects what s, min(t0, a), and the chunks moved)
@@ -308,13 +326,13 @@ def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: 
             if not p.get("ok"):
                 continue
             own, own_draws, r_source = loo.get(id(p), (costs, draws, None))
-            if kind == "closed":
-                run = lambda c: _run_closed(c, rules, p)  # noqa: E731
+            if kind == "closed":  # each draw with its own first-step split (race_split): the point as sent
+                run = lambda c, j=None: _run_closed(c, rules, p, None if j is None else race_split(j, p["level"]))  # noqa: E731
             else:
                 arrivals = sorted(float(x) for x in _requests_of(requests, "open", p)["scheduled_s"].dropna())
                 if not arrivals:
                     continue
-                run = lambda c, a=arrivals: _open(c, rules, a, p["length"], _output(p))  # noqa: E731
+                run = lambda c, j=None, a=arrivals: _open(c, rules, a, p["length"], _output(p))  # noqa: E731
             k = anchor(own, rules, p)
             if k is not None and kind == "closed" and p["level"] == 1:
                 # the loop of one is the lone request the model is set to beside it: no check out of sample (the
@@ -322,8 +340,8 @@ def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: 
                 continue
             if k is not None:  # each draw set to the same twins by its own factors
                 own_draws = [_anchored(d, kd) for d in own_draws[:DRAWS] if (kd := anchor(d, rules, p)) is not None]
-            rows += _row(kind, p, _summary(run(_anchored(own, k))), [_summary(run(c)) for c in own_draws[:DRAWS]],
-                         r_source, k)
+            rows += _row(kind, p, _summary(run(_anchored(own, k))),
+                         [_summary(run(c, j)) for j, c in enumerate(own_draws[:DRAWS])], r_source, k)
     for p in (load.get("interference") or {}).get("points") or []:
         m = finite((p.get("worst_gap") or {}).get("value"))
         sel = inter[inter["length"] == p["length"]]
@@ -386,14 +404,16 @@ def quoted(rows: list[dict], readings: list[dict] | None) -> dict:
 
 
 def grid_point(costs: Costs, rules: Rules, kind: str, level: float, L: int, g: dict, slo: dict,
-                conf: float, stagger: float = 0.0) -> tuple[dict, int]:
-    """One predicted point of the grid, a closed loop of `level` clients or an open loop of `level` arrivals a
-    second (the seeded schedule the load workloads use, longctx.measure.load.arrival_schedule): its p50 and p90,
-    goodput against the SLOs, failures and retractions."""
+                conf: float, stagger: float = 0.0, split: int | None = None) -> tuple[dict, int]:
+    """One predicted point of the grid, a closed loop of `level` clients (client i sending its first request at i
+    times `stagger`; with `split`, that many of them in the server's first step: first_step) or an open loop of `level`
+    arrivals a second (the seeded schedule the load workloads use, longctx.measure.load.arrival_schedule): its p50 and
+    p90, goodput against the SLOs, failures and retractions."""
     n, out = int(g["requests"]), int(g["output_tokens"])
     if kind == "concurrency":
+        starts = [i * stagger for i in range(int(level))]
         res, events = simulate(costs, rules, closed=(int(level), max(n, int(level)), int(L), out),
-                               starts=[i * stagger for i in range(int(level))])
+                               starts=starts if split is None else first_step(starts, int(level), split))
     else:
         arrivals = arrival_schedule(float(level), n, g["arrival"], g["burstiness"], g["seed"])
         res, events = simulate(costs, rules, [(t, int(L), out) for t in arrivals])
