@@ -199,9 +199,35 @@ def snakemake(cwd, *args, check=True, timeout=600):
 
 @pytest.fixture(scope="session")
 def tiny_workflow(tmp_path_factory):
-    """tests/configs/tiny.yaml run locally through the whole workflow, once per session (the
-    workflow tests read it; the SLURM test compares its own run with it)."""
-    work = copy_workflow(tmp_path_factory.mktemp("wf"))
+    """tests/configs/tiny.yaml run locally through the whole workflow, once per run (the workflow tests read it; the
+    SLURM test compares its own run with it; the secrets test greps it). Under -n the first worker to ask runs it in the
+    run's own directory while the other waits, and each takes a copy of its own (its tests run the workflow again in
+    it): a session fixture is otherwise made once per worker, and in three of the four clean clones of 2026-12-07
+    tests/test_secrets.py's worker made its own, 45-52 s of the machine near the run's end."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _tiny_run(tmp_path_factory.mktemp("wf"))
+    run = tmp_path_factory.getbasetemp().parent  # the run's own directory, above each worker's basetemp
+    done, once = run / "tiny-workflow.json", run / "tiny-workflow"
+    with open(run / "tiny-workflow.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held by the worker running it
+        try:
+            if not done.exists():
+                shutil.rmtree(once, ignore_errors=True)  # what a run that failed left
+                _tiny_run(once)
+                done.write_text(json.dumps({"console": TINY_RUN["console"],
+                                            "command_lines": sorted(TINY_RUN["command_lines"])}))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    kept = json.loads(done.read_text())
+    TINY_RUN.update(console=kept["console"], command_lines=set(kept["command_lines"]))
+    work = tmp_path_factory.mktemp("wf")
+    shutil.copytree(once, work, symlinks=True, dirs_exist_ok=True)  # the files' times kept: nothing is out of date
+    return work
+
+
+def _tiny_run(work: Path) -> Path:
+    work.mkdir(parents=True, exist_ok=True)
+    copy_workflow(work)
     shutil.copy(TINY, work / "tiny.yaml")
     with CommandLines() as seen:  # every process's command line while it runs (tests/test_secrets.py reads them)
         TINY_RUN["console"] = snakemake(work, *CORES, "--configfile", "tiny.yaml")  # the PDF and its twin
