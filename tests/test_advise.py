@@ -372,3 +372,47 @@ def test_the_first_steps_split_is_the_race_vllm_ran_and_the_draws_span_it():
     print(f"the draws' interval: [{low * 1e3:.1f}, {high * 1e3:.1f}] ms")
     assert all(low / 1.06 <= value <= high * 1.06 for value in measured), (low, high, measured)
     assert high > 1.5 * low  # both modes, where the send times alone give one
+
+
+def test_the_draws_carry_r_over_its_loops_median_interval_and_the_rounds_fall_inside():
+    """Third-party truth, as above: r stands on the earlier run's one loop of 2 (8 requests), whose TPOTs fell in two
+    modes, four at 34-37 ms and four at 56-59 (the second prompt of each pair prefilled inside the first's decode), so
+    that its median, 46.5 ms, is the midpoint between them, and its interval (load_summary's order statistics, 99.2%
+    at 8 requests) runs from the lowest to the highest, 34.2 to 58.6 ms. r fitted at the median alone, 5.6 ms, in every
+    draw put the loop of 4's TPOT p50 in [49, 74] ms, where two of the brute force's three rounds measured 33 and 34:
+    the model's interval said more than one loop of 8 requests knows. Each draw fits r at the median's low end, the
+    median or its high end in turn (whatif.r_end), so that r runs from 0 to about 19 ms over the draws, and the loop of
+    4's interval holds every round (within the model's 6%, as above)."""
+    import dataclasses
+
+    from longctx.analysis.simulate import simulate
+    from longctx.analysis.whatif import DRAWS, calibrate_r, first_step, race_split, serving_model
+
+    read = lambda name: json.loads((RACE / name).read_text())  # noqa: E731
+    name = "vllm-cpu"
+    m = serving_model(name, read("provenance.json")["configurations"][name], read("fits.json")["configurations"][name],
+                      read("load.json")["configurations"][name], pd.read_csv(RACE / "load_requests.csv"))
+    (two,) = [p for p in m["closed"] if p["level"] == 2]
+    median = two["tpot"]["p50"]
+    assert [round(median[k] * 1e3, 1) for k in ("low", "value", "high")] == [34.2, 46.5, 58.6]
+    rs = sorted(d.r for d in m["draws"][:DRAWS])
+    assert m["costs"].r == pytest.approx(5.6e-3, abs=0.1e-3)  # the point estimate: r at the median, as before
+    assert rs[0] == 0.0 and rs[-1] > 3 * m["costs"].r, rs  # the low end needs none; the high end three times more
+    rules = dataclasses.replace(m["rules"], max_running=4, chunk=2048)
+    stagger = [i * m["stagger"] for i in range(4)]
+
+    def interval(draws) -> tuple[float, float]:
+        tpots = []
+        for j, c in enumerate(draws[:DRAWS]):
+            res, _ = simulate(c, rules, closed=(4, 16, 256, 16), starts=first_step(stagger, 4, race_split(j, 4)))
+            tpots.append(float(np.median([x["tpot"] for x in res])))
+        return tuple(np.quantile(tpots, [0.025, 0.975]))
+
+    measured = [float(np.median([q["tpot_s"] for q in r])) for r in race_rounds({"max-num-seqs": 4, "max-num-batched-tokens": 2048})]
+    low, high = interval(m["draws"])
+    at_median = interval([dataclasses.replace(d, r=calibrate_r(d, m["rules"], m["closed"])[0]) for d in m["draws"]])
+    print(f"r over the draws {rs[0] * 1e3:.1f} to {rs[-1] * 1e3:.1f} ms; the loop of 4's TPOT p50 in [{low * 1e3:.1f}, "
+          f"{high * 1e3:.1f}] ms, [{at_median[0] * 1e3:.1f}, {at_median[1] * 1e3:.1f}] with r at the median in every draw; "
+          f"measured {', '.join(f'{x * 1e3:.1f}' for x in measured)}")
+    assert all(low / 1.06 <= x <= high * 1.06 for x in measured), (low, high, measured)
+    assert sum(x < at_median[0] / 1.06 for x in measured) == 2  # what r at the median alone left out

@@ -5,8 +5,9 @@ settings nobody measured -> data/whatif.json.
   decode fit's t0 and beta; its bootstrap draws (paired by index) give the intervals. The decode batch's cost per
   request beyond the first, r, is the one figure fitted on load points: it is chosen (a grid of R_GRID values) to fit
   the measured closed-loop points with more than one request in flight (their median TPOT, in log), and refitted in
-  every bootstrap draw on the draw's own fits, so that the intervals carry its uncertainty. Without such a point,
-  r = 0 and the model says so.
+  every bootstrap draw on the draw's own fits, at the median's low end, the median or its high end in turn (r_end:
+  the interval load_summary gives the median of the loop's few requests), so that the intervals carry its
+  uncertainty, the loops' own as well as the fits'. Without such a point, r = 0 and the model says so.
 - The scheduler's rules are the adapter's (EngineAdapter.scheduler_rules): a configuration whose engine has none
   that longctx knows (a server someone else runs) is not simulated, with the reason.
 - Checked, out of sample only: every measured closed-loop and open-loop point is simulated with the same workload
@@ -125,9 +126,23 @@ def first_step(starts: list[float] | None, clients: int, k: int) -> list[float]:
     return [0.0 if i < k else max(float(t), TURNAROUND) for i, t in enumerate(sent[:clients])]
 
 
+# Where in its closed loops' median TPOT interval a bootstrap draw fits r, in turn (r_end): a loop of 8 requests has
+# its median anywhere between its lowest and its highest TPOT at the interval's 99% (load_summary's order statistics),
+# and where they fall in two modes, as a closed loop's often do, the median is the midpoint between them: one such
+# loop of 2 on vLLM's CPU server gave r anywhere from 0 to 5.6 ms (the loop of 4 it predicted 30% apart) as its
+# median fell. The draws carry that into every interval the model gives.
+R_ENDS = ("value", "low", "high")
+
+
+def r_end(draw: int) -> str:
+    """Which figure of its closed loops' median TPOT (R_ENDS) the draw-th bootstrap draw fits r to."""
+    return R_ENDS[draw % len(R_ENDS)]
+
+
 def race_split(draw: int, clients: int) -> int:
-    """The first step's split the draw-th bootstrap draw of a closed loop of `clients` takes: 1 to clients in turn."""
-    return 1 + draw % max(1, int(clients))
+    """The first step's split the draw-th bootstrap draw of a closed loop of `clients` takes: 1 to clients in turn,
+    each against every end of r in turn (r_end: the split turns once per len(R_ENDS) draws)."""
+    return 1 + (draw // len(R_ENDS)) % max(1, int(clients))
 
 
 def _run_closed(costs: Costs, rules: Rules, p: dict, split: int | None = None) -> list[dict]:
@@ -230,25 +245,32 @@ def r_points(closed: list[dict]) -> list[dict]:
             and finite(((p.get("tpot") or {}).get("p50") or {}).get("value"))]
 
 
-def calibrate_r(costs: Costs, rules: Rules, closed: list[dict], other: str = "") -> tuple[float, str]:
+def _r_target(p: dict, at: str) -> float:
+    """A closed-loop point's median TPOT, or one end of its interval (`at`: R_ENDS; the median where it has none)."""
+    m = p["tpot"]["p50"]
+    return finite(m.get(at)) or m["value"]
+
+
+def calibrate_r(costs: Costs, rules: Rules, closed: list[dict], other: str = "", at: str = "value") -> tuple[float, str]:
     """r, the decode batch's cost per request beyond the first, fitted to the closed-loop points with more than one
-    request in flight (r_points: their measured median TPOT, in log), and how it was set (`other`: "other " where
-    the points are the others of one left out)."""
+    request in flight (r_points: their measured median TPOT, in log; `at` "low" or "high": the low or high end of
+    its interval, r_end), and how it was set (`other`: "other " where the points are the others of one left out)."""
     pts = r_points(closed)
     if not pts:
         return 0.0, f"0: no {other}closed-loop point held more than one request in flight"
     ks = {id(p): anchor(costs, rules, p) for p in pts}  # each point's model at its own time (its twins), r aside
+    target = {id(p): _r_target(p, at) for p in pts}
 
     def err(r: float) -> float:
         c = dataclasses.replace(costs, r=r)
         e = 0.0
         for p in pts:
             pred = _summary(_run_closed(_anchored(c, ks[id(p)]), rules, p))["tpot"]["p50"]
-            e += (np.log(pred) - np.log(p["tpot"]["p50"]["value"])) ** 2 if pred else 1e9
+            e += (np.log(pred) - np.log(target[id(p)])) ** 2 if pred else 1e9
         return e
 
     # a grid, then a finer one around its best: 0 to 4 times the larger of t0 and the measured TPOT (t0 may be 0)
-    lo, hi = 0.0, 4 * max(costs.t0, max(p["tpot"]["p50"]["value"] for p in pts))
+    lo, hi = 0.0, 4 * max(costs.t0, max(target.values()))
     best = 0.0
     for _ in range(2):
         grid_r = np.linspace(lo, hi, R_GRID)
@@ -264,10 +286,11 @@ def calibrate_r(costs: Costs, rules: Rules, closed: list[dict], other: str = "")
 def with_r(costs: Costs, draws: list[Costs], rules: Rules, closed: list[dict],
            other: str = "") -> tuple[Costs, list[Costs], str]:
     """The serving model and its bootstrap draws with r fitted to `closed` (calibrate_r), each draw's r refitted on
-    the draw's own fits (so that the intervals carry r's uncertainty), and how r was set."""
+    the draw's own fits at one end of the closed loops' median TPOT interval or its middle in turn (r_end), so that
+    the intervals carry r's uncertainty: the fits' and the few requests' of the loops it stands on; and how r was set."""
     r, source = calibrate_r(costs, rules, closed, other)
-    return (dataclasses.replace(costs, r=r), [dataclasses.replace(d, r=calibrate_r(d, rules, closed)[0]) for d in draws],
-            source)
+    return (dataclasses.replace(costs, r=r),
+            [dataclasses.replace(d, r=calibrate_r(d, rules, closed, at=r_end(j))[0]) for j, d in enumerate(draws)], source)
 
 
 def left_out(costs: Costs, draws: list[Costs], rules: Rules, closed: list[dict]) -> dict[int, tuple[Costs, list[Costs], str]]:
