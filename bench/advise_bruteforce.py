@@ -87,6 +87,11 @@ PICK_MARGIN = 0.05  # issue 55: the pick's measured goodput within 5% of the bes
 FAIL_LEVEL = 0.99  # the pick fails only where this interval of its share of the best lies below 1 - PICK_MARGIN
 PREDICTION_TOLERANCE = 0.10  # issue 55: the pick's predicted figures within 10% of the measured ones
 LEVEL = 0.95
+# A quiet second before each of the metronome's readings: right after the last server's prime (or the last round) the
+# machine probe of a vLLM brute force ran its first 4 of 5 matmuls at 22 ms, the rest at 3.7 (the calibration's, with
+# one server: 2.7 to 4.1), and read the machine 4x slower than the calibration's (/tmp/s59/bfv1, 2026-12-07), which
+# left every figure at the pick inconclusive
+SETTLE_S = 1.0
 
 
 def _reference_base():
@@ -210,12 +215,14 @@ def brute_force(settings: list[dict], rounds: int, work: Path, profile: Profile 
         out["up_s"] = time.monotonic() - t0
         common = {"run_id": "bruteforce", "configuration": profile.name}
         metronome = Metronome(specs[0], common, {}, "bruteforce", work / "metronome", None)
+        time.sleep(SETTLE_S)
         metronome.tick(sessions[0], "start")
         for r in range(rounds):
             for k in range(len(settings)):
                 i = (r + k) % len(settings)
                 (point,) = run_load(sessions[i], specs[i], f"bruteforce/r{r}", lambda n: None, lambda pts: None)
                 out["settings"][i]["rounds"].append(point)
+        time.sleep(SETTLE_S)
         metronome.tick(sessions[0], "end")
         out["readings"] = metronome.readings
     finally:
