@@ -361,10 +361,11 @@ def check(costs: Costs, draws: list[Costs], rules: Rules, load: dict, requests: 
                 # the loop of one is the lone request the model is set to beside it: no check out of sample (the
                 # load section compares the two: longctx.analysis.drift.lone_request)
                 continue
+            # each draw by its index among the model's draws (its r's end, r_end, and its split, race_split, pair by it)
+            indexed = list(enumerate(own_draws[:DRAWS]))
             if k is not None:  # each draw set to the same twins by its own factors
-                own_draws = [_anchored(d, kd) for d in own_draws[:DRAWS] if (kd := anchor(d, rules, p)) is not None]
-            rows += _row(kind, p, _summary(run(_anchored(own, k))),
-                         [_summary(run(c, j)) for j, c in enumerate(own_draws[:DRAWS])], r_source, k)
+                indexed = [(j, _anchored(d, kd)) for j, d in indexed if (kd := anchor(d, rules, p)) is not None]
+            rows += _row(kind, p, _summary(run(_anchored(own, k))), [_summary(run(c, j)) for j, c in indexed], r_source, k)
     for p in (load.get("interference") or {}).get("points") or []:
         m = finite((p.get("worst_gap") or {}).get("value"))
         sel = inter[inter["length"] == p["length"]]
