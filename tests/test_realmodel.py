@@ -581,6 +581,7 @@ def test_the_report_answers_the_drafter_question_per_length(vllm_workflow):
     assert f"that of {MODEL_NAME} on real text: the Python standard library's documentation and source" in md
 
 
+@pytest.mark.alone(False)  # counts only, nothing timed: it shares the machine
 def test_vllms_prefix_cache_finds_nothing_shared_between_two_trials_real_text_prompts(vllm_server, smollm2):
     """Third-party truth: vLLM's prefix cache (whole 128-token blocks, hashed from the start; its cached count in
     usage.prompt_tokens_details) serves none of a trial's prompt from another trial's, though both read the same

@@ -457,6 +457,8 @@ _BENCH_LENGTHS = ("import sys; from vllm.benchmarks.serve import add_cli_args, m
                   "for n in lengths]")
 
 
+# counts, and the server's TTFT sum under the client's (which holds it whatever the cores do): it shares the machine
+@pytest.mark.alone(False)
 def test_vllms_own_bench_serve_results_are_imported_as_vllm_counted_them(vllm_server, tiny_llama, tmp_path):
     """`vllm bench serve` (vLLM's own client) at three input lengths, 2 requests each, one at a time, against the vLLM
     server; its files imported. Third-party truth: vLLM's server counters (vllm:prompt_tokens, vllm:request_success,
