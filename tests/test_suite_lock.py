@@ -104,7 +104,9 @@ def test_a_test_alone_that_is_done_measuring_lets_a_shared_one_in(tmp_path):
 
     log: list = []
     held: list = []  # whether the holder still held the machine alone after share_the_machine
-    holding, downgraded = threading.Event(), threading.Event()
+    # said: the holder noted whether it still held the machine alone; the waiter can get the machine before that (the
+    # downgrade inside share_the_machine lets it in), and a clean clone's run once read `held` in between
+    holding, downgraded, said = threading.Event(), threading.Event(), threading.Event()
 
     def holder():
         with machine(tmp_path, True):
@@ -114,6 +116,7 @@ def test_a_test_alone_that_is_done_measuring_lets_a_shared_one_in(tmp_path):
             log.append("sharing")
             share_the_machine()
             held.append(conftest.HELD["alone"])
+            said.set()
             done.wait(30)
 
     done = threading.Event()
@@ -123,7 +126,7 @@ def test_a_test_alone_that_is_done_measuring_lets_a_shared_one_in(tmp_path):
     waiter = start(tmp_path, False, log, "waiter")
     assert not_yet(waiter)
     downgraded.set()
-    assert waiter.held.wait(10) and log == ["alone", "sharing", "waiter"] and held == [False]
+    assert waiter.held.wait(10) and said.wait(10) and log == ["alone", "sharing", "waiter"] and held == [False]
     done.set(), waiter.release.set()
     t.join(10)
 
@@ -145,8 +148,8 @@ def test_a_test_that_shared_the_machine_holds_it_alone_again_once_the_shared_tes
             shared_now.set()
             again.wait(30)
             alone_again()
+            results.append(conftest.HELD["alone"])  # before the log says so: the test reads both once the log does
             log.append("alone again")
-            results.append(conftest.HELD["alone"])
             done.wait(30)
 
     t = threading.Thread(target=holder, daemon=True)
