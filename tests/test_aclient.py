@@ -30,6 +30,7 @@ pytestmark = pytest.mark.alone
 
 KERNEL = "kernel" if sys.platform == "linux" else "socket"
 PARTIAL = 3  # events the stalling request gets before it stalls
+ROUNDS = 3  # requests per client where two clients' times are compared
 
 
 async def generate(request):
@@ -57,11 +58,14 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def _twice(url, body, timeout_s=30, **kw):
-    """A request to warm the connection, then the one measured, on one client."""
+async def _twice(url, body, timeout_s=30, rounds=None, **kw):
+    """A request to warm the connection, then the one measured (a list of `rounds` of them, one after another, where
+    rounds is given), on one client."""
     async with async_timed_client() as client:
         await astream_generate(client, url, sglang_body([5] * 10, 7), timeout_s)
-        return await astream_generate(client, url, body, timeout_s, **kw)
+        if rounds is None:
+            return await astream_generate(client, url, body, timeout_s, **kw)
+        return [await astream_generate(client, url, body, timeout_s, **kw) for _ in range(rounds)]
 
 
 def test_ttft_and_gaps_match_the_servers_delays(stub):
@@ -79,19 +83,25 @@ def test_ttft_and_gaps_match_the_servers_delays(stub):
 
 
 def test_both_clients_give_the_same_summary_for_the_same_stream(stub):
+    """The same fields from both clients, and the same times: the least of ROUNDS requests each. A stall
+    of the machine only ever adds to a time, so the least is each client's own cost; a single request each, as before,
+    differed by 25 ms once in a clean clone's `make test` (the async TTFT 0.327 s, the blocking one's 0.303 s)."""
     body = sglang_body([7] * 50, 7)
     with timed_client() as client:
         stream_generate(client, stub, body, 30)
-        sync = stream_generate(client, stub, body, 30).summary()
-    asyn = run(_twice(stub, body)).summary()
+        syncs = [stream_generate(client, stub, body, 30).summary() for _ in range(ROUNDS)]
+    asyncs = [rec.summary() for rec in run(_twice(stub, body, rounds=ROUNDS))]
+    sync, asyn = syncs[0], asyncs[0]
     assert sync.keys() == asyn.keys()
     timed = {"t_sent", "t_first_token", "t_last_token", "ttft_s", "e2e_s", "decode_s", "tpot_s", "decode_tok_s",
              "itl_median_s", "itl_max_s", "itl_s", "send_setup_s", "read_delay_mean_s"}
-    assert {k: v for k, v in sync.items() if k not in timed} == {k: v for k, v in asyn.items() if k not in timed}
-    assert asyn["status"] == "ok" and asyn["arrival_clock"] == KERNEL
-    assert len(sync["itl_s"]) == len(asyn["itl_s"]) == sum(CUMULATIVE[-1:]) - 1
+    untimed = [{k: v for k, v in s.items() if k not in timed} for s in syncs + asyncs]
+    assert all(u == untimed[0] for u in untimed), untimed
+    assert all(s["status"] == "ok" and s["arrival_clock"] == KERNEL for s in asyncs)
+    assert all(len(s["itl_s"]) == sum(CUMULATIVE[-1:]) - 1 for s in syncs + asyncs)
     for k in ("ttft_s", "e2e_s", "decode_s"):
-        assert asyn[k] == pytest.approx(sync[k], abs=0.02), k
+        least = min(s[k] for s in syncs), min(s[k] for s in asyncs)
+        assert least[1] == pytest.approx(least[0], abs=0.02), (k, [s[k] for s in syncs], [s[k] for s in asyncs])
 
 
 def test_the_parser_gives_the_same_record_however_the_bytes_are_split():
