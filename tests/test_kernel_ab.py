@@ -27,7 +27,7 @@ from longctx.attention import kernel_ab, kernelbench
 from longctx.attention.shapes import Shape
 from longctx.core.interleave import schedule
 
-from .conftest import ROOT
+from .conftest import ROOT, alone_again, share_the_machine
 
 # alone under -n (tests/conftest.py): its verdicts compare two kernels' timings
 pytestmark = pytest.mark.alone
@@ -182,7 +182,10 @@ def test_ab_kernel_command_writes_the_blocks_and_the_verdicts_and_exits_by_them(
 def test_two_native_builds_whose_sources_differ_load_side_by_side_and_time_differently(tmp_path):
     """Two CPU twins of one kernel name, the second with a busy loop per call: two extension modules (each named
     after the hash of its source, so neither PyInit nor sys.modules takes one for the other), the same answers,
-    and the busy one much slower at every length. Compiles the busy copy (about 25 s; cached by source)."""
+    and the busy one much slower at every length. Compiles the busy copy (about 25 s; cached by source) with the machine
+    shared under -n (tests/conftest.py: a compile times nothing; held alone, it was 55 s of the other worker waiting in
+    the timeline of 2026-12-08), then holds it alone to time the two."""
+    share_the_machine()
     anchor = "  int64_t splits = num_splits;\n"
     text = TWIN.read_text()
     assert text.count(anchor) == 1, "the twin's entry point changed: update the edit under test"
@@ -198,6 +201,7 @@ def test_two_native_builds_whose_sources_differ_load_side_by_side_and_time_diffe
     assert a.name == b.name == "twin" and a.target == b.target == "cpu"
     assert sys.modules[modules["A"]] is not sys.modules[modules["B"]]
     assert kernels.load_kernel(tmp_path / "A").build_hash == manifests["A"]["build_hash"]
+    alone_again()
     result = kernel_ab.alternate(a, b, SHAPE, [512, 4096], 8, 3)
     assert all(e["max_abs_difference"] < 1e-5 for e in result["lengths"])
     v = verdicts.verdicts(result, CONFIDENCE)
