@@ -110,16 +110,18 @@ def share_the_machine() -> None:
     may run its tests beside the rest of it. Nothing where the suite runs in one process."""
     if HELD.get("alone"):
         fcntl.flock(HELD["lock"], fcntl.LOCK_SH)
-        HELD.update(alone=False, shared_from_alone=True)
+        HELD.update(alone=False)
         timeline("shared")
 
 
 def alone_again() -> None:
-    """A test marked alone that shared the machine (share_the_machine) while it made a report, about to measure again:
-    it holds the machine alone again. Its shared lock is let go first, then the gate taken as machine() takes it, so
-    that two workers doing this at once wait for each other's test and never for each other's lock. Nothing where the
-    suite runs in one process, or for a test that was never alone."""
-    if not HELD or HELD.get("alone") or not HELD.get("shared_from_alone"):
+    """A test holding the machine shared, about to measure: it holds the machine alone from here. A test marked alone
+    that shared it (share_the_machine) while it made a report, and measures again; or a module fixture that measures,
+    set up by whichever of its tests comes first, one that shares the machine because its own body times nothing
+    (measuring()). Its shared lock is let go first, then the gate taken as machine() takes it, so that two workers
+    doing this at once wait for each other's test and never for each other's lock. Nothing where the suite runs in one
+    process, or for a test that holds the machine alone already."""
+    if not HELD or HELD.get("alone"):
         return
     fcntl.flock(HELD["lock"], fcntl.LOCK_UN)
     timeline("wait")
@@ -133,35 +135,56 @@ def alone_again() -> None:
     timeline("alone")
 
 
+@contextlib.contextmanager
+def measuring():
+    """What a module fixture measures: held alone (alone_again) whichever test sets it up, then the machine shared for
+    the rest (share_the_machine), so that the tests that only read what it measured may be marked alone(False) and run
+    beside the other worker's tests."""
+    alone_again()
+    yield
+    share_the_machine()
+
+
 def pytest_collection_modifyitems(config, items):
     """Under -n (make test: --dist loadfile, each module's tests on one worker, so that its module fixtures, a server or
-    a whole workflow run, are set up once): the modules marked alone go first, FIRST of them first (one to each worker,
-    their long start-ups beside each other). They run one at a time, then the rest two at a time, the longest of those
-    first (LONGEST_SHARED), so that the run does not end on one of them while the other worker has nothing left to
-    do."""
+    a whole workflow run, are set up once): the modules with a test that holds the machine alone go first, FIRST of
+    them first (one to each worker, their long start-ups beside each other); then the rest two at a time: first
+    BETWEEN, whose tests are short, while the other worker ends its last tests held alone; then the longest
+    (LONGEST_SHARED), so that the run does not end on one of them while the other worker has nothing left to do.
+    A test held alone among those that share waits for the other worker's test to end, its own worker idle: in a
+    timeline of 2026-12-08, tests/test_prompts.py's, behind tests/test_faults.py's tests of 10 s each, waited 52 s."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
+        holds_alone = {_module(item) for item in items if alone(item)}
+
         def order(item) -> tuple:
-            name = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
+            name = _module(item)
             first = FIRST.index(name) if name in FIRST else len(FIRST)
-            return (not _module_alone(item), first,
-                    LONGEST_SHARED.index(name) if name in LONGEST_SHARED else len(LONGEST_SHARED))
+            shared = ((0, BETWEEN.index(name)) if name in BETWEEN else
+                      (1, LONGEST_SHARED.index(name)) if name in LONGEST_SHARED else (2, 0))
+            return (name not in holds_alone, first, shared)
 
         items.sort(key=order)  # stable: each module's own order kept
 
 
-# the modules marked alone whose set-ups share the machine longest (model conversions, vLLM's and llama.cpp's start-ups,
+# the modules held alone whose set-ups share the machine longest (model conversions, vLLM's and llama.cpp's start-ups,
 # a vLLM that fails to start: 40 to 60 s each; bench/suite_timeline.py, 2026-12-07): at the run's start, one on each
 # worker, they share it with each other, where later the other worker waited for them to end (55 s and 43 s)
 FIRST = ("test_realmodel", "test_thirdparty")
 
-# the modules without timings of their own that take longest (make test's --durations, 2026-12-06: 100 to 130 s each,
-# then 50 and 47 s); the other shared modules take 30 s and less
-LONGEST_SHARED = ("test_workflow", "test_terminal", "test_slurm", "test_faults", "test_prompts", "test_report_failed")
+# shared modules of short tests (5 s and less each; 106 s in all in a timeline of 2026-12-08), the first handed out once
+# a worker has no module with a test held alone left: the other worker's last tests that hold the machine alone each wait for the
+# test it runs to end, and there it had started tests/test_workflow.py, whose first test (the tiny workflow, 82 s) held
+# the last test of tests/test_telemetry.py waiting 82 s
+BETWEEN = ("test_health", "test_engines", "test_prediction", "test_load_report", "test_analysis", "test_refengine",
+           "test_config")
+
+# the modules without timings of their own that take longest (make test's --durations, 2026-12-06: 100 to 130 s each);
+# the other shared modules take 30 s and less
+LONGEST_SHARED = ("test_workflow", "test_terminal", "test_slurm", "test_faults")
 
 
-def _module_alone(item) -> bool:
-    marks = getattr(getattr(item, "module", None), "pytestmark", [])
-    return any(m.name == "alone" and (m.args or (True,))[0] for m in (marks if isinstance(marks, list) else [marks]))
+def _module(item) -> str:
+    return item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
 
 
 def bench_script(name: str):

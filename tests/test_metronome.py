@@ -30,9 +30,10 @@ from longctx.measure.metronome import Metronome, points
 from longctx.measure.sweep import run_configuration
 from longctx.report import whatif as whatifview
 
-from .conftest import tiny_spec
+from .conftest import measuring, tiny_spec
 
-# alone under -n (tests/conftest.py): quiet readings must be faster than busy ones
+# alone under -n (tests/conftest.py): quiet readings must be faster than busy ones. The run measures alone (measuring()),
+# set up by the first test; the others read it, or a run's files, and share the machine
 pytestmark = pytest.mark.alone
 
 BUSY = 12  # processes spinning through the stretch
@@ -97,7 +98,8 @@ def run(tmp_path_factory):  # the run of the module docstring, its data aggregat
 
     Metronome.tick = tick
     try:
-        assert run_configuration(s, raw, work / "server.log") == 0
+        with measuring():  # alone whichever test sets it up; what follows and the tests that read it time nothing
+            assert run_configuration(s, raw, work / "server.log") == 0
     finally:
         Metronome.tick = real
         busy.stop()
@@ -117,7 +119,7 @@ def run(tmp_path_factory):  # the run of the module docstring, its data aggregat
 
 
 @pytest.mark.slow
-def test_the_runs_readings_are_kept_with_their_times(run):
+def test_the_runs_readings_are_kept_with_their_times(run):  # alone: it sets the run up, first of the module
     doc = json.loads((run["raw"] / "metronome.json").read_text())
     assert doc["status"] == "ok" and doc["format"] == "longctx.metronome/1", doc["reason"]
     assert [r["point"] for r in doc["readings"]] == ["start", "after_sweep", "after_load", "end"]
@@ -130,6 +132,7 @@ def test_the_runs_readings_are_kept_with_their_times(run):
     assert kept["readings"] == doc["readings"] and kept["status"] == "ok"
 
 
+@pytest.mark.alone(False)  # times nothing: it reads the run, or a run's files
 @pytest.mark.slow
 def test_a_stretch_of_a_slower_machine_shows_in_the_runs_drift(run):
     readings = {r["point"]: r for r in run["provenance"]["metronome"]["readings"]}
@@ -144,6 +147,7 @@ def test_a_stretch_of_a_slower_machine_shows_in_the_runs_drift(run):
     assert figure["series"]["probe"]["slowest"] in ("after sweep", "after load"), figure["words"]
 
 
+@pytest.mark.alone(False)  # times nothing: it reads the run, or a run's files
 @pytest.mark.slow
 def test_a_whatif_check_measured_across_the_stretch_is_inconclusive_rather_than_scored(run):
     c = run["whatif"]["configurations"]["page1"]
@@ -199,6 +203,7 @@ class DownSession:
 SMALL_PROBE = {"matmul_size": 64, "copy_mib": 1, "repeats": 2}
 
 
+@pytest.mark.alone(False)  # times nothing: it reads the run, or a run's files
 def test_a_point_whose_server_is_down_has_the_probe_and_says_why_it_has_no_request(tmp_path):
     s = replace(spec(), prefix=None, metronome={**spec().metronome, "probe": SMALL_PROBE})  # no after_load point
     m = Metronome(s, {"run_id": "now", "configuration": "page1"}, {}, "k", tmp_path / "raw", None)
@@ -216,6 +221,7 @@ def test_a_point_whose_server_is_down_has_the_probe_and_says_why_it_has_no_reque
     assert doc["status"] == "partial" and "not taken: end (the run stopped before it)" in doc["reason"]
 
 
+@pytest.mark.alone(False)  # times nothing: it reads the run, or a run's files
 def test_a_run_that_measures_nothing_starts_no_server_for_its_metronome(tmp_path):
     m = Metronome(spec(), {"run_id": "now", "configuration": "page1"}, {}, "k", tmp_path, None)
     for point in ("after_sweep", "after_load", "end"):  # the server never came up (Session.on_ready never called)
@@ -225,6 +231,7 @@ def test_a_run_that_measures_nothing_starts_no_server_for_its_metronome(tmp_path
     assert doc["reason"].startswith("nothing was measured in this run (every measurement reused)")
 
 
+@pytest.mark.alone(False)  # times nothing: it reads the run, or a run's files
 def test_a_configuration_without_a_metronome_says_so(tmp_path):
     m = Metronome(replace(spec(), metronome=None), {"run_id": "now"}, {}, "k", tmp_path, None)
     m.tick(DownSession(), "start")  # nothing taken, no server asked for
@@ -232,6 +239,7 @@ def test_a_configuration_without_a_metronome_says_so(tmp_path):
     assert doc["status"] == "not configured" and doc["readings"] == [] and doc["points"] == []
 
 
+@pytest.mark.alone(False)  # times nothing: it reads the run, or a run's files
 def test_readings_of_the_runs_whose_lengths_are_reused_are_carried_over(tmp_path):
     earlier = [{"point": "start", "run_id": "a"}, {"point": "end", "run_id": "a"}, {"point": "start", "run_id": "b"}]
     (tmp_path / "partial").mkdir()
@@ -247,6 +255,7 @@ def test_readings_of_the_runs_whose_lengths_are_reused_are_carried_over(tmp_path
     assert json.loads((tmp_path / "raw2" / "metronome.json").read_text())["readings"] == []
 
 
+@pytest.mark.alone(False)  # times nothing: it reads the run, or a run's files
 def test_an_unreadable_metronome_file_is_read_from_its_intact_copy_or_said(tmp_path):
     from longctx.analysis.aggregate import metronome_entry
 

@@ -35,7 +35,7 @@ import yaml
 
 from longctx import config as lcfg
 
-from .conftest import CORES, ENV, copy_workflow, share_the_machine, snakemake
+from .conftest import CORES, ENV, copy_workflow, measuring, snakemake
 from .realmodel import PERF, PREFIX_HIT, gguf_path, held_or_said, hf_directory, llamacpp_python, vllm_configuration
 from .vllm_cpu import counter, require_vllm, serving, start_vllm, ttft_histogram
 
@@ -75,13 +75,14 @@ def external_config(url: str, model: dict, lengths=LENGTHS, trials=TRIALS, outpu
 
 
 def run_workflow(work: Path, config: dict) -> Path:
-    """The workflow's measurements, alone on the machine under -n; then the rest of it (aggregation to the PDF and the
-    twin), which reports what was measured, beside the other worker's tests."""
+    """The workflow's measurements, alone on the machine under -n (whichever test sets the fixture up: the tests that
+    read it share the machine); then the rest of it (aggregation to the PDF and the twin), which reports what was
+    measured, beside the other worker's tests."""
     copy_workflow(work)
     (work / "real.yaml").write_text(yaml.safe_dump(config))
     targets = ("report/longctx.pdf", "report/longctx.md", "--configfile", "real.yaml")
-    snakemake(work, *CORES, *targets, "--until", "bench_configuration", "calibrate_hardware")
-    share_the_machine()
+    with measuring():
+        snakemake(work, *CORES, *targets, "--until", "bench_configuration", "calibrate_hardware")
     snakemake(work, *CORES, *targets)
     return work
 
@@ -210,6 +211,7 @@ def completions(log_text: str) -> list[dict]:
     return out
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_llamacpp_every_length_is_measured_with_text_prompts(llamacpp_workflow, smollm2):
     """llama-cpp-python takes text prompts only (a token-id prompt fails its request validation): the probe turns
     to text built with the converted tokenizer, and its non-streamed answer's usage (its stream has none)
@@ -223,6 +225,7 @@ def test_llamacpp_every_length_is_measured_with_text_prompts(llamacpp_workflow, 
     assert probe["answers"][0].startswith("token-id prompt of 32: HTTP 500"), probe["answers"]
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_llamacpp_counted_and_timed_each_prompt_as_longctx_recorded(llamacpp_workflow):
     """Third-party truth: llama.cpp's own perf record of every completion (llama_perf_context_print, printed by
     llama-cpp-python after each one). Each length's warm-up and trials are the first run of consecutive records of
@@ -283,6 +286,7 @@ def test_llamacpp_counted_and_timed_each_prompt_as_longctx_recorded(llamacpp_wor
         assert 0 < theirs <= ours <= theirs * 1.01 + 0.03, (length, ours, theirs)
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_llamacpp_what_if_predicts_two_clients_from_a_model_that_fitted_nothing_under_load(llamacpp_workflow):
     """Issue 45, items 4 and 5: llama-cpp-python's server simulated by its own rules (one completion at a time, each
     prompt in n_batch batches of 512), the configuration's scheduler key naming them; its serving model is the sweep's
@@ -304,6 +308,7 @@ def test_llamacpp_what_if_predicts_two_clients_from_a_model_that_fitted_nothing_
                        {"ttft": TOLERANCE, "tpot": TOLERANCE}))
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_llamacpp_needle_answers_and_report(llamacpp_workflow):
     work = llamacpp_workflow["work"]
     check_report_verdicts(work, check_needles(work))
@@ -383,6 +388,7 @@ def test_vllm_refuses_a_request_without_its_key(vllm_servers):
                           headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_vllm_every_length_is_measured_and_counted_as_vllm_counted(vllm_workflow):
     """Third-party truth: vLLM's usage (the counts longctx recorded are vLLM's, not its own) and its counters over
     the whole run: its prompt-token counter moved by at least what longctx recorded (the rest: the prompt probe and
@@ -413,6 +419,7 @@ def test_vllm_every_length_is_measured_and_counted_as_vllm_counted(vllm_workflow
     assert ours < tokens
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_vllms_what_if_answer_at_a_concurrency_its_model_never_saw_holds(vllm_workflow):
     """Issue 45, item 4 on vLLM with a real model: the what-if grid asked for a closed loop of 4 (8 requests of 256
     prompt and 16 output tokens) by a serving model that never saw one (the fits of the sweep, r fitted to the loop of
@@ -481,6 +488,7 @@ def test_vllms_what_if_answer_at_a_concurrency_its_model_never_saw_holds(vllm_wo
     print(held_or_said(work, "real", errors, {"tpot": TOLERANCE, "ttft": 25 / 15 * TOLERANCE}))
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_vllms_key_is_written_nowhere(vllm_servers, vllm_workflow):
     """vLLM refuses a request without its key (test_vllm_refuses_a_request_without_its_key) and the workflow measured
     every length (above), so it sent the key; no file the workflow wrote (raw files, provenance, the PDF's text, the
@@ -494,11 +502,13 @@ def test_vllms_key_is_written_nowhere(vllm_servers, vllm_workflow):
     assert KEY_VAR in (work / "report" / "longctx.md").read_text() or KEY_VAR in pdftotext(work / "report" / "longctx.pdf")
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_vllm_needle_answers_and_report(vllm_workflow):
     work = vllm_workflow["work"]
     check_report_verdicts(work, check_needles(work, VLLM_LENGTHS))
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_vllm_drafting_acceptance_is_what_vllms_counters_moved_by(vllm_workflow):
     """Third-party truth: vLLM's own speculative counters (vllm:spec_decode_num_drafts, _num_draft_tokens,
     _num_accepted_tokens). Per trial of real-ngram, longctx's acceptance is what they moved by over that trial: each
@@ -531,6 +541,7 @@ def test_vllm_drafting_acceptance_is_what_vllms_counters_moved_by(vllm_workflow)
     assert plain[plain["configuration"] == "real"]["spec_accept_length"].isna().all()
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_the_report_answers_the_drafter_question_per_length(vllm_workflow):
     """The same server with and without n-gram drafting, per length: the speedup of decode with its interval (Welch's
     on the logs, recomputed here with scipy from results.csv's trials at the family's Bonferroni level), n, and a
@@ -642,6 +653,7 @@ def test_vllm_counts_and_times_longctxs_text_prompts_as_longctx_does(vllm_server
         assert 0 < theirs <= ours <= theirs * 1.02 + 0.015, (length, ours, theirs)
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_llamacpp_is_described_as_its_log_says(llamacpp_workflow):
     """What llama.cpp logged of itself (configurations.real.server_log): its pool of n_ctx = 8,192 cells (180 MiB),
     its f16 K and V (not the bf16 of the converted config), its Q4_1 weights; so no FLOP roof (PyTorch's matmul)
@@ -670,6 +682,7 @@ def test_llamacpp_is_described_as_its_log_says(llamacpp_workflow):
 
 # --- the needle's answers in the report and its twin ---------------------------------------------------------------
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_the_pdf_shows_each_needle_answer(llamacpp_workflow):
     work = llamacpp_workflow["work"]
     flat = " ".join(pdf_text(work).split())
@@ -677,6 +690,7 @@ def test_the_pdf_shows_each_needle_answer(llamacpp_workflow):
         assert " ".join(raw(work, length)["needle"]["answer"].split()) in flat
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: run_workflow)
 def test_the_markdown_twin_shows_each_needle_verdict_and_answer(llamacpp_workflow):
     work = llamacpp_workflow["work"]
     md = (work / "report" / "longctx.md").read_text()

@@ -175,6 +175,48 @@ def test_a_test_that_shared_the_machine_holds_it_alone_again_once_the_shared_tes
     later.release.set()
 
 
+def test_a_fixture_that_measures_holds_the_machine_alone_from_a_shared_test_then_shares_it(tmp_path):
+    """measuring(), in a test that shares the machine (a module fixture that measures, set up by a test that only reads
+    what it measured): it waits for the other worker's shared test to end, keeps a later shared test out while it
+    measures, and lets it in once it is done, the test itself still running."""
+    from . import conftest
+    from .conftest import measuring
+
+    log: list = []
+    asked, inside, done = threading.Event(), threading.Event(), threading.Event()
+    held: list = []
+
+    def reader():
+        with machine(tmp_path, False):
+            asked.wait(30)
+            with measuring():
+                held.append(conftest.HELD["alone"])
+                log.append("measured")
+                inside.wait(30)
+            held.append(conftest.HELD["alone"])
+            log.append("reads")
+            done.wait(30)
+
+    other = start(tmp_path, False, log, "other shared")
+    assert other.held.wait(10)
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    asked.set()
+    assert gate_taken(tmp_path)  # the reader waits to measure, holding the gate, for the other shared test to end
+    later = start(tmp_path, False, log, "later")
+    assert not_yet(later) and log == ["other shared"]
+    other.release.set()
+    for _ in range(100):
+        if "measured" in log:
+            break
+        time.sleep(0.1)
+    assert log == ["other shared", "measured"] and held == [True] and not_yet(later)
+    inside.set()  # done measuring: the later shared test comes in beside the rest of the reader
+    assert later.held.wait(10) and held == [True, False] and set(log) == {"other shared", "measured", "reads", "later"}
+    done.set(), later.release.set()
+    t.join(10)
+
+
 def test_the_timeline_charges_each_wait_to_the_test_the_other_worker_held(tmp_path, monkeypatch):
     """bench/suite_timeline.py on a timeline written by hand, through conftest.timeline's own file format: gw0 holds A
     alone from 0 to 10 s while gw1 waits from 2 s (8 s charged to A); gw1's shared test S runs 10 to 15 s beside gw0's

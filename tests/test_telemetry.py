@@ -21,7 +21,8 @@ from longctx.measure.telemetry import NvmlSource, ProcessSource, is_local_host, 
 
 from .conftest import tiny_spec
 
-# alone under -n (tests/conftest.py): its sampler must catch samples at its interval
+# alone under -n (tests/conftest.py): its sampler must catch samples at its interval (the two tests that sample; the
+# rest time nothing and share the machine)
 pytestmark = pytest.mark.alone
 
 
@@ -58,6 +59,7 @@ def test_psutil_source_sees_a_busy_process_tree():
         proc.wait()
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_without_a_gpu_the_real_nvml_falls_back_to_psutil():
     """A managed server on CUDA, on this machine without a GPU driver: the real pynvml (or its absence)
     gives no GPU, and the server's process tree is watched, said so."""
@@ -107,6 +109,7 @@ class FakeNvml:
         return [SimpleNamespace(pid=pid, usedGpuMemory=1 << 30) for pid in h.get("pids", ())]
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_nvml_source_averages_the_gpus_it_watches():
     gpus = [dict(sm=100, mem=40, mw=300_000, sm_mhz=2400, mem_mhz=14000, used=90e9),
             dict(sm=50, mem=20, mw=200_000, sm_mhz=2200, mem_mhz=14000, used=80e9),
@@ -121,6 +124,7 @@ def test_nvml_source_averages_the_gpus_it_watches():
         NvmlSource(FakeNvml([]))
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_a_server_given_some_gpus_is_watched_on_those_only():
     """Two jobs sharing a node each see their own GPUs in CUDA_VISIBLE_DEVICES (indices or UUIDs)."""
     gpus = [dict(sm=100, mem=40, mw=300_000, sm_mhz=2400, mem_mhz=14000, used=90e9, uuid="GPU-aaaa"),
@@ -135,6 +139,7 @@ def test_a_server_given_some_gpus_is_watched_on_those_only():
         NvmlSource(FakeNvml(gpus), visible_gpus({"CUDA_VISIBLE_DEVICES": ""}))
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_summaries_split_by_window():
     samples = [(0.0, {"x": 1.0}), (1.0, {"x": 3.0}), (2.0, {"error": "gone"}), (3.0, {"x": 5.0})]
     assert summarize(samples, 0.0, 1.5, ["x"]) == {"n": 2, "x_mean": 2.0, "x_max": 3.0}
@@ -210,6 +215,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_the_process_listening_on_a_port_is_found_by_it():
     with http_server() as (port, proc):
         assert listening_process(port) == (proc.pid, None)
@@ -226,6 +232,7 @@ def test_the_process_listening_on_a_port_is_found_by_it():
     assert pid is None and "no process on this machine listens on port" in why
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_this_machines_addresses_are_local_and_others_are_not():
     assert all(map(is_local_host, ("127.0.0.1", "localhost", "127.0.0.2")))
     mine = [a.address for nic in psutil.net_if_addrs().values() for a in nic if a.family == socket.AF_INET]
@@ -240,6 +247,7 @@ def external_spec(url: str, device: str | None = None, **telemetry):
                    telemetry={**spec.telemetry, **telemetry})
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_an_external_server_on_this_cpu_is_watched_by_its_own_process_tree():
     adapter = get_adapter("external")
     with http_server() as (port, proc):
@@ -259,6 +267,7 @@ def test_an_external_server_on_this_cpu_is_watched_by_its_own_process_tree():
         assert "no GPU telemetry, NVML" in g.description
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_an_external_server_on_this_gpu_is_watched_on_the_gpus_its_processes_hold():
     adapter = get_adapter("external")
     with http_server() as (port, proc):
@@ -280,6 +289,7 @@ def test_an_external_server_on_this_gpu_is_watched_on_the_gpus_its_processes_hol
         assert t.gpus == [0, 1, 2] and "every GPU of this machine" in t.description
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_a_remote_server_has_no_telemetry_and_an_unfound_process_means_the_whole_machine():
     adapter = get_adapter("external")
     for device in (None, "remote"):
@@ -298,6 +308,7 @@ def test_a_remote_server_has_no_telemetry_and_an_unfound_process_means_the_whole
     assert (off.source, off.description) == (None, "off")
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_a_managed_server_on_the_cpu_is_not_watched_through_the_gpus_of_its_machine():
     gpus = [dict(sm=100, mem=40, mw=300_000, sm_mhz=2400, mem_mhz=14000, used=90e9, pids=[os.getpid()])]
     spec = tiny_spec("page1")  # the reference engine on --device cpu
@@ -332,6 +343,7 @@ class ProcessNvml(FakeNvml):
         return samples
 
 
+@pytest.mark.alone(False)  # nothing timed: it shares the machine
 def test_nvml_reads_what_other_processes_take_of_the_servers_gpus():
     """Issue 46, item 6: another process time-slicing the GPU does not lower its clock; NVML's per-process samples
     show it. The SM utilisation of processes other than the server's, averaged over its GPUs, each sample read once;

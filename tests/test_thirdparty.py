@@ -32,7 +32,7 @@ import yaml
 from longctx import config as lcfg
 from longctx.engines import get_adapter
 
-from .conftest import CORES, ROOT, copy_workflow, share_the_machine
+from .conftest import CORES, ROOT, copy_workflow, measuring
 from .test_workflow import snakemake
 from .vllm_cpu import counter, require_vllm, serving, start_vllm, ttft_histogram
 
@@ -155,10 +155,11 @@ def vllm_workflow(tmp_path_factory, tiny_llama, request):
     copy_workflow(work)
     config = vllm_config(str(tiny_llama))
     (work / "vllm.yaml").write_text(yaml.safe_dump(config))
-    snakemake(work, *CORES, "report/longctx.pdf", "--configfile", "vllm.yaml",
-              "--until", "bench_configuration", "calibrate_hardware")
+    with measuring():  # alone whichever test sets it up (the tests that read it share the machine)
+        snakemake(work, *CORES, "report/longctx.pdf", "--configfile", "vllm.yaml",
+                  "--until", "bench_configuration", "calibrate_hardware")
     assert not (work / "data" / "results.csv").exists()  # only the measurements so far
-    share_the_machine()  # what is left reports what was measured (and starts the TTFT test's server)
+    # what is left reports what was measured (and starts the TTFT test's server)
     if not SERVED and any("vllm_server" in item.fixturenames for item in request.session.items):
         EARLY.update(start_vllm_server(tmp_path_factory, tiny_llama))
     try:
@@ -175,6 +176,7 @@ def vllm_workflow(tmp_path_factory, tiny_llama, request):
             EARLY.pop("server").stop()
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: vllm_workflow)
 def test_every_stage_runs_against_vllm(vllm_workflow):
     df = pd.read_csv(vllm_workflow / "data" / "results.csv")
     assert len(df) == 3 * 2 and (df["status"] == "ok").all(), df[["length", "status", "reason"]]
@@ -189,6 +191,7 @@ def test_every_stage_runs_against_vllm(vllm_workflow):
         os.killpg(pid, 0)
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: vllm_workflow)
 def test_vllms_own_cached_counts_are_the_ones_longctx_expects(vllm_workflow):
     """Third-party truth: vLLM's prefix cache hashes whole KV blocks (128 tokens on its CPU build) and reports
     usage.prompt_tokens_details.cached_tokens (longctx turned --enable-prompt-tokens-details on). By hand: a
@@ -212,6 +215,7 @@ def test_vllms_own_cached_counts_are_the_ones_longctx_expects(vllm_workflow):
     assert (checks["ok"], checks["controls"], checks["n"], checks["hit_expected"]) == (4, 3, 7, 4)
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: vllm_workflow)
 def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vllm_workflow):
     """Third-party truth: vLLM's Prometheus gauges (vllm:num_requests_running, vllm:kv_cache_usage_perc) read
     through a closed loop of 2 requests in flight: it says it ran 2 at once, and its KV usage (a fraction of
@@ -257,6 +261,7 @@ def test_vllms_own_metrics_are_scraped_under_load_and_its_kv_usage_reconciles(vl
     assert max(value for _, _, value in inside) == 2, (inside, spans)
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: vllm_workflow)
 def test_vllms_load_points_are_predicted_from_its_own_fits_and_scheduler(vllm_workflow):
     """Issue 35 on a third-party server: vLLM's closed loop of 2 and its open loop at 2/s, simulated from vLLM's own
     prefill and decode fits under vLLM's V1 scheduler as its adapter states it (a token budget of 2,048 and 128
@@ -312,6 +317,7 @@ def _vllm_pool(work: Path) -> tuple[int, str]:
     return int(m[-1].replace(",", "")), text
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: vllm_workflow)
 def test_kv_bytes_and_pool_are_what_vllm_allocated(vllm_workflow):
     """Third-party truth: vLLM sized its pool from VLLM_CPU_KVCACHE_SPACE=1 GiB and its own page size
     (vllm/v1/core/kv_cache_utils.py: num_blocks = budget // (block_size x bytes per token), logged as
@@ -364,6 +370,7 @@ def test_kv_bytes_and_pool_are_what_vllm_allocated(vllm_workflow):
     assert (df["kv_pool_tokens"] == tokens).all()
 
 
+@pytest.mark.alone(False)  # it reads what its workflow measured (alone: vllm_workflow)
 def test_the_report_describes_the_model_as_served(vllm_workflow):
     text = subprocess.run(["pdftotext", "-layout", str(vllm_workflow / "report" / "longctx.pdf"), "-"],
                           capture_output=True, text=True, check=True).stdout
