@@ -172,9 +172,9 @@ def pytest_collection_modifyitems(config, items):
 FIRST = ("test_realmodel", "test_thirdparty")
 
 # shared modules of short tests (5 s and less each; 106 s in all in a timeline of 2026-12-08), the first handed out once
-# a worker has no module with a test held alone left: the other worker's last tests that hold the machine alone each wait for the
-# test it runs to end, and there it had started tests/test_workflow.py, whose first test (the tiny workflow, 82 s) held
-# the last test of tests/test_telemetry.py waiting 82 s
+# a worker has no module with a test held alone left: the other worker's last tests held alone each wait for the test
+# it runs to end, and there it had started tests/test_workflow.py, whose first test (the tiny workflow, 82 s) held the
+# last test of tests/test_telemetry.py waiting 82 s
 BETWEEN = ("test_health", "test_engines", "test_prediction", "test_load_report", "test_analysis", "test_refengine",
            "test_config")
 

@@ -27,7 +27,7 @@ from longctx.attention import kernel_ab, kernelbench
 from longctx.attention.shapes import Shape
 from longctx.core.interleave import schedule
 
-from .conftest import ROOT, alone_again, share_the_machine
+from .conftest import ROOT, measuring, share_the_machine
 
 # alone under -n (tests/conftest.py): its verdicts compare two kernels' timings
 pytestmark = pytest.mark.alone
@@ -201,8 +201,8 @@ def test_two_native_builds_whose_sources_differ_load_side_by_side_and_time_diffe
     assert a.name == b.name == "twin" and a.target == b.target == "cpu"
     assert sys.modules[modules["A"]] is not sys.modules[modules["B"]]
     assert kernels.load_kernel(tmp_path / "A").build_hash == manifests["A"]["build_hash"]
-    alone_again()
-    result = kernel_ab.alternate(a, b, SHAPE, [512, 4096], 8, 3)
+    with measuring():
+        result = kernel_ab.alternate(a, b, SHAPE, [512, 4096], 8, 3)
     assert all(e["max_abs_difference"] < 1e-5 for e in result["lengths"])
     v = verdicts.verdicts(result, CONFIDENCE)
     assert v["regressions"] == [512, 4096] and all(r["ci"][0] > 2 for r in v["rows"]), [verdicts.line(r) for r in v["rows"]]

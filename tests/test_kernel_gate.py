@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from .conftest import CORES, ENV, ROOT, alone_again, copy_workflow, share_the_machine, snakemake
+from .conftest import CORES, ENV, ROOT, copy_workflow, measuring, snakemake
 from .test_report import pdftotext
 
 # alone under -n (tests/conftest.py): the gate compares two runs' timings
@@ -43,10 +43,9 @@ def gate(cwd, *args) -> tuple[int, str]:
 def run(cwd, *targets, check=True) -> str:
     """The README's command: its measuring (the bench job and the calibration) alone on the machine under -n, then the
     rest of it (the report of what was measured) beside the other worker's tests."""
-    alone_again()
-    measured = snakemake(cwd, *CORES, *targets, "--configfile", "versions.yaml", "--until", "bench_configuration",
-                         "calibrate_hardware", check=check)
-    share_the_machine()
+    with measuring():
+        measured = snakemake(cwd, *CORES, *targets, "--configfile", "versions.yaml", "--until", "bench_configuration",
+                             "calibrate_hardware", check=check)
     return measured + snakemake(cwd, *CORES, *targets, "--configfile", "versions.yaml", check=check)
 
 
